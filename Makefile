@@ -1,0 +1,56 @@
+# The two commands: `make demo` runs a local job, `make test` runs the whole suite.
+# Both set up everything they need on a fresh Debian/Ubuntu machine.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+EXTRAS ?= dev,tensorflow,fast
+PYTEST_ARGS ?=
+
+.PHONY: all demo test test-core lint venv redis-server bench bench-quick clean
+
+all: lint test
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]"
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+# The tests start their own redis-server processes on free ports; they only
+# need the binary. Install it when missing and we may (root), else say how.
+redis-server:
+	@if command -v redis-server >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing redis-server (apt-get)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; \
+	else \
+		echo "redis-server is missing: install it (Debian/Ubuntu: sudo apt-get install redis-server; macOS: brew install redis)" >&2; \
+		exit 1; \
+	fi
+
+demo: venv
+	$(VENV)/bin/stepbarrier demo $(DEMO_ARGS)
+
+test: venv redis-server
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-core: venv redis-server
+	$(PY) -m pytest -m "not tensorflow and not reliability" $(PYTEST_ARGS)
+
+lint: venv
+	$(VENV)/bin/ruff check stepbarrier tests examples bench
+	$(VENV)/bin/ruff format --check stepbarrier
+	$(VENV)/bin/mypy stepbarrier
+
+bench: venv redis-server
+	$(PY) bench/run_all.py
+
+bench-quick: venv redis-server
+	$(PY) bench/run_all.py --quick
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info

@@ -1,0 +1,515 @@
+"""The barrier's settings, and the one place that reads the environment.
+
+Every host (chief, worker, operator shell) is configured through
+``STEPBARRIER_*`` variables, falling back to TensorFlow's ``TF_CONFIG`` for the
+role and task id. ``BarrierConfig.from_env`` turns them into a frozen
+``BarrierConfig``; everything else in the library takes that object.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Literal
+from urllib.parse import urlsplit, urlunsplit
+
+from stepbarrier.errors import ConfigurationError
+from stepbarrier.keys import JobKeys
+from stepbarrier.schedule import _MAX_STEP, schedule_wait_until_step, validate_schedule
+
+Role = Literal["chief", "worker"]
+OnTimeout = Literal["raise", "proceed"]
+
+DEFAULT_REDIS_URL = "redis://localhost:6379/0"
+"""Where Redis is when ``STEPBARRIER_REDIS_URL`` is unset."""
+DEFAULT_STALL_TIMEOUT = 600.0
+"""Seconds without a chief heartbeat after which a waiter gives up."""
+DEFAULT_HEARTBEAT = 1.0
+"""Seconds between the chief's heartbeats."""
+DEFAULT_KEY_TTL = 7 * 24 * 3600
+"""Seconds a job's keys live after the chief's last write."""
+DEFAULT_SENTINEL_SERVICE = "mymaster"
+"""Sentinel service name when only ``STEPBARRIER_SENTINELS`` is set."""
+FALLBACK_INTERVAL = 5.0
+"""Seconds between a waiter's re-reads of the stored step (pub/sub is only a hint)."""
+
+JOB_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+_SCHEMES = ("redis", "rediss", "unix")
+
+#: Every variable ``from_env`` reads, for documentation and tooling.
+ENVIRONMENT_VARIABLES: tuple[str, ...] = (
+    "STEPBARRIER_REDIS_URL",
+    "STEPBARRIER_REDIS_USERNAME",
+    "STEPBARRIER_REDIS_PASSWORD",
+    "STEPBARRIER_REDIS_PASSWORD_FILE",
+    "STEPBARRIER_TLS_CA_FILE",
+    "STEPBARRIER_TLS_CERT_FILE",
+    "STEPBARRIER_TLS_KEY_FILE",
+    "STEPBARRIER_SENTINELS",
+    "STEPBARRIER_SENTINEL_SERVICE",
+    "STEPBARRIER_JOB",
+    "STEPBARRIER_ROLE",
+    "STEPBARRIER_TASK_ID",
+    "STEPBARRIER_WAIT_UNTIL_STEP",
+    "STEPBARRIER_SCHEDULE",
+    "STEPBARRIER_TIMEOUT",
+    "STEPBARRIER_STALL_TIMEOUT",
+    "STEPBARRIER_ON_TIMEOUT",
+    "STEPBARRIER_HEARTBEAT",
+    "STEPBARRIER_KEY_TTL",
+)
+
+
+def mask_url(url: str) -> str:
+    """Return ``url`` with any password replaced by ``***``."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparseable URL>"
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    netloc = f"{user}:***@{host}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def validate_job(job: str, *, variable: str = "STEPBARRIER_JOB") -> str:
+    """Return ``job`` if it is a valid job name, else raise ``ConfigurationError``.
+
+    A job name becomes part of Redis key names, so only letters, digits, ``.``,
+    ``_`` and ``-`` are allowed (no glob characters, no braces, no spaces).
+    """
+    if not isinstance(job, str) or JOB_NAME.match(job) is None:
+        raise ConfigurationError(
+            f"{variable} must be 1 to 64 characters from letters, digits, '.', '_' "
+            f"and '-', got {job!r}",
+            variable=variable,
+        )
+    return job
+
+
+@dataclass(frozen=True)
+class BarrierConfig:
+    """Settings for a chief, a worker or an operator tool of one job.
+
+    Build it directly in code, or from the environment with ``from_env``.
+    Unset optional settings are ``None``.
+
+    Example:
+        >>> cfg = BarrierConfig(job="mnist-42", redis_url="redis://redis:6379/0")
+        >>> cfg.keys.channel
+        'stepbarrier:{mnist-42}:steps'
+    """
+
+    job: str
+    redis_url: str = DEFAULT_REDIS_URL
+    redis_username: str | None = None
+    redis_password: str | None = field(default=None, repr=False)
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    sentinels: tuple[tuple[str, int], ...] = ()
+    sentinel_service: str = DEFAULT_SENTINEL_SERVICE
+    role: Role | None = None
+    task_id: int | None = None
+    wait_until_step: int | None = None
+    schedule: str | None = None
+    timeout: float | None = None
+    stall_timeout: float = DEFAULT_STALL_TIMEOUT
+    on_timeout: OnTimeout = "raise"
+    heartbeat: float = DEFAULT_HEARTBEAT
+    key_ttl: int = DEFAULT_KEY_TTL
+    fallback_interval: float = FALLBACK_INTERVAL
+
+    def __post_init__(self) -> None:
+        validate_job(self.job, variable="job")
+        _check_url(self.redis_url, "redis_url")
+        if self.role not in (None, "chief", "worker"):
+            raise ConfigurationError(
+                f"role must be 'chief' or 'worker', got {self.role!r}", variable="role"
+            )
+        if self.task_id is not None:
+            _check_int(self.task_id, "task_id", low=0, high=1_000_000)
+        if self.wait_until_step is not None:
+            _check_int(self.wait_until_step, "wait_until_step", low=0, high=_MAX_STEP)
+        if self.schedule is not None:
+            object.__setattr__(self, "schedule", validate_schedule(self.schedule))
+        if self.timeout is not None:
+            _check_seconds(self.timeout, "timeout")
+        _check_seconds(self.stall_timeout, "stall_timeout")
+        _check_seconds(self.heartbeat, "heartbeat", high=3600.0)
+        _check_seconds(self.fallback_interval, "fallback_interval", high=5.0)
+        _check_int(self.key_ttl, "key_ttl", low=60, high=10 * 365 * 24 * 3600)
+        if self.on_timeout not in ("raise", "proceed"):
+            raise ConfigurationError(
+                f"on_timeout must be 'raise' or 'proceed', got {self.on_timeout!r}",
+                variable="on_timeout",
+            )
+        if self.stall_timeout <= self.heartbeat:
+            raise ConfigurationError(
+                f"stall_timeout ({self.stall_timeout:g} s) must be longer than the "
+                f"heartbeat ({self.heartbeat:g} s)",
+                variable="stall_timeout",
+            )
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ConfigurationError(
+                "tls_cert_file and tls_key_file go together: set both or neither",
+                variable="tls_cert_file",
+            )
+
+    @property
+    def keys(self) -> JobKeys:
+        """The Redis key and channel names of this job."""
+        return JobKeys.for_job(self.job)
+
+    @property
+    def safe_url(self) -> str:
+        """The Redis URL with any password masked, for messages and logs."""
+        return mask_url(self.redis_url)
+
+    def resolved_wait_until_step(self) -> int:
+        """The step this host waits for: the explicit value, else its schedule.
+
+        Raises:
+            ConfigurationError: Neither is set, or a schedule needs a task id.
+        """
+        if self.wait_until_step is not None:
+            return self.wait_until_step
+        if self.schedule is None:
+            raise ConfigurationError(
+                "set STEPBARRIER_WAIT_UNTIL_STEP or STEPBARRIER_SCHEDULE to say which "
+                "step this worker waits for",
+                variable="STEPBARRIER_WAIT_UNTIL_STEP",
+            )
+        if self.task_id is None:
+            raise ConfigurationError(
+                f"schedule {self.schedule!r} needs a task id: set STEPBARRIER_TASK_ID "
+                "or TF_CONFIG",
+                variable="STEPBARRIER_TASK_ID",
+            )
+        return schedule_wait_until_step(self.task_id, self.schedule)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> BarrierConfig:
+        """Build the configuration from ``STEPBARRIER_*`` variables and ``TF_CONFIG``.
+
+        Args:
+            environ: The variables to read; ``os.environ`` when ``None``.
+
+        Raises:
+            ConfigurationError: A variable is missing or invalid; the message names
+                it and says what was expected (never its value if it is a secret).
+        """
+        env = dict(os.environ if environ is None else environ)
+        return _from_env(env)
+
+
+def _get(env: Mapping[str, str], name: str) -> str | None:
+    value = env.get(name)
+    if value is None or value.strip() == "":
+        return None
+    return value.strip()
+
+
+def _from_env(env: Mapping[str, str]) -> BarrierConfig:
+    job = _get(env, "STEPBARRIER_JOB")
+    if job is None:
+        raise ConfigurationError(
+            "STEPBARRIER_JOB is required: name the job, e.g. STEPBARRIER_JOB=mnist-42",
+            variable="STEPBARRIER_JOB",
+        )
+    validate_job(job)
+    url = _get(env, "STEPBARRIER_REDIS_URL") or DEFAULT_REDIS_URL
+    _check_url(url, "STEPBARRIER_REDIS_URL")
+    tf_role, tf_task = _role_from_tf_config(env.get("TF_CONFIG"))
+    role_text = _get(env, "STEPBARRIER_ROLE")
+    role: Role | None
+    if role_text is None:
+        role = tf_role
+    elif role_text.lower() in ("chief", "worker"):
+        role = "chief" if role_text.lower() == "chief" else "worker"
+    else:
+        raise ConfigurationError(
+            f"STEPBARRIER_ROLE must be 'chief' or 'worker', got {role_text!r}",
+            variable="STEPBARRIER_ROLE",
+        )
+    task_id = _env_int(env, "STEPBARRIER_TASK_ID", low=0, high=1_000_000)
+    if task_id is None:
+        task_id = tf_task
+    if task_id is None and role == "chief":
+        task_id = 0
+    schedule = _get(env, "STEPBARRIER_SCHEDULE")
+    if schedule is not None:
+        schedule = validate_schedule(schedule, variable="STEPBARRIER_SCHEDULE")
+    on_timeout = (_get(env, "STEPBARRIER_ON_TIMEOUT") or "raise").lower()
+    if on_timeout not in ("raise", "proceed"):
+        raise ConfigurationError(
+            f"STEPBARRIER_ON_TIMEOUT must be 'raise' or 'proceed', got {on_timeout!r}",
+            variable="STEPBARRIER_ON_TIMEOUT",
+        )
+    heartbeat = _env_seconds(env, "STEPBARRIER_HEARTBEAT", high=3600.0)
+    stall = _env_seconds(env, "STEPBARRIER_STALL_TIMEOUT")
+    if stall is not None and stall <= (heartbeat or DEFAULT_HEARTBEAT):
+        raise ConfigurationError(
+            "STEPBARRIER_STALL_TIMEOUT must be longer than STEPBARRIER_HEARTBEAT "
+            f"({heartbeat or DEFAULT_HEARTBEAT:g} s), got {stall:g}",
+            variable="STEPBARRIER_STALL_TIMEOUT",
+        )
+    if heartbeat is not None and stall is None and heartbeat >= DEFAULT_STALL_TIMEOUT:
+        raise ConfigurationError(
+            f"STEPBARRIER_HEARTBEAT ({heartbeat:g} s) must be shorter than the stall "
+            f"timeout ({DEFAULT_STALL_TIMEOUT:g} s); set STEPBARRIER_STALL_TIMEOUT too",
+            variable="STEPBARRIER_HEARTBEAT",
+        )
+    cert = _env_file(env, "STEPBARRIER_TLS_CERT_FILE")
+    key = _env_file(env, "STEPBARRIER_TLS_KEY_FILE")
+    if (cert is None) != (key is None):
+        raise ConfigurationError(
+            "STEPBARRIER_TLS_CERT_FILE and STEPBARRIER_TLS_KEY_FILE go together: "
+            "set both or neither",
+            variable="STEPBARRIER_TLS_CERT_FILE" if key else "STEPBARRIER_TLS_KEY_FILE",
+        )
+    ttl = _env_int(env, "STEPBARRIER_KEY_TTL", low=60, high=10 * 365 * 24 * 3600)
+    return BarrierConfig(
+        job=job,
+        redis_url=url,
+        redis_username=_get(env, "STEPBARRIER_REDIS_USERNAME"),
+        redis_password=_password(env),
+        tls_ca_file=_env_file(env, "STEPBARRIER_TLS_CA_FILE"),
+        tls_cert_file=cert,
+        tls_key_file=key,
+        sentinels=_sentinels(env),
+        sentinel_service=_get(env, "STEPBARRIER_SENTINEL_SERVICE")
+        or DEFAULT_SENTINEL_SERVICE,
+        role=role,
+        task_id=task_id,
+        wait_until_step=_env_int(
+            env, "STEPBARRIER_WAIT_UNTIL_STEP", low=0, high=_MAX_STEP
+        ),
+        schedule=schedule,
+        timeout=_env_seconds(env, "STEPBARRIER_TIMEOUT"),
+        stall_timeout=stall if stall is not None else DEFAULT_STALL_TIMEOUT,
+        on_timeout="proceed" if on_timeout == "proceed" else "raise",
+        heartbeat=heartbeat if heartbeat is not None else DEFAULT_HEARTBEAT,
+        key_ttl=ttl if ttl is not None else DEFAULT_KEY_TTL,
+    )
+
+
+def _check_url(url: str, variable: str) -> None:
+    masked = mask_url(url) if isinstance(url, str) else repr(url)
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except (ValueError, TypeError, AttributeError):
+        raise ConfigurationError(
+            f"{variable} must be a redis://, rediss:// or unix:// URL, got {masked}",
+            variable=variable,
+        ) from None
+    if parts.scheme not in _SCHEMES:
+        raise ConfigurationError(
+            f"{variable} must start with redis://, rediss:// or unix://, got {masked}",
+            variable=variable,
+        )
+    if parts.scheme == "unix":
+        if not parts.path:
+            raise ConfigurationError(
+                f"{variable}: a unix:// URL needs a socket path, got {masked}",
+                variable=variable,
+            )
+        return
+    if not parts.hostname:
+        raise ConfigurationError(
+            f"{variable} needs a host, e.g. redis://localhost:6379/0, got {masked}",
+            variable=variable,
+        )
+    if port is not None and not 0 < port < 65536:
+        raise ConfigurationError(
+            f"{variable}: port must be 1-65535, got {masked}", variable=variable
+        )
+    path = parts.path.lstrip("/")
+    if path and not (path.isdigit() and int(path) < 100_000):
+        raise ConfigurationError(
+            f"{variable}: the path must be a database number such as /0, got {masked}",
+            variable=variable,
+        )
+
+
+def _check_int(value: object, name: str, *, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigurationError(
+            f"{name} must be an integer from {low} to {high}, got {value!r}",
+            variable=name,
+        )
+
+
+def _check_seconds(value: object, name: str, *, high: float = 1e9) -> None:
+    ok = (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and 0 < value <= high
+    )
+    if not ok:
+        raise ConfigurationError(
+            f"{name} must be a number of seconds above 0 and at most {high:g}, "
+            f"got {value!r}",
+            variable=name,
+        )
+
+
+def _env_int(env: Mapping[str, str], name: str, *, low: int, high: int) -> int | None:
+    text = _get(env, name)
+    if text is None:
+        return None
+    try:
+        value = int(text, 10)
+    except ValueError:
+        value = None
+    if value is None or not low <= value <= high:
+        raise ConfigurationError(
+            f"{name} must be an integer from {low} to {high}, got {text[:80]!r}",
+            variable=name,
+        )
+    return value
+
+
+def _env_seconds(
+    env: Mapping[str, str], name: str, *, high: float = 1e9
+) -> float | None:
+    text = _get(env, name)
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and 0 < value <= high):
+        raise ConfigurationError(
+            f"{name} must be a number of seconds above 0 and at most {high:g}, "
+            f"got {text[:80]!r}",
+            variable=name,
+        )
+    return value
+
+
+def _env_file(env: Mapping[str, str], name: str) -> str | None:
+    path = _get(env, name)
+    if path is None:
+        return None
+    if not os.path.isfile(path):
+        raise ConfigurationError(
+            f"{name} must name a readable file, but {path[:200]!r} is not a file",
+            variable=name,
+        )
+    return path
+
+
+def _password(env: Mapping[str, str]) -> str | None:
+    direct = env.get("STEPBARRIER_REDIS_PASSWORD") or None
+    path = _get(env, "STEPBARRIER_REDIS_PASSWORD_FILE")
+    if direct is not None and path is not None:
+        raise ConfigurationError(
+            "set STEPBARRIER_REDIS_PASSWORD or STEPBARRIER_REDIS_PASSWORD_FILE, not both",
+            variable="STEPBARRIER_REDIS_PASSWORD_FILE",
+        )
+    if path is None:
+        return direct
+    try:
+        with open(path, encoding="utf-8") as handle:
+            secret = handle.read().rstrip("\r\n")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigurationError(
+            f"STEPBARRIER_REDIS_PASSWORD_FILE: cannot read {path[:200]!r} "
+            f"({type(exc).__name__})",
+            variable="STEPBARRIER_REDIS_PASSWORD_FILE",
+        ) from None
+    if not secret:
+        raise ConfigurationError(
+            f"STEPBARRIER_REDIS_PASSWORD_FILE: {path[:200]!r} is empty",
+            variable="STEPBARRIER_REDIS_PASSWORD_FILE",
+        )
+    return secret
+
+
+def _sentinels(env: Mapping[str, str]) -> tuple[tuple[str, int], ...]:
+    text = _get(env, "STEPBARRIER_SENTINELS")
+    if text is None:
+        return ()
+    result: list[tuple[str, int]] = []
+    for item in text.split(","):
+        host, sep, port_text = item.strip().rpartition(":")
+        host = host.strip("[]")
+        valid_host = bool(host) and re.match(r"^[A-Za-z0-9.:_-]+$", host) is not None
+        if not sep or not valid_host or not port_text.isdigit():
+            raise ConfigurationError(
+                "STEPBARRIER_SENTINELS must be host:port pairs separated by commas, "
+                f"e.g. 10.0.0.5:26379,10.0.0.6:26379; got {item.strip()[:80]!r}",
+                variable="STEPBARRIER_SENTINELS",
+            )
+        port = int(port_text)
+        if not 0 < port < 65536:
+            raise ConfigurationError(
+                f"STEPBARRIER_SENTINELS: port must be 1-65535, got {item.strip()!r}",
+                variable="STEPBARRIER_SENTINELS",
+            )
+        result.append((host, port))
+    return tuple(result)
+
+
+def _role_from_tf_config(text: str | None) -> tuple[Role | None, int | None]:
+    """Role and global task id (chief = 0) from TensorFlow's ``TF_CONFIG``."""
+    if text is None or not text.strip():
+        return None, None
+    try:
+        spec = json.loads(text)
+    except (ValueError, RecursionError):
+        raise ConfigurationError(
+            "TF_CONFIG must be JSON like "
+            '{"cluster": {...}, "task": {"type": "worker", "index": 0}}',
+            variable="TF_CONFIG",
+        ) from None
+    task = spec.get("task") if isinstance(spec, dict) else None
+    cluster = spec.get("cluster", {}) if isinstance(spec, dict) else None
+    if not isinstance(task, dict) or not isinstance(cluster, dict):
+        raise ConfigurationError(
+            'TF_CONFIG needs a "task" object and a "cluster" object',
+            variable="TF_CONFIG",
+        )
+    kind, index = task.get("type"), task.get("index", 0)
+    if not isinstance(kind, str) or isinstance(index, bool) or not isinstance(index, int):
+        raise ConfigurationError(
+            'TF_CONFIG "task" needs a string "type" and an integer "index"',
+            variable="TF_CONFIG",
+        )
+    if not 0 <= index <= 1_000_000:
+        raise ConfigurationError(
+            f'TF_CONFIG "task" index must be from 0 to 1000000, got {index}',
+            variable="TF_CONFIG",
+        )
+    has_chief = bool(cluster.get("chief")) or bool(cluster.get("master"))
+    if kind in ("chief", "master"):
+        return "chief", 0
+    if kind == "worker":
+        if has_chief:
+            return "worker", index + 1
+        return ("chief" if index == 0 else "worker"), index
+    if kind in ("ps", "evaluator"):
+        return None, None
+    raise ConfigurationError(
+        f'TF_CONFIG "task" type must be chief, master, worker, ps or evaluator, '
+        f"got {kind[:40]!r}",
+        variable="TF_CONFIG",
+    )
+
+
+def config_fields() -> tuple[str, ...]:
+    """Names of ``BarrierConfig``'s fields (used by the CLI's option mapping)."""
+    return tuple(f.name for f in fields(BarrierConfig))
+

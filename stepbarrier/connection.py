@@ -1,0 +1,217 @@
+"""Redis clients built from a ``BarrierConfig``, and how their errors are handled.
+
+Two kinds of failure are told apart here. Transient ones (connection refused or
+reset, timeouts, a server still loading, a replica that just lost its master)
+are retried with tenacity's exponential backoff and jitter, never past the
+caller's deadline. Everything else (a wrong password, a missing ACL permission,
+a TLS certificate that does not verify, a key of the wrong type) cannot get
+better by retrying, so it is turned into a clear ``RedisRefused`` at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import redis
+from redis import exceptions as rex
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+from redis.sentinel import Sentinel
+from tenacity import RetryCallState, Retrying, retry_if_exception, wait_exponential_jitter
+
+from stepbarrier.config import BarrierConfig
+from stepbarrier.errors import RedisRefused, RedisUnavailable, StepBarrierError
+
+log = logging.getLogger("stepbarrier.connection")
+
+T = TypeVar("T")
+
+SOCKET_TIMEOUT = 10.0
+"""Seconds a command may wait for its reply before the connection counts as dead."""
+CONNECT_TIMEOUT = 3.0
+"""Seconds to establish a TCP (and TLS) connection."""
+BACKOFF_INITIAL = 0.05
+"""First retry delay in seconds; it doubles up to ``BACKOFF_MAX``, with jitter."""
+BACKOFF_MAX = 2.0
+"""Longest delay between two retries, in seconds."""
+BACKOFF_JITTER = 0.25
+"""Up to this many seconds of random delay added to each retry, so clients spread out."""
+
+
+def make_client(config: BarrierConfig, *, socket_timeout: float | None = SOCKET_TIMEOUT) -> redis.Redis:
+    """A redis-py client for the job's Redis (direct URL or through Sentinel).
+
+    The client's own retries are switched off: stepbarrier retries transient
+    errors itself, within the caller's deadline.
+    """
+    options: dict[str, Any] = {
+        "socket_timeout": socket_timeout,
+        "socket_connect_timeout": CONNECT_TIMEOUT,
+        "retry": Retry(NoBackoff(), 0),
+        "health_check_interval": 0,
+        "decode_responses": False,
+    }
+    if config.redis_username is not None:
+        options["username"] = config.redis_username
+    if config.redis_password is not None:
+        options["password"] = config.redis_password
+    if config.redis_url.startswith("rediss://"):
+        options["ssl_cert_reqs"] = "required"
+        if config.tls_ca_file:
+            options["ssl_ca_certs"] = config.tls_ca_file
+        if config.tls_cert_file:
+            options["ssl_certfile"] = config.tls_cert_file
+            options["ssl_keyfile"] = config.tls_key_file
+    if config.sentinels:
+        sentinel_options = {
+            "socket_timeout": CONNECT_TIMEOUT,
+            "socket_connect_timeout": CONNECT_TIMEOUT,
+            "retry": Retry(NoBackoff(), 0),
+        }
+        sentinel = Sentinel(
+            list(config.sentinels), sentinel_kwargs=sentinel_options, **options
+        )
+        client: redis.Redis = sentinel.master_for(config.sentinel_service, **options)
+        return client
+    return redis.Redis.from_url(config.redis_url, **options)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for failures that a retry may cure."""
+    if isinstance(exc, (rex.AuthenticationError, rex.AuthorizationError)):
+        return False
+    if isinstance(exc, rex.ConnectionError) and _is_tls_failure(exc):
+        return False
+    if isinstance(exc, (rex.ReadOnlyError, rex.TryAgainError, rex.ClusterDownError)):
+        return True  # a failover is in progress; the new master will answer
+    if isinstance(exc, rex.ResponseError):
+        text = str(exc)
+        return text.startswith(("LOADING", "MASTERDOWN", "BUSY", "READONLY"))
+    return isinstance(exc, (rex.ConnectionError, rex.TimeoutError, ConnectionError))
+
+
+def _is_tls_failure(exc: BaseException) -> bool:
+    seen: BaseException | None = exc
+    for _ in range(5):
+        if seen is None:
+            return False
+        if isinstance(seen, ssl.SSLError) or "CERTIFICATE_VERIFY_FAILED" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def translate(
+    exc: BaseException, config: BarrierConfig, *, action: str
+) -> StepBarrierError:
+    """The stepbarrier error that explains ``exc`` (a redis-py error) to a user."""
+    where = f"Redis at {config.safe_url}"
+    user = config.redis_username or "default"
+    detail = _one_line(exc)
+    if isinstance(exc, StepBarrierError):
+        return exc
+    if isinstance(exc, (rex.AuthenticationError, rex.AuthorizationError)) or (
+        isinstance(exc, rex.ResponseError) and str(exc).startswith(("NOAUTH", "WRONGPASS"))
+    ):
+        return RedisRefused(
+            f"{where} refused authentication as user {user!r} while trying to "
+            f"{action}: {detail}. Check STEPBARRIER_REDIS_USERNAME and "
+            "STEPBARRIER_REDIS_PASSWORD(_FILE).",
+            kind="authentication",
+            job=config.job,
+        )
+    if isinstance(exc, rex.NoPermissionError) or str(exc).startswith("NOPERM"):
+        return RedisRefused(
+            f"user {user!r} may not {action} on {where}: {detail}. Its ACL does not "
+            "allow this (see ops/redis/users.acl for the roles).",
+            kind="permission",
+            job=config.job,
+        )
+    if isinstance(exc, rex.ConnectionError) and _is_tls_failure(exc):
+        return RedisRefused(
+            f"TLS to {where} failed while trying to {action}: {detail}. Check "
+            "STEPBARRIER_TLS_CA_FILE (the CA that signed the server's certificate).",
+            kind="tls",
+            job=config.job,
+        )
+    if is_transient(exc):
+        return RedisUnavailable(
+            f"{where} is unreachable (while trying to {action}): {detail}",
+            job=config.job,
+        )
+    return RedisRefused(
+        f"{where} answered with an error while trying to {action}: {detail}",
+        kind="response",
+        job=config.job,
+    )
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text[:300]
+
+
+def _stop_at(deadline: float | None, clock: Callable[[], float]) -> Callable[[RetryCallState], bool]:
+    def stop(state: RetryCallState) -> bool:
+        if deadline is None:
+            return False
+        upcoming = state.upcoming_sleep or 0.0
+        return clock() + upcoming >= deadline
+
+    return stop
+
+
+def call_with_retries(
+    operation: Callable[[], T],
+    config: BarrierConfig,
+    *,
+    action: str,
+    deadline: float | None,
+    clock: Callable[[], float],
+    sleep: Callable[[float], None],
+) -> T:
+    """Run ``operation``, retrying transient Redis errors until ``deadline``.
+
+    Args:
+        operation: The Redis work to do; it is run again after a transient error.
+        config: For error messages (job, masked URL, user).
+        action: What the operation does, for messages ("read the job's state").
+        deadline: ``clock()`` value after which no further try starts; ``None``
+            retries for as long as the errors are transient.
+        clock: Monotonic clock.
+        sleep: Sleeps between tries (injectable for tests).
+
+    Raises:
+        RedisUnavailable: Still unreachable at the deadline.
+        RedisRefused: A non-transient error, at once.
+    """
+
+    def note(state: RetryCallState) -> None:
+        if state.attempt_number in (1, 10) or state.attempt_number % 50 == 0:
+            error = state.outcome.exception() if state.outcome else None
+            log.warning(
+                "Redis at %s unavailable (%s); retrying to %s",
+                config.safe_url,
+                _one_line(error) if error else "?",
+                action,
+            )
+
+    retrying = Retrying(
+        retry=retry_if_exception(is_transient),
+        wait=wait_exponential_jitter(
+            initial=BACKOFF_INITIAL, max=BACKOFF_MAX, jitter=BACKOFF_JITTER
+        ),
+        stop=_stop_at(deadline, clock),
+        sleep=sleep,
+        before_sleep=note,
+        reraise=True,
+    )
+    try:
+        return retrying(operation)
+    except rex.RedisError as exc:
+        raise translate(exc, config, action=action) from exc
+    except OSError as exc:  # a raw socket error that redis-py did not wrap
+        raise translate(rex.ConnectionError(str(exc)), config, action=action) from exc

@@ -1,0 +1,61 @@
+"""Names of a job's Redis keys and channel.
+
+All of a job's keys share the hash tag ``{job}``, so in Redis Cluster they live
+in one slot and a Lua script may touch them together. README's section
+"Monitoring through Redis keys" documents each one for operators.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PREFIX = "stepbarrier"
+
+
+@dataclass(frozen=True)
+class JobKeys:
+    """The key and channel names of one job.
+
+    Attributes:
+        state: Hash: ``step``, ``generation``, ``done``, ``heartbeat_ms``, ``chief``.
+        targets: Sorted set: waiter id -> the step it waits for (guides the chief).
+        registrations: List the chief blocks on to hear of new waiters at once.
+        reset: String: Redis time (ms) of the last ``reset``; removed by a new chief.
+        waiter_prefix: Prefix of the per-waiter registry hashes.
+        channel: Pub/sub channel carrying step announcements (JSON).
+    """
+
+    job: str
+    state: str
+    targets: str
+    registrations: str
+    reset: str
+    waiter_prefix: str
+    channel: str
+
+    @classmethod
+    def for_job(cls, job: str) -> JobKeys:
+        """Key names for ``job`` (which must already be validated)."""
+        base = f"{PREFIX}:{{{job}}}"
+        return cls(
+            job=job,
+            state=f"{base}:state",
+            targets=f"{base}:targets",
+            registrations=f"{base}:registrations",
+            reset=f"{base}:reset",
+            waiter_prefix=f"{base}:waiter:",
+            channel=f"{base}:steps",
+        )
+
+    def waiter(self, waiter_id: str) -> str:
+        """The registry key of one waiter."""
+        return f"{self.waiter_prefix}{waiter_id}"
+
+    @property
+    def waiter_pattern(self) -> str:
+        """SCAN pattern matching every waiter of the job."""
+        return f"{self.waiter_prefix}*"
+
+    def all_fixed(self) -> tuple[str, ...]:
+        """The job's keys other than the per-waiter entries."""
+        return (self.state, self.targets, self.registrations, self.reset)

@@ -1,0 +1,138 @@
+"""What travels through Redis, and how untrusted content is read back.
+
+Everything stored or announced is an integer or JSON; nothing is ever
+unpickled or evaluated. Whatever someone else wrote into a job's keys or onto
+its channel is parsed defensively: malformed content becomes ``None`` plus a
+description of the problem, never an exception.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+MAX_STEP = 2**53
+"""Largest step (and generation) carried exactly through Lua's doubles."""
+
+
+@dataclass(frozen=True)
+class StepAnnouncement:
+    """A valid message from the job's channel."""
+
+    step: int | None
+    generation: int | None
+    done: bool
+    reset: bool
+
+
+@dataclass(frozen=True)
+class ChiefState:
+    """The chief's stored state, read from the job's ``state`` hash.
+
+    Attributes:
+        step: The stored step, or ``None`` if there is none (or it is malformed).
+        generation: The chief generation that wrote it.
+        done: True when the chief closed the job.
+        heartbeat_ms: Redis time (ms) of the chief's last write.
+        chief: ``host:pid`` of the chief that wrote it.
+        problem: Description of malformed content, if any.
+    """
+
+    step: int | None
+    generation: int | None
+    done: bool
+    heartbeat_ms: int | None
+    chief: str | None
+    problem: str | None = None
+
+    @classmethod
+    def empty(cls, problem: str | None = None) -> ChiefState:
+        """The state of a job no chief has written to (yet)."""
+        return cls(None, None, False, None, None, problem)
+
+
+def _to_text(raw: object) -> str | None:
+    if isinstance(raw, bytes):
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    return raw if isinstance(raw, str) else None
+
+
+def parse_int(raw: object, *, low: int = 0, high: int = MAX_STEP) -> int | None:
+    """``raw`` (bytes, str or int) as an integer in ``[low, high]``, else ``None``."""
+    if isinstance(raw, bool):
+        return None
+    if isinstance(raw, int):
+        value: int | None = raw
+    else:
+        text = _to_text(raw)
+        if text is None or not text.strip().lstrip("-").isdigit() or len(text) > 20:
+            return None
+        value = int(text.strip())
+    if value is None or not low <= value <= high:
+        return None
+    return value
+
+
+def parse_state(raw: object) -> ChiefState:
+    """Interpret the result of ``HGETALL state`` (or an error in its place)."""
+    if isinstance(raw, Exception):
+        return ChiefState.empty(f"state key unreadable: {' '.join(str(raw).split())[:120]}")
+    if not isinstance(raw, dict) or not raw:
+        return ChiefState.empty()
+    fields = {_to_text(k): v for k, v in raw.items()}
+    step = parse_int(fields.get("step"), low=0)
+    generation = parse_int(fields.get("generation"), low=0)
+    heartbeat_ms = parse_int(fields.get("heartbeat_ms"), low=0)
+    chief = _to_text(fields.get("chief"))
+    problems = []
+    if step is None:
+        problems.append(f"step={_preview(fields.get('step'))}")
+    if generation is None:
+        problems.append(f"generation={_preview(fields.get('generation'))}")
+    if heartbeat_ms is None and "heartbeat_ms" in fields:
+        problems.append(f"heartbeat_ms={_preview(fields.get('heartbeat_ms'))}")
+    problem = "malformed state: " + ", ".join(problems) if problems else None
+    if step is None or generation is None:
+        # a step without its generation cannot be trusted, nor the other way round
+        return ChiefState(None, None, False, heartbeat_ms, chief, problem)
+    done = _to_text(fields.get("done")) == "1"
+    return ChiefState(step, generation, done, heartbeat_ms, chief, problem)
+
+
+def parse_announcement(raw: object) -> StepAnnouncement | None:
+    """A message from the channel, or ``None`` if it is not one of ours."""
+    text = _to_text(raw)
+    if text is None or len(text) > 4096:
+        return None
+    try:
+        data: Any = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    if data.get("reset") is True:
+        return StepAnnouncement(None, None, False, True)
+    step = data.get("step")
+    generation = data.get("generation")
+    done = data.get("done", False)
+    if parse_int(step) is None or parse_int(generation) is None or not isinstance(done, bool):
+        return None
+    return StepAnnouncement(int(step), int(generation), done, False)
+
+
+def _preview(raw: object) -> str:
+    if raw is None:
+        return "missing"
+    text = _to_text(raw)
+    if text is None:
+        return "<non-UTF-8 bytes>"
+    return repr(text[:40])
+
+
+def preview(raw: object) -> str:
+    """A short, printable description of untrusted content, for logs."""
+    return _preview(raw)

@@ -1,0 +1,80 @@
+"""Ramps that spread workers' start over the chief's first steps.
+
+TensorFlow documents ``wait_until_step = int(K * log(task_id + 1))`` for its
+``GlobalStepWaiterHook`` (task 0 being the chief); a schedule spec names such
+a ramp so that every host can compute its own step from its task id.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from stepbarrier.errors import ConfigurationError
+
+_SPEC = re.compile(r"^\s*(log|linear)\s*:\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*$")
+_MAX_STEP = 2**53  # steps travel through Lua, whose numbers are doubles
+
+
+def validate_schedule(spec: str, *, variable: str = "schedule") -> str:
+    """Return the normalised spec or raise ``ConfigurationError``.
+
+    Args:
+        spec: ``"log:K"``, ``"linear:K"`` or ``"none"`` (K a non-negative number).
+        variable: Name used in the error message.
+    """
+    text = spec.strip().lower()
+    if text == "none":
+        return "none"
+    match = _SPEC.match(text)
+    if match is None:
+        raise ConfigurationError(
+            f"{variable} must be 'log:K', 'linear:K' or 'none' with K a "
+            f"non-negative number, got {spec!r}",
+            variable=variable,
+        )
+    factor = float(match.group(2))
+    if not math.isfinite(factor) or factor > 1e12:
+        raise ConfigurationError(
+            f"{variable}: K must be a finite number at most 1e12, got {spec!r}",
+            variable=variable,
+        )
+    return f"{match.group(1)}:{match.group(2)}"
+
+
+def schedule_wait_until_step(task_id: int, spec: str) -> int:
+    """The step a task waits for under a schedule.
+
+    Args:
+        task_id: The task's id, the chief being 0.
+        spec: ``"log:K"`` gives ``int(K * log(task_id + 1))`` (TensorFlow's ramp),
+            ``"linear:K"`` gives ``int(K * task_id)``, ``"none"`` gives 0.
+
+    Returns:
+        The step to wait for; 0 means "do not wait".
+
+    Raises:
+        ConfigurationError: The spec or the task id is invalid.
+
+    Example:
+        >>> schedule_wait_until_step(3, "log:10")
+        13
+    """
+    normalised = validate_schedule(spec)
+    if isinstance(task_id, bool) or not isinstance(task_id, int) or task_id < 0:
+        raise ConfigurationError(
+            f"task_id must be a non-negative integer, got {task_id!r}",
+            variable="task_id",
+        )
+    if normalised == "none":
+        return 0
+    kind, _, factor_text = normalised.partition(":")
+    factor = float(factor_text)
+    value = factor * math.log(task_id + 1) if kind == "log" else factor * task_id
+    if value >= _MAX_STEP:
+        raise ConfigurationError(
+            f"schedule {spec!r} gives step {value:.0f} for task {task_id}, "
+            f"more than the largest supported step {_MAX_STEP}",
+            variable="schedule",
+        )
+    return int(value)

@@ -1,0 +1,146 @@
+"""The Lua scripts that keep a job's state consistent.
+
+Each script runs atomically in Redis, so a store and its announcement can never
+be seen apart. All keys share the job's hash tag and are passed in ``KEYS``.
+Numbers are formatted with ``%.0f`` because Lua numbers are doubles: steps and
+generations stay below 2**53, where doubles are exact.
+"""
+
+from __future__ import annotations
+
+BEGIN_GENERATION = """
+-- KEYS[1] state hash
+-- Returns a generation number above every one this job has used: the Redis
+-- clock in microseconds, or the stored generation + 1 if that is higher (the
+-- clock went back, or two chiefs began in the same microsecond).
+local now = redis.call('TIME')
+local generation = tonumber(now[1]) * 1000000 + tonumber(now[2])
+if redis.call('TYPE', KEYS[1]).ok == 'hash' then
+  local stored = tonumber(redis.call('HGET', KEYS[1], 'generation'))
+  if stored and stored >= generation then generation = stored + 1 end
+end
+return string.format('%.0f', generation)
+"""
+
+PUBLISH_STEP = """
+-- KEYS[1] state hash, KEYS[2] targets zset, KEYS[3] reset marker
+-- ARGV[1] generation, ARGV[2] step, ARGV[3] done (0/1), ARGV[4] key TTL (s),
+-- ARGV[5] channel, ARGV[6] chief description, ARGV[7] max targets to return
+-- Stores the step if it is greater (same generation) or replaces it (newer
+-- generation), refreshes the heartbeat and TTLs, announces a change on the
+-- channel, and returns what the chief needs to decide its next write:
+--   {accepted (1) or stale generation (0), stored step, stored generation,
+--    repaired (1 if malformed state was replaced), pending targets...}
+local generation = tonumber(ARGV[1])
+local step = tonumber(ARGV[2])
+local repaired = 0
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind ~= 'hash' and kind ~= 'none' then
+  redis.call('DEL', KEYS[1]); repaired = 1
+end
+kind = redis.call('TYPE', KEYS[2]).ok
+if kind ~= 'zset' and kind ~= 'none' then
+  redis.call('DEL', KEYS[2]); repaired = 1
+end
+local stored_gen = tonumber(redis.call('HGET', KEYS[1], 'generation')) or 0
+local stored_step = tonumber(redis.call('HGET', KEYS[1], 'step'))
+if stored_gen > generation then
+  return {0, string.format('%.0f', stored_step or -1), string.format('%.0f', stored_gen), repaired}
+end
+local changed = false
+if stored_gen < generation or stored_step == nil then
+  redis.call('HSET', KEYS[1], 'generation', string.format('%.0f', generation),
+             'step', string.format('%.0f', step), 'done', '0')
+  redis.call('DEL', KEYS[3])
+  stored_step = step
+  changed = true
+elseif step > stored_step then
+  redis.call('HSET', KEYS[1], 'step', string.format('%.0f', step))
+  stored_step = step
+  changed = true
+end
+if ARGV[3] == '1' and redis.call('HGET', KEYS[1], 'done') ~= '1' then
+  redis.call('HSET', KEYS[1], 'done', '1')
+  changed = true
+end
+local now = redis.call('TIME')
+local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+redis.call('HSET', KEYS[1], 'heartbeat_ms', string.format('%.0f', now_ms), 'chief', ARGV[6])
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+local step_text = string.format('%.0f', stored_step)
+if changed then
+  -- waiters at or below the stored step are released by this announcement
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', step_text)
+  local done = redis.call('HGET', KEYS[1], 'done') == '1'
+  redis.call('PUBLISH', ARGV[5], string.format(
+    '{"step":%s,"generation":%s,"done":%s}', step_text,
+    string.format('%.0f', generation), done and 'true' or 'false'))
+end
+if redis.call('EXISTS', KEYS[2]) == 1 then redis.call('EXPIRE', KEYS[2], ARGV[4]) end
+local result = {1, step_text, string.format('%.0f', generation), repaired}
+local pending = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. step_text, '+inf',
+                           'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[7]))
+for i = 2, #pending, 2 do result[#result + 1] = pending[i] end
+return result
+"""
+
+RESET_JOB = """
+-- KEYS[1] state, KEYS[2] targets, KEYS[3] registrations, KEYS[4] reset marker,
+-- KEYS[5..] waiter registry keys; ARGV[1] channel, ARGV[2] marker TTL (s)
+-- Deletes the job's keys, leaves a marker holding the Redis time (ms) of the
+-- reset so that waiters who missed the announcement still abort, and announces it.
+for i = 5, #KEYS do redis.call('DEL', KEYS[i]) end
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+local now = redis.call('TIME')
+local now_ms = string.format('%.0f', tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000))
+redis.call('SET', KEYS[4], now_ms, 'EX', ARGV[2])
+redis.call('PUBLISH', ARGV[1], '{"reset":true,"time_ms":' .. now_ms .. '}')
+return now_ms
+"""
+
+WAITER_SYNC = """
+-- KEYS[1] state, KEYS[2] reset marker, KEYS[3] this waiter's registry hash,
+-- KEYS[4] targets zset, KEYS[5] registrations list
+-- ARGV[1] registry TTL (s), ARGV[2] key TTL (s), ARGV[3] waiter id,
+-- ARGV[4] target, ARGV[5..] registry fields and values
+-- A waiter's one command per fallback interval: (re-)registers it if its entry
+-- is gone (first call, expiry, or a Redis restarted empty) or refreshes the
+-- entry's TTL, then returns the Redis time, the reset marker and the state:
+--   {now_ms, reset marker or false, state type, state field/value pairs...}
+if redis.call('EXPIRE', KEYS[3], ARGV[1]) == 0 then
+  local entry = {}
+  for i = 5, #ARGV do entry[#entry + 1] = ARGV[i] end
+  redis.call('DEL', KEYS[3])
+  redis.call('HSET', KEYS[3], unpack(entry))
+  redis.call('EXPIRE', KEYS[3], ARGV[1])
+  -- the targets and the list only guide the chief: a malformed one is skipped
+  if pcall(redis.call, 'ZADD', KEYS[4], ARGV[4], ARGV[3]) then
+    redis.call('EXPIRE', KEYS[4], ARGV[2])
+  end
+  if pcall(redis.call, 'RPUSH', KEYS[5], ARGV[4]) then
+    redis.call('LTRIM', KEYS[5], -1000, -1)
+    redis.call('EXPIRE', KEYS[5], ARGV[2])
+  end
+end
+local now = redis.call('TIME')
+local result = {string.format('%.0f', tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000))}
+if redis.call('TYPE', KEYS[2]).ok == 'string' then
+  result[2] = redis.call('GET', KEYS[2])
+else
+  result[2] = false
+end
+local kind = redis.call('TYPE', KEYS[1]).ok
+result[3] = kind
+if kind == 'hash' then
+  local fields = redis.call('HGETALL', KEYS[1])
+  for i = 1, #fields do result[#result + 1] = fields[i] end
+end
+return result
+"""
+
+WAITER_LEAVE = """
+-- KEYS[1] this waiter's registry hash, KEYS[2] targets zset; ARGV[1] waiter id
+redis.call('DEL', KEYS[1])
+if redis.call('TYPE', KEYS[2]).ok == 'zset' then redis.call('ZREM', KEYS[2], ARGV[1]) end
+return 1
+"""

@@ -1,0 +1,420 @@
+"""A worker's side: hold until the chief's published step reaches a target.
+
+The wait is race-free: subscribe to the job's channel, read the confirmation,
+then register and read the stored state, then wait for announcements. An
+announcement wakes the worker within milliseconds; the stored state is the
+truth and is read again after every reconnect and every ``fallback_interval``
+(a lost message, a half-open connection or a Redis restart costs at most that).
+
+The chief's heartbeat tells a slow chief from a dead one: a stored step only
+releases a worker while its chief is alive (or has finished), so a step left by
+a crashed chief, which may restart from an older checkpoint, is not trusted.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+import redis
+from redis.client import PubSub
+
+from stepbarrier import scripts
+from stepbarrier.config import BarrierConfig
+from stepbarrier.connection import CONNECT_TIMEOUT, call_with_retries, make_client
+from stepbarrier.errors import (
+    BarrierAborted,
+    BarrierTimeout,
+    RedisUnavailable,
+)
+from stepbarrier.protocol import ChiefState, parse_announcement, parse_int, parse_state, preview
+
+log = logging.getLogger("stepbarrier.waiter")
+
+PROGRESS_EVERY = 30.0
+"""Seconds between progress lines while a wait goes on."""
+REGISTRY_TTL = 30
+"""Seconds a waiter's registry entry outlives its last refresh (so dead ones go)."""
+
+
+def fresh_heartbeat_limit(config: BarrierConfig) -> float:
+    """Seconds after which a chief's heartbeat no longer vouches for its step."""
+    return max(3 * config.heartbeat, 5.0)
+
+
+class StepWaiter:
+    """Waits for a job's chief to reach a global step.
+
+    Args:
+        config: The job's settings (``timeout``, ``stall_timeout``, ``on_timeout``
+            and ``task_id`` shape each wait).
+        client: A redis-py client; one is made from ``config`` if omitted.
+        clock: Monotonic clock, injectable for tests.
+        sleep: Sleep between retries, injectable for tests.
+
+    Example:
+        >>> waiter = StepWaiter(BarrierConfig(job="demo", task_id=2))  # doctest: +SKIP
+        >>> waiter.wait(until_step=13, timeout=600)  # doctest: +SKIP
+        13
+    """
+
+    def __init__(
+        self,
+        config: BarrierConfig,
+        client: redis.Redis | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.config = config
+        self._owns_client = client is None
+        self._client = client if client is not None else make_client(config)
+        self._clock = clock
+        self._sleep = sleep
+        self._sync = self._client.register_script(scripts.WAITER_SYNC)
+        self._leave = self._client.register_script(scripts.WAITER_LEAVE)
+
+    @classmethod
+    def from_env(cls) -> StepWaiter:
+        """A waiter configured from ``STEPBARRIER_*`` variables and ``TF_CONFIG``."""
+        return cls(BarrierConfig.from_env())
+
+    def wait(self, until_step: int, timeout: float | None = None) -> int:
+        """Block until the chief's published step is at least ``until_step``.
+
+        Args:
+            until_step: The step to wait for; ``<= 0`` returns 0 at once without
+                touching Redis.
+            timeout: Overall limit in seconds; ``None`` uses ``config.timeout``
+                (itself ``None`` for no overall limit; the stall timeout still holds).
+
+        Returns:
+            The step seen (``>= until_step``). Under ``on_timeout="proceed"`` a
+            timeout logs a warning and returns the last step seen (0 if none).
+
+        Raises:
+            BarrierTimeout: The overall or the stall timeout passed.
+            BarrierAborted: The job finished or was reset before the step came.
+            RedisUnavailable: Redis stayed unreachable until a deadline.
+            RedisRefused: Redis refused us (authentication, ACL, TLS).
+        """
+        target = operator.index(until_step)
+        if target <= 0:
+            return 0
+        limit = self.config.timeout if timeout is None else timeout
+        wait = _Wait(self, target, limit)
+        try:
+            return wait.run()
+        except (BarrierTimeout, RedisUnavailable) as exc:
+            if self.config.on_timeout != "proceed":
+                raise
+            log.warning("%s; proceeding as STEPBARRIER_ON_TIMEOUT=proceed says", exc)
+            return wait.last_step or 0
+        finally:
+            wait.leave()
+
+    def close(self) -> None:
+        """Release the connection (only if the waiter made its own client)."""
+        if self._owns_client:
+            self._client.close()
+
+    def __enter__(self) -> StepWaiter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class _Wait:
+    """The state of one ``wait`` call."""
+
+    def __init__(self, waiter: StepWaiter, target: int, timeout: float | None) -> None:
+        self.waiter = waiter
+        self.config = waiter.config
+        self.keys = waiter.config.keys
+        self.clock = waiter._clock
+        self.target = target
+        self.started = self.clock()
+        self.deadline = None if timeout is None else self.started + timeout
+        self.id = f"{self.config.task_id if self.config.task_id is not None else 'x'}-{uuid.uuid4().hex[:8]}"
+        self.pubsub: PubSub | None = None
+        self.registered = False
+        self.last_step: int | None = None
+        self.generation = 0
+        self.heartbeat_age: float | None = None
+        self.last_alive = self.started
+        self.start_ms: int | None = None
+        self.reads_without_message = 0
+        self.read_step: int | None = None
+        self.resubscribe = False
+        self.next_progress = self.started + PROGRESS_EVERY
+
+    # -- the loop -----------------------------------------------------------------
+
+    def run(self) -> int:
+        log.info(
+            "job %s: waiting for step %d (task %s)",
+            self.config.job, self.target, self.config.task_id,
+        )
+        self._reconnect()
+        next_read = self.clock() + self.config.fallback_interval
+        while True:
+            now = self.clock()
+            if now >= next_read:
+                result = self._read()
+                if result is not None:
+                    return result
+                next_read = self.clock() + self.config.fallback_interval
+                now = self.clock()
+            released = self._check_limits(now)
+            if released is not None:
+                return released
+            if self.resubscribe:
+                result = self._reconnect()
+                if result is not None:
+                    return result
+            if now >= self.next_progress:
+                self._log_progress()
+            assert self.pubsub is not None
+            stop = min(t for t in (next_read, self.next_progress, self._stall_at(), self.deadline) if t is not None)
+            try:
+                message = self.pubsub.get_message(timeout=max(0.001, min(stop - now, self.config.fallback_interval)))
+            except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+                log.info("job %s: subscription lost (%s); reconnecting", self.config.job, exc)
+                result = self._reconnect()
+                if result is not None:
+                    return result
+                next_read = self.clock() + self.config.fallback_interval
+                continue
+            if message is not None and message.get("type") == "message":
+                result = self._on_message(message.get("data"))
+                if result is not None:
+                    return result
+
+    def _on_message(self, data: Any) -> int | None:
+        self.reads_without_message = 0
+        announcement = parse_announcement(data)
+        if announcement is None:
+            log.warning(
+                "job %s: ignored a malformed message on %s: %s",
+                self.config.job, self.keys.channel, preview(data),
+            )
+            return None
+        if announcement.reset:
+            raise self._aborted("reset")
+        assert announcement.step is not None and announcement.generation is not None
+        if announcement.generation < self.generation:
+            return None  # an older chief's announcement, overtaken by what we read
+        self.generation = announcement.generation
+        self.last_step = announcement.step
+        self.last_alive = self.clock()
+        self.heartbeat_age = 0.0
+        if announcement.step >= self.target:
+            return self._released(announcement.step)
+        if announcement.done:
+            raise self._aborted("done")
+        return None
+
+    def _read(self) -> int | None:
+        """Register (or refresh) and judge the stored state: the truth."""
+        reply = call_with_retries(
+            self._sync_once,
+            self.config,
+            action="read the job's state",
+            deadline=self._retry_deadline(),
+            clock=self.clock,
+            sleep=self.waiter._sleep,
+        )
+        self.registered = True
+        now_ms = parse_int(reply[0]) or 0
+        if self.start_ms is None:
+            self.start_ms = now_ms
+        reset_ms = parse_int(reply[1]) if reply[1] else None
+        kind = reply[2].decode() if isinstance(reply[2], bytes) else str(reply[2])
+        if kind == "hash":
+            flat = reply[3:]
+            state = parse_state(dict(zip(flat[0::2], flat[1::2])))
+        elif kind == "none":
+            state = ChiefState.empty()
+        else:
+            state = ChiefState.empty(f"state key holds a {kind}, not a hash")
+        if state.problem:
+            log.warning("job %s: %s; waiting for a valid step", self.config.job, state.problem)
+        if state.step is None or state.generation is None:
+            if reset_ms is not None and reset_ms >= self.start_ms:
+                raise self._aborted("reset")
+            return None
+        if state.generation < self.generation:
+            return None  # e.g. a failover lost the newest write; the chief rewrites it
+        self.generation = state.generation
+        self.last_step = state.step
+        if state.heartbeat_ms is not None:
+            self.heartbeat_age = max(0.0, (now_ms - state.heartbeat_ms) / 1000.0)
+            self.last_alive = max(self.last_alive, self.clock() - self.heartbeat_age)
+        fresh = self.heartbeat_age is not None and self.heartbeat_age <= fresh_heartbeat_limit(self.config)
+        if state.step >= self.target and (fresh or state.done):
+            return self._released(state.step)
+        if state.done and state.step < self.target:
+            raise self._aborted("done")
+        self._check_subscription(state.step)
+        return None
+
+    def _sync_once(self) -> list[Any]:
+        config, keys = self.config, self.keys
+        fields = {
+            "task_id": "" if config.task_id is None else str(config.task_id),
+            "wait_until_step": str(self.target),
+            "since": f"{time.time() - (self.clock() - self.started):.3f}",
+            "host": socket.gethostname()[:200],
+            "pid": str(os.getpid()),
+        }
+        args: list[Any] = [REGISTRY_TTL, config.key_ttl, self.id, self.target]
+        for name, value in fields.items():
+            args += [name, value]
+        reply = self.waiter._sync(
+            keys=[keys.state, keys.reset, keys.waiter(self.id), keys.targets, keys.registrations],
+            args=args,
+        )
+        return list(reply)
+
+    def _reconnect(self) -> int | None:
+        """Subscribe, read the confirmation, then read the state (in that order)."""
+        self._close_pubsub()
+
+        def subscribe() -> PubSub:
+            pubsub = self.waiter._client.pubsub(ignore_subscribe_messages=False)
+            try:
+                pubsub.subscribe(self.keys.channel)
+                until = time.monotonic() + CONNECT_TIMEOUT
+                while time.monotonic() < until:
+                    message = pubsub.get_message(timeout=max(0.001, until - time.monotonic()))
+                    if message is not None and message.get("type") == "subscribe":
+                        return pubsub
+                raise redis.TimeoutError("no subscription confirmation from Redis")
+            except BaseException:
+                pubsub.close()
+                raise
+
+        self.pubsub = call_with_retries(
+            subscribe,
+            self.config,
+            action=f"subscribe to {self.keys.channel}",
+            deadline=self._retry_deadline(),
+            clock=self.clock,
+            sleep=self.waiter._sleep,
+        )
+        self.reads_without_message = 0
+        self.read_step = None
+        self.resubscribe = False
+        return self._read()
+
+    # -- limits, logging, endings -------------------------------------------------
+
+    def _stall_at(self) -> float:
+        return self.last_alive + self.config.stall_timeout
+
+    def _retry_deadline(self) -> float:
+        stall = self._stall_at()
+        return stall if self.deadline is None else min(stall, self.deadline)
+
+    def _check_limits(self, now: float) -> int | None:
+        """Raise at a passed deadline, after one last read (a release may have come)."""
+        if self.deadline is not None and now >= self.deadline:
+            released = self._last_chance()
+            if released is None:
+                raise self._timeout(stalled=False)
+            return released
+        if now >= self._stall_at():
+            released = self._last_chance()
+            if released is None and self.clock() >= self._stall_at():
+                raise self._timeout(stalled=True)
+            return released
+        return None
+
+    def _last_chance(self) -> int | None:
+        try:
+            return self._read()
+        except RedisUnavailable:
+            return None
+
+    def _check_subscription(self, step: int) -> None:
+        # The chief announces every change of step within a heartbeat. If reads
+        # keep finding a step that moved while no message arrived, the
+        # subscription is dead (say, a half-open connection): start a new one.
+        if self.read_step is not None and step != self.read_step:
+            self.reads_without_message += 1
+        self.read_step = step
+        if self.reads_without_message >= 2:
+            log.info("job %s: the step moves but no announcement comes; resubscribing", self.config.job)
+            self.resubscribe = True
+
+    def _log_progress(self) -> None:
+        self.next_progress = self.clock() + PROGRESS_EVERY
+        age = "unknown" if self.heartbeat_age is None else f"{self.heartbeat_age:.1f} s"
+        log.info(
+            "job %s: still waiting for step %d after %.0f s (chief at step %s, heartbeat %s ago)",
+            self.config.job, self.target, self.clock() - self.started,
+            "none yet" if self.last_step is None else self.last_step, age,
+        )
+
+    def _released(self, step: int) -> int:
+        log.info(
+            "job %s: released at step %d (target %d) after %.3f s",
+            self.config.job, step, self.target, self.clock() - self.started,
+        )
+        self.last_step = step
+        return step
+
+    def _timeout(self, *, stalled: bool) -> BarrierTimeout:
+        age = "never seen" if self.heartbeat_age is None else f"{self.heartbeat_age:.1f} s old"
+        seen = "none" if self.last_step is None else str(self.last_step)
+        if stalled:
+            why = f"no chief heartbeat for {self.config.stall_timeout:g} s (stall timeout)"
+        else:
+            why = f"overall timeout of {self.deadline and self.deadline - self.started:g} s passed"
+        return BarrierTimeout(
+            f"job {self.config.job}: gave up waiting for step {self.target}: {why}; "
+            f"last step seen {seen}, chief heartbeat {age}",
+            job=self.config.job, target=self.target, last_step=self.last_step,
+            heartbeat_age=self.heartbeat_age, stalled=stalled,
+        )
+
+    def _aborted(self, reason: str) -> BarrierAborted:
+        what = "finished" if reason == "done" else "was reset"
+        seen = "none" if self.last_step is None else str(self.last_step)
+        return BarrierAborted(
+            f"job {self.config.job} {what} before step {self.target} came "
+            f"(last step {seen})",
+            job=self.config.job, target=self.target, last_step=self.last_step,
+            heartbeat_age=self.heartbeat_age, reason=reason,
+        )
+
+    def _close_pubsub(self) -> None:
+        if self.pubsub is not None:
+            try:
+                self.pubsub.close()
+            except Exception:  # closing a dead connection may fail; nothing to keep
+                pass
+            self.pubsub = None
+
+    def leave(self) -> None:
+        """Unregister (one quick try: an entry left behind expires by itself)."""
+        self._close_pubsub()
+        if not self.registered:
+            return
+        try:
+            self.waiter._leave(keys=[self.keys.waiter(self.id), self.keys.targets], args=[self.id])
+        except Exception as exc:
+            log.debug("job %s: could not unregister (%s); it expires", self.config.job, exc)

@@ -1,0 +1,70 @@
+"""Shared fixtures: one real redis-server for the session, one job name per test."""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from stepbarrier import BarrierConfig
+from tests.redis_harness import RedisServer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """A real redis-server started for this test session on a free port."""
+    server = RedisServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.cleanup()
+
+
+@pytest.fixture
+def job(request: pytest.FixtureRequest) -> str:
+    """A job name unique to this test."""
+    name = re.sub(r"[^A-Za-z0-9._-]", "-", request.node.name)[:40]
+    return f"{name}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def make_config(redis_server: RedisServer, job: str) -> Callable[..., BarrierConfig]:
+    """Build a config for this test's job on the session's server."""
+
+    def build(**overrides: Any) -> BarrierConfig:
+        settings: dict[str, Any] = {"job": job, "redis_url": redis_server.url}
+        settings.update(overrides)
+        return BarrierConfig(**settings)
+
+    return build
+
+
+@pytest.fixture
+def config(make_config: Callable[..., BarrierConfig]) -> BarrierConfig:
+    """This test's config with a fast heartbeat."""
+    return make_config(heartbeat=0.2, stall_timeout=30.0)
+
+
+@pytest.fixture
+def client(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    """A plain redis-py client on the session's server."""
+    c = redis_server.client()
+    yield c
+    c.close()
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """Environment for child processes: this checkout importable, TF quiet."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPBARRIER_") and k != "TF_CONFIG"}
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    env.update(extra)
+    return env
