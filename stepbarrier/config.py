@@ -190,8 +190,7 @@ class BarrierConfig:
             )
         if self.task_id is None:
             raise ConfigurationError(
-                f"schedule {self.schedule!r} needs a task id: set STEPBARRIER_TASK_ID "
-                "or TF_CONFIG",
+                f"schedule {self.schedule!r} needs a task id: set STEPBARRIER_TASK_ID or TF_CONFIG",
                 variable="STEPBARRIER_TASK_ID",
             )
         return schedule_wait_until_step(self.task_id, self.schedule)
@@ -276,23 +275,28 @@ def _from_env(env: Mapping[str, str]) -> BarrierConfig:
             "set both or neither",
             variable="STEPBARRIER_TLS_CERT_FILE" if key else "STEPBARRIER_TLS_KEY_FILE",
         )
+    ca = _env_file(env, "STEPBARRIER_TLS_CA_FILE")
+    if (ca or cert) and not url.startswith("rediss://"):
+        # never let a TLS setting be silently ignored on a plain connection
+        raise ConfigurationError(
+            "STEPBARRIER_TLS_* files are set but STEPBARRIER_REDIS_URL is not a rediss:// "
+            f"URL ({mask_url(url)}); use rediss:// for TLS",
+            variable="STEPBARRIER_TLS_CA_FILE" if ca else "STEPBARRIER_TLS_CERT_FILE",
+        )
     ttl = _env_int(env, "STEPBARRIER_KEY_TTL", low=60, high=10 * 365 * 24 * 3600)
     return BarrierConfig(
         job=job,
         redis_url=url,
         redis_username=_get(env, "STEPBARRIER_REDIS_USERNAME"),
         redis_password=_password(env),
-        tls_ca_file=_env_file(env, "STEPBARRIER_TLS_CA_FILE"),
+        tls_ca_file=ca,
         tls_cert_file=cert,
         tls_key_file=key,
         sentinels=_sentinels(env),
-        sentinel_service=_get(env, "STEPBARRIER_SENTINEL_SERVICE")
-        or DEFAULT_SENTINEL_SERVICE,
+        sentinel_service=_get(env, "STEPBARRIER_SENTINEL_SERVICE") or DEFAULT_SENTINEL_SERVICE,
         role=role,
         task_id=task_id,
-        wait_until_step=_env_int(
-            env, "STEPBARRIER_WAIT_UNTIL_STEP", low=0, high=_MAX_STEP
-        ),
+        wait_until_step=_env_int(env, "STEPBARRIER_WAIT_UNTIL_STEP", low=0, high=_MAX_STEP),
         schedule=schedule,
         timeout=_env_seconds(env, "STEPBARRIER_TIMEOUT"),
         stall_timeout=stall if stall is not None else DEFAULT_STALL_TIMEOUT,
@@ -358,8 +362,7 @@ def _check_seconds(value: object, name: str, *, high: float = 1e9) -> None:
     )
     if not ok:
         raise ConfigurationError(
-            f"{name} must be a number of seconds above 0 and at most {high:g}, "
-            f"got {value!r}",
+            f"{name} must be a number of seconds above 0 and at most {high:g}, got {value!r}",
             variable=name,
         )
 
@@ -380,9 +383,7 @@ def _env_int(env: Mapping[str, str], name: str, *, low: int, high: int) -> int |
     return value
 
 
-def _env_seconds(
-    env: Mapping[str, str], name: str, *, high: float = 1e9
-) -> float | None:
+def _env_seconds(env: Mapping[str, str], name: str, *, high: float = 1e9) -> float | None:
     text = _get(env, name)
     if text is None:
         return None
@@ -392,8 +393,7 @@ def _env_seconds(
         value = math.nan
     if not (math.isfinite(value) and 0 < value <= high):
         raise ConfigurationError(
-            f"{name} must be a number of seconds above 0 and at most {high:g}, "
-            f"got {text[:80]!r}",
+            f"{name} must be a number of seconds above 0 and at most {high:g}, got {text[:80]!r}",
             variable=name,
         )
     return value
@@ -426,8 +426,7 @@ def _password(env: Mapping[str, str]) -> str | None:
             secret = handle.read().rstrip("\r\n")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigurationError(
-            f"STEPBARRIER_REDIS_PASSWORD_FILE: cannot read {path[:200]!r} "
-            f"({type(exc).__name__})",
+            f"STEPBARRIER_REDIS_PASSWORD_FILE: cannot read {path[:200]!r} ({type(exc).__name__})",
             variable="STEPBARRIER_REDIS_PASSWORD_FILE",
         ) from None
     if not secret:
@@ -503,8 +502,7 @@ def _role_from_tf_config(text: str | None) -> tuple[Role | None, int | None]:
     if kind in ("ps", "evaluator"):
         return None, None
     raise ConfigurationError(
-        f'TF_CONFIG "task" type must be chief, master, worker, ps or evaluator, '
-        f"got {kind[:40]!r}",
+        f'TF_CONFIG "task" type must be chief, master, worker, ps or evaluator, got {kind[:40]!r}',
         variable="TF_CONFIG",
     )
 
@@ -512,4 +510,3 @@ def _role_from_tf_config(text: str | None) -> tuple[Role | None, int | None]:
 def config_fields() -> tuple[str, ...]:
     """Names of ``BarrierConfig``'s fields (used by the CLI's option mapping)."""
     return tuple(f.name for f in fields(BarrierConfig))
-

@@ -20,7 +20,14 @@ from redis import exceptions as rex
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 from redis.sentinel import Sentinel
-from tenacity import RetryCallState, Retrying, retry_if_exception, wait_exponential_jitter
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception,
+    wait_exponential,
+    wait_random,
+)
+from tenacity.wait import wait_base
 
 from stepbarrier.config import BarrierConfig
 from stepbarrier.errors import RedisRefused, RedisUnavailable, StepBarrierError
@@ -41,7 +48,16 @@ BACKOFF_JITTER = 0.25
 """Up to this many seconds of random delay added to each retry, so clients spread out."""
 
 
-def make_client(config: BarrierConfig, *, socket_timeout: float | None = SOCKET_TIMEOUT) -> redis.Redis:
+def backoff() -> wait_base:
+    """Exponential backoff with jitter: 50 ms doubling up to 2 s, plus up to 250 ms."""
+    return wait_exponential(multiplier=BACKOFF_INITIAL, max=BACKOFF_MAX) + wait_random(
+        0, BACKOFF_JITTER
+    )
+
+
+def make_client(
+    config: BarrierConfig, *, socket_timeout: float | None = SOCKET_TIMEOUT
+) -> redis.Redis:
     """A redis-py client for the job's Redis (direct URL or through Sentinel).
 
     The client's own retries are switched off: stepbarrier retries transient
@@ -71,10 +87,12 @@ def make_client(config: BarrierConfig, *, socket_timeout: float | None = SOCKET_
             "socket_connect_timeout": CONNECT_TIMEOUT,
             "retry": Retry(NoBackoff(), 0),
         }
-        sentinel = Sentinel(
+        sentinel = Sentinel(  # type: ignore[no-untyped-call]
             list(config.sentinels), sentinel_kwargs=sentinel_options, **options
         )
-        client: redis.Redis = sentinel.master_for(config.sentinel_service, **options)
+        client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
+            config.sentinel_service, **options
+        )
         return client
     return redis.Redis.from_url(config.redis_url, **options)
 
@@ -104,9 +122,7 @@ def _is_tls_failure(exc: BaseException) -> bool:
     return False
 
 
-def translate(
-    exc: BaseException, config: BarrierConfig, *, action: str
-) -> StepBarrierError:
+def translate(exc: BaseException, config: BarrierConfig, *, action: str) -> StepBarrierError:
     """The stepbarrier error that explains ``exc`` (a redis-py error) to a user."""
     where = f"Redis at {config.safe_url}"
     user = config.redis_username or "default"
@@ -154,7 +170,9 @@ def _one_line(exc: BaseException) -> str:
     return text[:300]
 
 
-def _stop_at(deadline: float | None, clock: Callable[[], float]) -> Callable[[RetryCallState], bool]:
+def _stop_at(
+    deadline: float | None, clock: Callable[[], float]
+) -> Callable[[RetryCallState], bool]:
     def stop(state: RetryCallState) -> bool:
         if deadline is None:
             return False
@@ -201,9 +219,7 @@ def call_with_retries(
 
     retrying = Retrying(
         retry=retry_if_exception(is_transient),
-        wait=wait_exponential_jitter(
-            initial=BACKOFF_INITIAL, max=BACKOFF_MAX, jitter=BACKOFF_JITTER
-        ),
+        wait=backoff(),
         stop=_stop_at(deadline, clock),
         sleep=sleep,
         before_sleep=note,

@@ -119,9 +119,12 @@ def parse_announcement(raw: object) -> StepAnnouncement | None:
     step = data.get("step")
     generation = data.get("generation")
     done = data.get("done", False)
-    if parse_int(step) is None or parse_int(generation) is None or not isinstance(done, bool):
+    if not (isinstance(step, int) and isinstance(generation, int)):
+        return None  # JSON numbers only: "12" as a string is not our format
+    step_value, generation_value = parse_int(step), parse_int(generation)
+    if step_value is None or generation_value is None or not isinstance(done, bool):
         return None
-    return StepAnnouncement(int(step), int(generation), done, False)
+    return StepAnnouncement(step_value, generation_value, done, False)
 
 
 def _preview(raw: object) -> str:

@@ -26,19 +26,18 @@ from typing import cast
 
 import redis
 from redis import exceptions as rex
-from tenacity import RetryCallState, wait_exponential_jitter
+from tenacity import RetryCallState
 
 from stepbarrier import scripts
 from stepbarrier.config import BarrierConfig
+from stepbarrier.connection import backoff as retry_backoff
 from stepbarrier.connection import (
-    BACKOFF_INITIAL,
-    BACKOFF_JITTER,
-    BACKOFF_MAX,
     call_with_retries,
     is_transient,
     make_client,
     translate,
 )
+from stepbarrier.errors import StepBarrierError
 from stepbarrier.protocol import MAX_STEP, parse_int
 
 log = logging.getLogger("stepbarrier.publisher")
@@ -106,6 +105,8 @@ class StepPublisher:
         """Number of successful writes to Redis (for tests and benchmarks)."""
         self.last_error: str | None = None
         """The most recent Redis error, ``None`` after a successful write."""
+        self.last_failure: StepBarrierError | None = None
+        """Why the final write in ``close`` failed (``None`` if it succeeded)."""
         self._thread = threading.Thread(
             target=self._run, name=f"stepbarrier-publisher-{config.job}", daemon=True
         )
@@ -140,6 +141,16 @@ class StepPublisher:
         self._handed += 1
         if value >= self._next_threshold:
             self._wake.set()
+
+    @property
+    def next_threshold(self) -> float:
+        """The lowest step a registered worker still waits for (``inf`` if none).
+
+        Integrations whose step value may lag by one (TensorFlow fetches the
+        global step from before the run in flight) check this to confirm the
+        true step only when it matters: once per crossed threshold.
+        """
+        return self._next_threshold
 
     def new_generation(self) -> None:
         """Start a new chief generation (after a restart or a checkpoint restore).
@@ -218,7 +229,7 @@ class StepPublisher:
         next_beat = self._clock()
         failures = 0
         last_log = -math.inf
-        backoff = wait_exponential_jitter(initial=BACKOFF_INITIAL, max=BACKOFF_MAX, jitter=BACKOFF_JITTER)
+        backoff = retry_backoff()
         while not self._stopping.is_set():
             self._wake.wait(max(0.0, next_beat - self._clock()))
             self._wake.clear()
@@ -261,6 +272,7 @@ class StepPublisher:
             )
         except Exception as exc:
             self.last_error = str(exc)[:300]
+            self.last_failure = translate(exc, self.config, action="publish the final step")
             log.error("could not publish the final step %s: %s", self._latest, exc)
 
     def _write(self, *, done: bool) -> None:
@@ -269,14 +281,14 @@ class StepPublisher:
             self._generation = int(self._begin_script(keys=[self._keys.state]))
             self._generation_begun = wanted
             log.info("job %s: chief generation %d begins", self.config.job, self._generation)
-        step, seq = self._latest, self._handed
-        if step is None:
+        step, seq, generation = self._latest, self._handed, self._generation
+        if step is None or generation is None:
             return
         keys = self._keys
         reply = self._publish_script(
             keys=[keys.state, keys.targets, keys.reset],
             args=[
-                self._generation,
+                generation,
                 step,
                 1 if done else 0,
                 self.config.key_ttl,
@@ -288,6 +300,7 @@ class StepPublisher:
         accepted, stored_step, stored_generation, repaired, *targets = reply
         self.writes += 1
         self.last_error = None
+        self.last_failure = None
         if int(repaired):
             log.warning("job %s: replaced malformed content in its state keys", self.config.job)
         if not int(accepted):
@@ -296,7 +309,9 @@ class StepPublisher:
                 "job %s: a newer chief (generation %s) has taken over; this chief "
                 "(generation %s) stops publishing",
                 self.config.job,
-                stored_generation.decode() if isinstance(stored_generation, bytes) else stored_generation,
+                stored_generation.decode()
+                if isinstance(stored_generation, bytes)
+                else stored_generation,
                 self._generation,
             )
             return
@@ -320,7 +335,7 @@ class StepPublisher:
     # -- the registration listener -------------------------------------------------
 
     def _listen(self) -> None:
-        backoff = wait_exponential_jitter(initial=BACKOFF_INITIAL, max=BACKOFF_MAX, jitter=BACKOFF_JITTER)
+        backoff = retry_backoff()
         failures = 0
         while not self._stopping.is_set():
             try:

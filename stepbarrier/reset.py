@@ -38,8 +38,12 @@ def reset_job(config: BarrierConfig, client: redis.Redis | None = None) -> int:
 
     try:
         return call_with_retries(
-            run, config, action="reset the job", deadline=time.monotonic() + 5.0,
-            clock=time.monotonic, sleep=time.sleep,
+            run,
+            config,
+            action="reset the job",
+            deadline=time.monotonic() + 5.0,
+            clock=time.monotonic,
+            sleep=time.sleep,
         )
     finally:
         if own:

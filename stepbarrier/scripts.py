@@ -123,7 +123,8 @@ if redis.call('EXPIRE', KEYS[3], ARGV[1]) == 0 then
   end
 end
 local now = redis.call('TIME')
-local result = {string.format('%.0f', tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000))}
+local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local result = {string.format('%.0f', now_ms)}
 if redis.call('TYPE', KEYS[2]).ok == 'string' then
   result[2] = redis.call('GET', KEYS[2])
 else

@@ -141,7 +141,7 @@ def _read_waiters(client: redis.Redis, pattern: str, problems: list[str]) -> lis
     for name in names:
         pipe.hgetall(name)
     waiters = []
-    for name, raw in zip(names, pipe.execute(raise_on_error=False)):
+    for name, raw in zip(names, pipe.execute(raise_on_error=False), strict=True):
         if isinstance(raw, redis.exceptions.NoPermissionError):
             raise raw
         entry = _waiter(raw)
@@ -155,7 +155,9 @@ def _read_waiters(client: redis.Redis, pattern: str, problems: list[str]) -> lis
 def _waiter(raw: object) -> WaiterInfo | None:
     if not isinstance(raw, dict) or not raw:
         return None
-    fields = {k.decode("utf-8", "replace") if isinstance(k, bytes) else str(k): v for k, v in raw.items()}
+    fields = {
+        k.decode("utf-8", "replace") if isinstance(k, bytes) else str(k): v for k, v in raw.items()
+    }
     target = parse_int(fields.get("wait_until_step"), low=1)
     since_raw = fields.get("since", b"")
     try:

@@ -13,6 +13,7 @@ a crashed chief, which may restart from an older checkpoint, is not trusted.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import operator
 import os
@@ -148,7 +149,8 @@ class _Wait:
         self.target = target
         self.started = self.clock()
         self.deadline = None if timeout is None else self.started + timeout
-        self.id = f"{self.config.task_id if self.config.task_id is not None else 'x'}-{uuid.uuid4().hex[:8]}"
+        task = "x" if self.config.task_id is None else str(self.config.task_id)
+        self.id = f"{task}-{uuid.uuid4().hex[:8]}"
         self.pubsub: PubSub | None = None
         self.registered = False
         self.last_step: int | None = None
@@ -166,7 +168,9 @@ class _Wait:
     def run(self) -> int:
         log.info(
             "job %s: waiting for step %d (task %s)",
-            self.config.job, self.target, self.config.task_id,
+            self.config.job,
+            self.target,
+            self.config.task_id,
         )
         self._reconnect()
         next_read = self.clock() + self.config.fallback_interval
@@ -188,9 +192,15 @@ class _Wait:
             if now >= self.next_progress:
                 self._log_progress()
             assert self.pubsub is not None
-            stop = min(t for t in (next_read, self.next_progress, self._stall_at(), self.deadline) if t is not None)
+            stop = min(
+                t
+                for t in (next_read, self.next_progress, self._stall_at(), self.deadline)
+                if t is not None
+            )
             try:
-                message = self.pubsub.get_message(timeout=max(0.001, min(stop - now, self.config.fallback_interval)))
+                message = self.pubsub.get_message(
+                    timeout=max(0.001, min(stop - now, self.config.fallback_interval))
+                )
             except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
                 log.info("job %s: subscription lost (%s); reconnecting", self.config.job, exc)
                 result = self._reconnect()
@@ -209,7 +219,9 @@ class _Wait:
         if announcement is None:
             log.warning(
                 "job %s: ignored a malformed message on %s: %s",
-                self.config.job, self.keys.channel, preview(data),
+                self.config.job,
+                self.keys.channel,
+                preview(data),
             )
             return None
         if announcement.reset:
@@ -245,7 +257,7 @@ class _Wait:
         kind = reply[2].decode() if isinstance(reply[2], bytes) else str(reply[2])
         if kind == "hash":
             flat = reply[3:]
-            state = parse_state(dict(zip(flat[0::2], flat[1::2])))
+            state = parse_state(dict(zip(flat[0::2], flat[1::2], strict=False)))
         elif kind == "none":
             state = ChiefState.empty()
         else:
@@ -263,7 +275,9 @@ class _Wait:
         if state.heartbeat_ms is not None:
             self.heartbeat_age = max(0.0, (now_ms - state.heartbeat_ms) / 1000.0)
             self.last_alive = max(self.last_alive, self.clock() - self.heartbeat_age)
-        fresh = self.heartbeat_age is not None and self.heartbeat_age <= fresh_heartbeat_limit(self.config)
+        fresh = self.heartbeat_age is not None and self.heartbeat_age <= fresh_heartbeat_limit(
+            self.config
+        )
         if state.step >= self.target and (fresh or state.done):
             return self._released(state.step)
         if state.done and state.step < self.target:
@@ -294,7 +308,9 @@ class _Wait:
         self._close_pubsub()
 
         def subscribe() -> PubSub:
-            pubsub = self.waiter._client.pubsub(ignore_subscribe_messages=False)
+            pubsub: PubSub = self.waiter._client.pubsub(  # type: ignore[no-untyped-call]
+                ignore_subscribe_messages=False
+            )
             try:
                 pubsub.subscribe(self.keys.channel)
                 until = time.monotonic() + CONNECT_TIMEOUT
@@ -357,7 +373,9 @@ class _Wait:
             self.reads_without_message += 1
         self.read_step = step
         if self.reads_without_message >= 2:
-            log.info("job %s: the step moves but no announcement comes; resubscribing", self.config.job)
+            log.info(
+                "job %s: the step moves but no announcement comes; resubscribing", self.config.job
+            )
             self.resubscribe = True
 
     def _log_progress(self) -> None:
@@ -365,14 +383,20 @@ class _Wait:
         age = "unknown" if self.heartbeat_age is None else f"{self.heartbeat_age:.1f} s"
         log.info(
             "job %s: still waiting for step %d after %.0f s (chief at step %s, heartbeat %s ago)",
-            self.config.job, self.target, self.clock() - self.started,
-            "none yet" if self.last_step is None else self.last_step, age,
+            self.config.job,
+            self.target,
+            self.clock() - self.started,
+            "none yet" if self.last_step is None else self.last_step,
+            age,
         )
 
     def _released(self, step: int) -> int:
         log.info(
             "job %s: released at step %d (target %d) after %.3f s",
-            self.config.job, step, self.target, self.clock() - self.started,
+            self.config.job,
+            step,
+            self.target,
+            self.clock() - self.started,
         )
         self.last_step = step
         return step
@@ -387,26 +411,30 @@ class _Wait:
         return BarrierTimeout(
             f"job {self.config.job}: gave up waiting for step {self.target}: {why}; "
             f"last step seen {seen}, chief heartbeat {age}",
-            job=self.config.job, target=self.target, last_step=self.last_step,
-            heartbeat_age=self.heartbeat_age, stalled=stalled,
+            job=self.config.job,
+            target=self.target,
+            last_step=self.last_step,
+            heartbeat_age=self.heartbeat_age,
+            stalled=stalled,
         )
 
     def _aborted(self, reason: str) -> BarrierAborted:
         what = "finished" if reason == "done" else "was reset"
         seen = "none" if self.last_step is None else str(self.last_step)
         return BarrierAborted(
-            f"job {self.config.job} {what} before step {self.target} came "
-            f"(last step {seen})",
-            job=self.config.job, target=self.target, last_step=self.last_step,
-            heartbeat_age=self.heartbeat_age, reason=reason,
+            f"job {self.config.job} {what} before step {self.target} came (last step {seen})",
+            job=self.config.job,
+            target=self.target,
+            last_step=self.last_step,
+            heartbeat_age=self.heartbeat_age,
+            reason=reason,
         )
 
     def _close_pubsub(self) -> None:
         if self.pubsub is not None:
-            try:
+            # closing a dead connection may fail; there is nothing to keep
+            with contextlib.suppress(Exception):
                 self.pubsub.close()
-            except Exception:  # closing a dead connection may fail; nothing to keep
-                pass
             self.pubsub = None
 
     def leave(self) -> None:

@@ -63,7 +63,9 @@ def client(redis_server: RedisServer) -> Iterator[redis.Redis]:
 
 def subprocess_env(**extra: str) -> dict[str, str]:
     """Environment for child processes: this checkout importable, TF quiet."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPBARRIER_") and k != "TF_CONFIG"}
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("STEPBARRIER_") and k != "TF_CONFIG"
+    }
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     env.update(extra)

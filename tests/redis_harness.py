@@ -58,17 +58,25 @@ class RedisServer:
     def command(self) -> list[str]:
         return [
             redis_binary(),
-            "--port", str(self.port),
-            "--bind", "127.0.0.1",
-            "--save", "",
-            "--appendonly", "no",
-            "--dir", str(self.dir),
-            "--logfile", str(self.log),
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(self.dir),
+            "--logfile",
+            str(self.log),
             *self.args,
         ]
 
     def start(self, wait: bool = True) -> RedisServer:
-        self.process = subprocess.Popen(self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.process = subprocess.Popen(
+            self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
         if wait:
             self.wait_ready()
         return self
