@@ -99,41 +99,44 @@ return now_ms
 """
 
 WAITER_SYNC = """
--- KEYS[1] state, KEYS[2] reset marker, KEYS[3] this waiter's registry hash,
--- KEYS[4] targets zset, KEYS[5] registrations list
--- ARGV[1] registry TTL (s), ARGV[2] key TTL (s), ARGV[3] waiter id,
--- ARGV[4] target, ARGV[5..] registry fields and values
+-- KEYS[1] this waiter's registry hash, KEYS[2] targets zset, KEYS[3] registrations list
+-- ARGV[1] state key, ARGV[2] reset marker key (same hash tag), ARGV[3] registry
+-- TTL (s), ARGV[4] key TTL (s), ARGV[5] waiter id, ARGV[6] target,
+-- ARGV[7..] registry fields and values
+-- KEYS holds only what a waiter writes: Redis's ACL demands read AND write
+-- permission on every key an EVALSHA declares, so the two keys it only reads
+-- travel in ARGV, and the ACL's worker user can read, never write, them.
 -- A waiter's one command per fallback interval: (re-)registers it if its entry
 -- is gone (first call, expiry, or a Redis restarted empty) or refreshes the
 -- entry's TTL, then returns the Redis time, the reset marker and the state:
 --   {now_ms, reset marker or false, state type, state field/value pairs...}
-if redis.call('EXPIRE', KEYS[3], ARGV[1]) == 0 then
+if redis.call('EXPIRE', KEYS[1], ARGV[3]) == 0 then
   local entry = {}
-  for i = 5, #ARGV do entry[#entry + 1] = ARGV[i] end
-  redis.call('DEL', KEYS[3])
-  redis.call('HSET', KEYS[3], unpack(entry))
-  redis.call('EXPIRE', KEYS[3], ARGV[1])
+  for i = 7, #ARGV do entry[#entry + 1] = ARGV[i] end
+  redis.call('DEL', KEYS[1])
+  redis.call('HSET', KEYS[1], unpack(entry))
+  redis.call('EXPIRE', KEYS[1], ARGV[3])
   -- the targets and the list only guide the chief: a malformed one is skipped
-  if pcall(redis.call, 'ZADD', KEYS[4], ARGV[4], ARGV[3]) then
-    redis.call('EXPIRE', KEYS[4], ARGV[2])
+  if pcall(redis.call, 'ZADD', KEYS[2], ARGV[6], ARGV[5]) then
+    redis.call('EXPIRE', KEYS[2], ARGV[4])
   end
-  if pcall(redis.call, 'RPUSH', KEYS[5], ARGV[4]) then
-    redis.call('LTRIM', KEYS[5], -1000, -1)
-    redis.call('EXPIRE', KEYS[5], ARGV[2])
+  if pcall(redis.call, 'RPUSH', KEYS[3], ARGV[6]) then
+    redis.call('LTRIM', KEYS[3], -1000, -1)
+    redis.call('EXPIRE', KEYS[3], ARGV[4])
   end
 end
 local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 local result = {string.format('%.0f', now_ms)}
-if redis.call('TYPE', KEYS[2]).ok == 'string' then
-  result[2] = redis.call('GET', KEYS[2])
+if redis.call('TYPE', ARGV[2]).ok == 'string' then
+  result[2] = redis.call('GET', ARGV[2])
 else
   result[2] = false
 end
-local kind = redis.call('TYPE', KEYS[1]).ok
+local kind = redis.call('TYPE', ARGV[1]).ok
 result[3] = kind
 if kind == 'hash' then
-  local fields = redis.call('HGETALL', KEYS[1])
+  local fields = redis.call('HGETALL', ARGV[1])
   for i = 1, #fields do result[#result + 1] = fields[i] end
 end
 return result

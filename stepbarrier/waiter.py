@@ -294,12 +294,18 @@ class _Wait:
             "host": socket.gethostname()[:200],
             "pid": str(os.getpid()),
         }
-        args: list[Any] = [REGISTRY_TTL, config.key_ttl, self.id, self.target]
+        args: list[Any] = [
+            keys.state,
+            keys.reset,
+            REGISTRY_TTL,
+            config.key_ttl,
+            self.id,
+            self.target,
+        ]
         for name, value in fields.items():
             args += [name, value]
         reply = self.waiter._sync(
-            keys=[keys.state, keys.reset, keys.waiter(self.id), keys.targets, keys.registrations],
-            args=args,
+            keys=[keys.waiter(self.id), keys.targets, keys.registrations], args=args
         )
         return list(reply)
 
