@@ -1,0 +1,177 @@
+"""The demo's local machinery: an embedded Redis and a group of child processes.
+
+Everything listens on loopback only and everything started here is stopped
+here: each child runs in its own process group (so a terminal's Ctrl-C reaches
+only the demo, which then stops the children in order) and ``stop`` ends the
+whole group, its own children included.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO, Any
+
+import redis
+
+LOOPBACK = "127.0.0.1"
+STOP_GRACE = 5.0
+"""Seconds a child gets to exit after SIGTERM before it is killed."""
+
+
+def free_port() -> int:
+    """A TCP port on loopback that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        return int(sock.getsockname()[1])
+
+
+class EmbeddedRedis:
+    """A throwaway Redis on a free loopback port.
+
+    A real ``redis-server`` (no persistence) when the binary is installed,
+    otherwise fakeredis's TCP server in a thread (it needs ``lupa`` for Lua).
+
+    Args:
+        workdir: Directory for redis-server's files.
+        env: Environment of the redis-server process.
+        kind: ``"auto"``, ``"redis-server"`` or ``"fakeredis"``.
+    """
+
+    def __init__(self, workdir: Path, env: Mapping[str, str], kind: str = "auto") -> None:
+        self.workdir = workdir
+        self.env = dict(env)
+        self.kind = kind
+        self.port = 0
+        self.description = ""
+        self._process: subprocess.Popen[bytes] | None = None
+        self._fake: Any = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://{LOOPBACK}:{self.port}/0"
+
+    def start(self, timeout: float = 10.0) -> EmbeddedRedis:
+        binary = shutil.which("redis-server")
+        self.port = free_port()
+        if self.kind == "redis-server" or (self.kind == "auto" and binary):
+            if binary is None:
+                raise RuntimeError("redis-server is not installed")
+            self._process = subprocess.Popen(
+                [binary, "--port", str(self.port), "--bind", LOOPBACK, "--save", "",
+                 "--appendonly", "no", "--dir", str(self.workdir),
+                 "--logfile", str(self.workdir / "redis.log")],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                env=self.env, start_new_session=True,
+            )  # fmt: skip
+            self.description = f"redis-server (pid {self._process.pid})"
+        else:
+            import fakeredis  # only needed when there is no redis-server
+
+            self._fake = fakeredis.TcpFakeServer((LOOPBACK, self.port), server_type="redis")
+            self._thread = threading.Thread(
+                target=self._fake.serve_forever, name="stepbarrier-fakeredis", daemon=True
+            )
+            self._thread.start()
+            self.description = "fakeredis (in-process; redis-server is not installed)"
+        self._wait_ready(timeout)
+        return self
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        client = redis.Redis(host=LOOPBACK, port=self.port, socket_timeout=1.0)
+        try:
+            while True:
+                if self._process is not None and self._process.poll() is not None:
+                    raise RuntimeError(f"redis-server exited at start (see {self.workdir})")
+                try:
+                    if client.ping():
+                        return
+                except redis.ConnectionError:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(
+                            f"Redis did not answer on port {self.port} within {timeout:g} s"
+                        ) from None
+                    time.sleep(0.05)
+        finally:
+            client.close()
+
+    def stop(self) -> None:
+        if self._process is not None:
+            stop_process_group(self._process)
+            self._process = None
+        if self._fake is not None:
+            self._fake.shutdown()
+            self._fake.server_close()
+            self._fake = None
+
+
+def stop_process_group(process: subprocess.Popen[Any], grace: float = STOP_GRACE) -> None:
+    """SIGTERM the process's group, then SIGKILL what is left after ``grace``."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        _signal_group(process, sig)
+        try:
+            process.wait(grace)
+        except subprocess.TimeoutExpired:
+            continue
+        _signal_group(process, signal.SIGKILL)  # the leader is gone; so must its children
+        return
+
+
+def _signal_group(process: subprocess.Popen[Any], sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, sig)
+
+
+class ProcessGroup:
+    """Child processes, each in its own process group, logging to files."""
+
+    def __init__(self, logdir: Path) -> None:
+        self.logdir = logdir
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self._logs: list[IO[bytes]] = []
+
+    def start(self, name: str, command: list[str], env: Mapping[str, str]) -> None:
+        log = open(self.log_path(name), "wb")  # noqa: SIM115 (closed in stop_all)
+        self._logs.append(log)
+        self.processes[name] = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=dict(env),
+            start_new_session=True,
+        )
+
+    def log_path(self, name: str) -> Path:
+        return self.logdir / f"{name}.log"
+
+    def log_tail(self, name: str, lines: int = 15) -> str:
+        try:
+            text = self.log_path(name).read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def returncode(self, name: str) -> int | None:
+        return self.processes[name].poll()
+
+    def stop(self, name: str) -> None:
+        stop_process_group(self.processes[name])
+
+    def stop_all(self) -> None:
+        """Stop every child (the latest started first) and close the logs."""
+        for process in reversed(list(self.processes.values())):
+            stop_process_group(process)  # also ends what an exited child left behind
+        for log in self._logs:
+            log.close()
+        self._logs.clear()

@@ -1,0 +1,103 @@
+"""How a job's status looks in a terminal: the ``status`` table and the live view.
+
+Shared by the ``stepbarrier`` command (``status``, ``watch``) and the demo. Only
+renders a ``JobStatus``; reading it is ``stepbarrier.status.read_status``'s job.
+"""
+
+from __future__ import annotations
+
+import time
+
+from rich.console import Group, RenderableType
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+from stepbarrier.status import JobStatus, WaiterInfo
+
+
+def describe_age(seconds: float | None) -> str:
+    """``"0.4 s ago"``, ``"3 min ago"`` or ``"never"``."""
+    if seconds is None:
+        return "never"
+    if seconds < 120:
+        return f"{seconds:.1f} s ago"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min ago"
+    return f"{seconds / 3600:.1f} h ago"
+
+
+def _clock_time(unix: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(unix))
+
+
+def _summary(status: JobStatus) -> Table:
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    grid.add_row("job", status.job)
+    grid.add_row("step", "none yet" if status.step is None else str(status.step))
+    grid.add_row("generation", "-" if status.generation is None else str(status.generation))
+    chief = f" (chief {status.chief})" if status.chief else ""
+    grid.add_row("heartbeat", describe_age(status.heartbeat_age) + chief)
+    grid.add_row("done", "yes" if status.done else "no")
+    if status.reset_at is not None:
+        grid.add_row("reset", f"at {_clock_time(status.reset_at)}")
+    grid.add_row("waiting", f"{len(status.waiters)} worker(s)")
+    for problem in status.problems:
+        grid.add_row(Text("problem", style="red"), Text(problem, style="red"))
+    return grid
+
+
+def _waited(waiter: WaiterInfo, now: float) -> str:
+    return f"{max(0.0, now - waiter.since):.1f} s"
+
+
+def waiters_table(status: JobStatus, *, progress: bool, now: float | None = None) -> Table:
+    """The waiting workers, lowest target first; with a progress bar per worker."""
+    now = time.time() if now is None else now
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    table.add_column("task", justify="right")
+    table.add_column("wait until step", justify="right")
+    if progress:
+        table.add_column("progress", min_width=20)
+        table.add_column("", justify="right")
+    table.add_column("waiting since")
+    table.add_column("for", justify="right")
+    table.add_column("host")
+    step = status.step or 0
+    for waiter in status.waiters:
+        cells: list[RenderableType] = [
+            "-" if waiter.task_id is None else str(waiter.task_id),
+            str(waiter.wait_until_step),
+        ]
+        if progress:
+            done = min(step, waiter.wait_until_step)
+            cells.append(ProgressBar(total=waiter.wait_until_step, completed=done, width=30))
+            cells.append(f"{done}/{waiter.wait_until_step}")
+        cells += [
+            _clock_time(waiter.since),
+            _waited(waiter, now),
+            f"{waiter.host}:{waiter.pid}" if waiter.pid is not None else waiter.host,
+        ]
+        table.add_row(*cells)
+    return table
+
+
+def status_view(status: JobStatus, *, progress: bool = False) -> RenderableType:
+    """The whole status: a summary, then the waiting workers (if any)."""
+    parts: list[RenderableType] = [_summary(status)]
+    if status.waiters:
+        parts += [Text(""), waiters_table(status, progress=progress)]
+    return Group(*parts)
+
+
+def live_view(status: JobStatus | None, *, note: str | None = None) -> RenderableType:
+    """The ``watch`` view: the status with progress bars, and a note (e.g. an error)."""
+    parts: list[RenderableType] = []
+    if status is not None:
+        parts.append(status_view(status, progress=True))
+    if note:
+        parts.append(Text(note, style="yellow"))
+    parts.append(Text(f"updated {time.strftime('%H:%M:%S')} - Ctrl-C to stop", style="dim"))
+    return Group(*parts)
