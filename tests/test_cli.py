@@ -238,7 +238,7 @@ def test_publish_done_aborts_a_waiting_wait_with_exit_4(
     waiting = start(env, "wait", "--until", "50", "--timeout", "60")
     wait_for_waiters(job_config, 1, waiting)
     assert run(env, "publish", "20", "--done").returncode == 0
-    code, out, err = finish(waiting)
+    code, _, err = finish(waiting)
     assert code == 4
     assert "finished before step 50" in err
     assert err.count("\n") == 1

@@ -50,7 +50,9 @@ def acl_server() -> Iterator[RedisServer]:
         server.cleanup()
 
 
-def user_env(server: RedisServer, job: str, user: str, password: str | None = None) -> dict[str, str]:
+def user_env(
+    server: RedisServer, job: str, user: str, password: str | None = None
+) -> dict[str, str]:
     return subprocess_env(
         STEPBARRIER_REDIS_URL=server.url,
         STEPBARRIER_JOB=job,
