@@ -214,7 +214,7 @@ class Fleet:
         self.processes: list[Process] = []
 
     def _env(self, extra: dict[str, str] | None) -> dict[str, str]:
-        return subprocess_env(**self.env, **(extra or {}))
+        return subprocess_env(**{**self.env, **(extra or {})})
 
     def chief(
         self,

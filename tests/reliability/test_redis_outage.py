@@ -84,7 +84,9 @@ def check_recovery(
     chief.train_to(ahead.target + 10)
     record = ahead.released(timeout=15.0)
     assert_not_early(record, chief)
-    timings.record(f"{ahead.name} released after its step", record["t"] - chief.reached(ahead.target))
+    timings.record(
+        f"{ahead.name} released after its step", record["t"] - chief.reached(ahead.target)
+    )
     assert_chief_never_blocked(chief.close(done=True))
 
 
