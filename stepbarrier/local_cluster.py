@@ -60,6 +60,11 @@ class EmbeddedRedis:
     def url(self) -> str:
         return f"redis://{LOOPBACK}:{self.port}/0"
 
+    @property
+    def pid(self) -> int | None:
+        """The redis-server's pid (``None`` for fakeredis or once stopped)."""
+        return None if self._process is None else self._process.pid
+
     def start(self, timeout: float = 10.0) -> EmbeddedRedis:
         binary = shutil.which("redis-server")
         self.port = free_port()
