@@ -172,7 +172,9 @@ class _Wait:
             self.target,
             self.config.task_id,
         )
-        self._reconnect()
+        released = self._reconnect()  # the step may have come before we did
+        if released is not None:
+            return released
         next_read = self.clock() + self.config.fallback_interval
         while True:
             now = self.clock()
