@@ -227,6 +227,12 @@ def test_wait_follows_the_schedule_and_task_id(
     assert finish(waiting)[:2] == (0, "13\n")
 
 
+def test_wait_for_a_step_already_reached_returns_the_stored_step(env: dict[str, str]) -> None:
+    assert run(env, "publish", "5").returncode == 0  # the chief is gone: no more messages
+    result = run(env, "wait", "--until", "3", "--timeout", "60")
+    assert (result.returncode, result.stdout) == (0, "5\n"), result.stderr
+
+
 def test_wait_for_step_0_returns_at_once(env: dict[str, str]) -> None:
     result = run(env, "wait", "--until", "0")
     assert (result.returncode, result.stdout) == (0, "0\n")
