@@ -59,6 +59,13 @@ Exit codes:
   {EXIT_FAILED}  anything else (a bug: please report it with the --debug output)
 """
 
+DEMO_EXIT_CODES = f"""\b
+Exit codes:
+  {EXIT_OK}  the job ran to its end, or Ctrl-C stopped it (nothing is left running)
+  {EXIT_FAILED}  a task failed (its last log lines are shown)
+  {EXIT_USAGE}  usage or configuration error (e.g. TensorFlow is not installed)
+"""
+
 #: Options that stand for a variable, for hints in configuration errors.
 OPTION_FOR_VARIABLE = {
     "STEPBARRIER_REDIS_URL": "--redis-url",
@@ -416,7 +423,7 @@ def reset(yes: bool) -> None:
     )
 
 
-@cli.command(epilog=EXIT_CODES)
+@cli.command(epilog=DEMO_EXIT_CODES)
 @click.option(
     "--workers", type=click.IntRange(1, 16), default=3, show_default=True, help="Number of workers."
 )
@@ -439,7 +446,8 @@ def reset(yes: bool) -> None:
     type=click.FloatRange(0, 5),
     default=None,
     metavar="SECONDS",
-    help="Extra seconds per chief step (default: chosen so workers are up before their step).",
+    help="Extra seconds after each training step (default: chosen so the chief alone "
+    "takes about 10 s to reach the first worker's step).",
 )
 @click.option("--job", default=None, metavar="NAME", help="Job name (default demo-<random>).")
 @click.option("--example", default=None, hidden=True, help="Training script to run.")
