@@ -166,6 +166,12 @@ class _Wait:
     # -- the loop -----------------------------------------------------------------
 
     def run(self) -> int:
+        try:
+            return self._loop()
+        except RedisUnavailable as exc:
+            raise self._unreachable(exc) from exc
+
+    def _loop(self) -> int:
         log.info(
             "job %s: waiting for step %d (task %s)",
             self.config.job,
@@ -424,6 +430,24 @@ class _Wait:
             last_step=self.last_step,
             heartbeat_age=self.heartbeat_age,
             stalled=stalled,
+        )
+
+    def _unreachable(self, exc: RedisUnavailable) -> RedisUnavailable:
+        """``exc`` with this wait's context: the limit, the last step and heartbeat seen."""
+        if self.deadline is not None and self.deadline <= self._stall_at():
+            limit = f"overall timeout ({self.deadline - self.started:g} s)"
+        else:
+            limit = f"stall timeout ({self.config.stall_timeout:g} s)"
+        age = None if self.heartbeat_age is None else max(0.0, self.clock() - self.last_alive)
+        seen = "none" if self.last_step is None else str(self.last_step)
+        return RedisUnavailable(
+            f"job {self.config.job}: gave up waiting for step {self.target}: {exc}; retried "
+            f"until the {limit}; last step seen {seen}, chief heartbeat "
+            + ("never seen" if age is None else f"{age:.1f} s old"),
+            job=self.config.job,
+            target=self.target,
+            last_step=self.last_step,
+            heartbeat_age=age,
         )
 
     def _aborted(self, reason: str) -> BarrierAborted:
