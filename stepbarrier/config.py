@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Literal
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from stepbarrier.errors import ConfigurationError
 from stepbarrier.keys import JobKeys
@@ -65,19 +65,21 @@ ENVIRONMENT_VARIABLES: tuple[str, ...] = (
 
 
 def mask_url(url: str) -> str:
-    """Return ``url`` with any password replaced by ``***``."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparseable URL>"
-    if parts.password is None:
+    """Return ``url`` with any password replaced by ``***``.
+
+    Works on malformed URLs too (a password may hold ``?``, ``#`` or ``@``, which
+    confuse URL parsers): everything between ``scheme://user:`` and the last
+    ``@`` is masked.
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    userinfo, at, host = rest.rpartition("@")
+    if not at:
         return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    netloc = f"{user}:***@{host}"
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    user, colon, _secret = userinfo.partition(":")
+    masked = f"{user}:***" if colon else user
+    return f"{scheme}{sep}{masked}@{host}"
 
 
 def validate_job(job: str, *, variable: str = "STEPBARRIER_JOB") -> str:
@@ -316,6 +318,13 @@ def _check_url(url: str, variable: str) -> None:
             f"{variable} must be a redis://, rediss:// or unix:// URL, got {masked}",
             variable=variable,
         ) from None
+    if ("@" in url.partition("://")[2] and "@" not in parts.netloc) or parts.fragment:
+        raise ConfigurationError(
+            f"{variable} is not a valid URL ({masked}): percent-encode special characters "
+            "such as '#', '?', '/' and '@' in the password, or set "
+            "STEPBARRIER_REDIS_PASSWORD(_FILE) instead",
+            variable=variable,
+        )
     if parts.scheme not in _SCHEMES:
         raise ConfigurationError(
             f"{variable} must start with redis://, rediss:// or unix://, got {masked}",
@@ -424,7 +433,7 @@ def _password(env: Mapping[str, str]) -> str | None:
     try:
         with open(path, encoding="utf-8") as handle:
             secret = handle.read().rstrip("\r\n")
-    except (OSError, UnicodeDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise ConfigurationError(
             f"STEPBARRIER_REDIS_PASSWORD_FILE: cannot read {path[:200]!r} ({type(exc).__name__})",
             variable="STEPBARRIER_REDIS_PASSWORD_FILE",

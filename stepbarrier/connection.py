@@ -147,9 +147,18 @@ def translate(exc: BaseException, config: BarrierConfig, *, action: str) -> Step
             job=config.job,
         )
     if isinstance(exc, rex.ConnectionError) and _is_tls_failure(exc):
+        if "CERTIFICATE_VERIFY_FAILED" in _chain_text(exc):
+            hint = (
+                "The server's certificate does not verify: check STEPBARRIER_TLS_CA_FILE "
+                "(the CA that signed it) and the host name in STEPBARRIER_REDIS_URL."
+            )
+        else:
+            hint = (
+                "If the server requires client certificates, set STEPBARRIER_TLS_CERT_FILE "
+                "and STEPBARRIER_TLS_KEY_FILE; check STEPBARRIER_TLS_CA_FILE too."
+            )
         return RedisRefused(
-            f"TLS to {where} failed while trying to {action}: {detail}. Check "
-            "STEPBARRIER_TLS_CA_FILE (the CA that signed the server's certificate).",
+            f"TLS to {where} failed while trying to {action}: {detail}. {hint}",
             kind="tls",
             job=config.job,
         )
@@ -166,20 +175,42 @@ def translate(exc: BaseException, config: BarrierConfig, *, action: str) -> Step
 
 
 def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
+    text = " ".join(str(exc).split()).rstrip(".") or type(exc).__name__
     return text[:300]
+
+
+def _chain_text(exc: BaseException) -> str:
+    parts = []
+    seen: BaseException | None = exc
+    for _ in range(5):
+        if seen is None:
+            break
+        parts.append(f"{seen!r} {seen}")
+        seen = seen.__cause__ or seen.__context__
+    return " ".join(parts)
 
 
 def _stop_at(
     deadline: float | None, clock: Callable[[], float]
 ) -> Callable[[RetryCallState], bool]:
     def stop(state: RetryCallState) -> bool:
-        if deadline is None:
-            return False
-        upcoming = state.upcoming_sleep or 0.0
-        return clock() + upcoming >= deadline
+        return deadline is not None and clock() >= deadline
 
     return stop
+
+
+def _wait_until(
+    deadline: float | None, clock: Callable[[], float]
+) -> Callable[[RetryCallState], float]:
+    # Never sleep past the deadline, and never give up before it: the last try
+    # starts at the deadline (Redis may be back by then).
+    strategy = backoff()
+
+    def wait(state: RetryCallState) -> float:
+        delay = strategy(state)
+        return delay if deadline is None else max(0.0, min(delay, deadline - clock()))
+
+    return wait
 
 
 def call_with_retries(
@@ -197,8 +228,9 @@ def call_with_retries(
         operation: The Redis work to do; it is run again after a transient error.
         config: For error messages (job, masked URL, user).
         action: What the operation does, for messages ("read the job's state").
-        deadline: ``clock()`` value after which no further try starts; ``None``
-            retries for as long as the errors are transient.
+        deadline: ``clock()`` value at which the last try starts (sleeps are cut
+            short to reach it); ``None`` retries for as long as the errors are
+            transient.
         clock: Monotonic clock.
         sleep: Sleeps between tries (injectable for tests).
 
@@ -219,7 +251,7 @@ def call_with_retries(
 
     retrying = Retrying(
         retry=retry_if_exception(is_transient),
-        wait=backoff(),
+        wait=_wait_until(deadline, clock),
         stop=_stop_at(deadline, clock),
         sleep=sleep,
         before_sleep=note,

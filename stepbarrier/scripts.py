@@ -13,10 +13,16 @@ BEGIN_GENERATION = """
 -- Returns a generation number above every one this job has used: the Redis
 -- clock in microseconds, or the stored generation + 1 if that is higher (the
 -- clock went back, or two chiefs began in the same microsecond).
+local function whole(text)
+  -- a stored number is trusted only if it is a whole number in [0, 2^53]
+  local n = tonumber(text)
+  if n and n >= 0 and n <= 9007199254740992 and n == math.floor(n) then return n end
+  return nil
+end
 local now = redis.call('TIME')
 local generation = tonumber(now[1]) * 1000000 + tonumber(now[2])
 if redis.call('TYPE', KEYS[1]).ok == 'hash' then
-  local stored = tonumber(redis.call('HGET', KEYS[1], 'generation'))
+  local stored = whole(redis.call('HGET', KEYS[1], 'generation'))
   if stored and stored >= generation then generation = stored + 1 end
 end
 return string.format('%.0f', generation)
@@ -31,6 +37,12 @@ PUBLISH_STEP = """
 -- channel, and returns what the chief needs to decide its next write:
 --   {accepted (1) or stale generation (0), stored step, stored generation,
 --    repaired (1 if malformed state was replaced), pending targets...}
+local function whole(text)
+  -- a stored number is trusted only if it is a whole number in [0, 2^53]
+  local n = tonumber(text)
+  if n and n >= 0 and n <= 9007199254740992 and n == math.floor(n) then return n end
+  return nil
+end
 local generation = tonumber(ARGV[1])
 local step = tonumber(ARGV[2])
 local repaired = 0
@@ -42,13 +54,20 @@ kind = redis.call('TYPE', KEYS[2]).ok
 if kind ~= 'zset' and kind ~= 'none' then
   redis.call('DEL', KEYS[2]); repaired = 1
 end
-local stored_gen = tonumber(redis.call('HGET', KEYS[1], 'generation')) or 0
-local stored_step = tonumber(redis.call('HGET', KEYS[1], 'step'))
+local stored_gen = whole(redis.call('HGET', KEYS[1], 'generation'))
+local stored_step = whole(redis.call('HGET', KEYS[1], 'step'))
+if stored_gen == nil or stored_step == nil then
+  -- nothing trustworthy is stored (no state, or malformed): this chief's step replaces it
+  if redis.call('EXISTS', KEYS[1]) == 1 then repaired = 1 end
+  stored_gen = 0
+  stored_step = nil
+end
 if stored_gen > generation then
   return {0, string.format('%.0f', stored_step or -1), string.format('%.0f', stored_gen), repaired}
 end
 local changed = false
 if stored_gen < generation or stored_step == nil then
+  redis.call('DEL', KEYS[1])
   redis.call('HSET', KEYS[1], 'generation', string.format('%.0f', generation),
              'step', string.format('%.0f', step), 'done', '0')
   redis.call('DEL', KEYS[3])

@@ -42,11 +42,19 @@ class RedisServer:
     Args:
         port: The port; a free one is picked if omitted.
         args: Extra command-line arguments (e.g. ``["--aclfile", path]``).
+        tls: ``(cert, key, ca)`` file paths: serve TLS only on ``port`` (no
+            plain-text port at all).
     """
 
-    def __init__(self, port: int | None = None, args: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        port: int | None = None,
+        args: list[str] | None = None,
+        tls: tuple[str, str, str] | None = None,
+    ) -> None:
         self.port = port or free_port()
         self.args = list(args or [])
+        self.tls = tls
         self.dir = Path(tempfile.mkdtemp(prefix="stepbarrier-redis-"))
         self.process: subprocess.Popen[bytes] | None = None
         self.log = self.dir / "redis.log"
@@ -56,10 +64,14 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def command(self) -> list[str]:
+        listen = ["--port", str(self.port)]
+        if self.tls is not None:
+            cert, key, ca = self.tls
+            listen = ["--port", "0", "--tls-port", str(self.port)]
+            listen += ["--tls-cert-file", cert, "--tls-key-file", key, "--tls-ca-cert-file", ca]
         return [
             redis_binary(),
-            "--port",
-            str(self.port),
+            *listen,
             "--bind",
             "127.0.0.1",
             "--save",
