@@ -326,6 +326,11 @@ class StepPublisher:
             self._stored.notify_all()
 
     def _refresh_threshold(self) -> None:
+        if self._stored_step < 0:
+            # No write in this generation yet: the next publish must write at once,
+            # even if a registration was heard first (it would wait a heartbeat).
+            self._next_threshold = -1.0
+            return
         candidates = [*self._pending[:1], *self._heard]
         self._next_threshold = float(min(candidates)) if candidates else math.inf
         latest = self._latest
