@@ -98,15 +98,17 @@ class StepPublisher:
         self._generation_begun = 0
         self._superseded = False
         self._final_done: bool | None = None
+        self._close_deadline = math.inf
         self._closed = False
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self.writes = 0
         """Number of successful writes to Redis (for tests and benchmarks)."""
         self.last_error: str | None = None
-        """The most recent Redis error, ``None`` after a successful write."""
+        """The most recent Redis error as one clear line, ``None`` after a successful write."""
         self.last_failure: StepBarrierError | None = None
-        """Why the final write in ``close`` failed (``None`` if it succeeded)."""
+        """The most recent Redis error (``RedisRefused``, ``RedisUnavailable``), or ``None``
+        after a successful write; after ``close``, why its final write failed."""
         self._thread = threading.Thread(
             target=self._run, name=f"stepbarrier-publisher-{config.job}", daemon=True
         )
@@ -200,6 +202,7 @@ class StepPublisher:
             return True
         self._closed = True
         deadline = self._clock() + timeout
+        self._close_deadline = deadline
         self._final_done = done
         self._stopping.set()
         self._wake.set()
@@ -246,11 +249,11 @@ class StepPublisher:
                 next_beat = self._clock() + self.config.heartbeat
             except Exception as exc:  # the chief must never die of a Redis problem
                 failures += 1
-                self.last_error = " ".join(str(exc).split())[:300]
+                error = translate(exc, self.config, action="publish the step")
+                self.last_failure, self.last_error = error, str(error)
                 now = self._clock()
                 if now - last_log >= LOG_EVERY:
                     last_log = now
-                    error = translate(exc, self.config, action="publish the step")
                     log.warning("%s; training continues, will retry", error)
                 delay = backoff(_attempt(failures)) if is_transient(exc) else self.config.heartbeat
                 self._stopping.wait(delay)
@@ -266,13 +269,13 @@ class StepPublisher:
                 lambda: self._write(done=done),
                 self.config,
                 action="publish the final step",
-                deadline=self._clock() + 10.0,
+                deadline=self._close_deadline,
                 clock=self._clock,
                 sleep=time.sleep,
             )
         except Exception as exc:
-            self.last_error = str(exc)[:300]
             self.last_failure = translate(exc, self.config, action="publish the final step")
+            self.last_error = str(self.last_failure)
             log.error("could not publish the final step %s: %s", self._latest, exc)
 
     def _write(self, *, done: bool) -> None:
