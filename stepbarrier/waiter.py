@@ -471,10 +471,15 @@ class _Wait:
 
     def leave(self) -> None:
         """Unregister (one quick try: an entry left behind expires by itself)."""
-        self._close_pubsub()
-        if not self.registered:
-            return
+        # Unregister before closing the subscription: the pool hands out its
+        # most recently released connection first, and a closed subscription's
+        # connection would have to reconnect (3 round trips) on a released
+        # worker's critical path.
         try:
-            self.waiter._leave(keys=[self.keys.waiter(self.id), self.keys.targets], args=[self.id])
+            if self.registered:
+                keys = [self.keys.waiter(self.id), self.keys.targets]
+                self.waiter._leave(keys=keys, args=[self.id])
         except Exception as exc:
             log.debug("job %s: could not unregister (%s); it expires", self.config.job, exc)
+        finally:
+            self._close_pubsub()
