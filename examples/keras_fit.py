@@ -35,11 +35,11 @@ from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
+import keras
+import numpy as np
 
-from stepbarrier import BarrierAborted, BarrierConfig, read_status  # noqa: E402
-from stepbarrier.keras_callbacks import StepWaiterCallback, callbacks_from_env  # noqa: E402
+from stepbarrier import BarrierAborted, BarrierConfig, read_status
+from stepbarrier.keras_callbacks import StepWaiterCallback, callbacks_from_env
 
 BATCH = 16
 

@@ -104,7 +104,8 @@ def main() -> int:
     else:
         print("neither chief nor worker: set STEPBARRIER_ROLE or TF_CONFIG", file=sys.stderr)
         return 2
-    print(f"{config.role} {config.task_id}: trained {record['steps_trained']} steps, w={weight:.3f}")
+    trained = record["steps_trained"]
+    print(f"{config.role} {config.task_id}: trained {trained} steps, w={weight:.3f}")
     write_record(record)
     return 0
 

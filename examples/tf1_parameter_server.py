@@ -60,10 +60,10 @@ from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import tensorflow as tf  # noqa: E402
+import tensorflow as tf
 
-from stepbarrier import BarrierAborted, BarrierConfig, read_status  # noqa: E402
-from stepbarrier.tf_hooks import GlobalStepWaiterHook, hooks_from_env  # noqa: E402
+from stepbarrier import BarrierAborted, BarrierConfig, read_status
+from stepbarrier.tf_hooks import GlobalStepWaiterHook, hooks_from_env
 
 BATCH = 32
 FEATURES = 4
