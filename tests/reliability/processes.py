@@ -289,6 +289,16 @@ class Fleet:
         self.processes.append(cli)
         return cli
 
+    def program(
+        self, name: str, module: str, *args: str, env: dict[str, str] | None = None
+    ) -> Process:
+        """``python -m module RECORDS *args`` with the job's environment."""
+        records = str(self.workdir / f"{name}.jsonl")
+        command = [sys.executable, "-m", module, records, *args]
+        process = Process(name, command, self._env(env), self.workdir)
+        self.processes.append(process)
+        return process
+
     def stop_all(self) -> None:
         for process in self.processes:
             process.stop()

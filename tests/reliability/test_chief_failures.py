@@ -4,8 +4,9 @@ Guarantees:
 - a SIGKILLed chief: workers give up after the stall timeout with ``BarrierTimeout``
   (CLI exit 3) naming the last step and the heartbeat's age, or start with a
   warning under ``on_timeout="proceed"``; none hangs;
-- a chief that finishes (``close``) before a worker's step: that worker is aborted
-  at once (``BarrierAborted``, CLI exit 4), not after a timeout;
+- a chief that finishes (``close``, or a TensorFlow session whose
+  ``GlobalStepPublisherHook.end()`` runs) before a worker's step: that worker is
+  aborted at once (``BarrierAborted``, CLI exit 4), not after a timeout;
 - a chief restarted from an older checkpoint: waiters follow its real, lower step;
   neither the dead chief's stale higher step nor the writes of the old chief,
   still running as a zombie, release anyone.
@@ -168,4 +169,35 @@ def test_a_chief_restarted_from_an_older_checkpoint_is_followed(
     assert (status.step, status.done) == (100, False)
     assert status.chief is not None and status.chief.endswith(f":{new.pid}")
     assert_chief_never_blocked(new.close(done=True))
+    assert read_status(config).done
+
+
+@pytest.mark.tensorflow
+def test_a_tensorflow_chief_ending_early_aborts_the_remaining_waits_at_once(
+    server: RedisServer, fleet: Fleet, job: str, timings: Timings
+) -> None:
+    config = BarrierConfig(job=job, redis_url=server.url)
+    patient = {"STEPBARRIER_STALL_TIMEOUT": "120"}
+    library = fleet.worker("library", 100, task_id=1, env=patient)
+    cli = fleet.cli_wait("cli", 100, task_id=2, env=patient)
+    wait_for_waiters(config, 2)
+    chief = fleet.program("tf-chief", "tests.reliability.tf_chief", "40")
+    trained = wait_until(
+        lambda: chief.records("trained") or (not chief.alive() and chief.log_tail()),
+        120.0,
+        "the TensorFlow chief trained to step 40",
+        interval=0.05,
+    )
+    assert isinstance(trained, list), f"the TensorFlow chief failed:\n{trained}"
+    stopped = trained[0]["t"]  # the session closes (and end() runs) right after this
+
+    error = library.wait_outcome(timeout=30.0)
+    assert error["event"] == "error" and error["type"] == "BarrierAborted", error
+    # the hook publishes the step fetched with each run: it may predate the last increment
+    assert error["reason"] == "done" and error["last_step"] in (39, 40)
+    delay = timings.record("BarrierAborted after the session ended", error["t"] - stopped)
+    assert delay < FALLBACK_INTERVAL, "aborted by a later re-read, not by the announcement"
+    assert cli.exit_code(timeout=30.0) == EXIT_ABORTED, cli.stderr_text()
+    assert cli.ended - stopped < FALLBACK_INTERVAL
+    assert wait_until(lambda: chief.records("ended"), 30.0, "the TensorFlow chief exited")
     assert read_status(config).done

@@ -3,7 +3,9 @@
 Guarantee: once Redis is back, every worker whose step the chief passed during
 the outage is released within 5 s, none before the chief reached its step, the
 chief's ``publish`` never blocked or raised, and the chief wrote its latest step
-into the empty Redis by itself.
+into the empty Redis by itself. A worker that loses Redis for longer than its
+stall timeout ends with ``RedisUnavailable`` naming that timeout, the last step
+and the heartbeat's age.
 """
 
 from __future__ import annotations
@@ -119,3 +121,35 @@ def test_redis_down_when_the_chief_starts_and_up_later(
     workers = start_workers(fleet, [20, 40, 100])
     assert_chief_never_blocked(chief.train_to(50, step_seconds=0.02))
     check_recovery(server, config, chief, workers, down_since, timings)
+
+
+def test_redis_gone_for_longer_than_the_stall_timeout_ends_the_wait_clearly(
+    server: RedisServer, fleet: Fleet, job: str, timings: Timings
+) -> None:
+    stall = 3.0
+    config = BarrierConfig(job=job, redis_url=server.url)
+    chief = fleet.chief()
+    chief.wait_ready()
+    chief.train_to(20)
+    worker = fleet.worker(
+        "worker1",
+        50,
+        task_id=1,
+        env={"STEPBARRIER_STALL_TIMEOUT": str(stall)},
+        overrides={"fallback_interval": FALLBACK},
+    )
+    wait_for_waiters(config, 1)
+    server.kill()
+    killed = time.time()
+
+    error = worker.wait_outcome(timeout=stall + 30.0)
+    timings.record("wait ended after Redis died", error["t"] - killed)
+    assert error["event"] == "error" and error["type"] == "RedisUnavailable", error
+    assert error["t"] - killed >= stall - FALLBACK - 0.5, "gave up before the stall timeout"
+    assert error["last_step"] == 20
+    assert error["heartbeat_age"] >= stall - 0.25
+    for part in (f"stall timeout ({stall:g} s)", "last step seen 20", server.url):
+        assert part in error["message"], error["message"]
+    assert_chief_never_blocked(chief.train_to(25))  # the chief trains on regardless
+    server.start()
+    assert_chief_never_blocked(chief.close(done=True))
