@@ -14,6 +14,7 @@ import logging
 import ssl
 from collections.abc import Callable
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import redis
 from redis import exceptions as rex
@@ -125,7 +126,7 @@ def _is_tls_failure(exc: BaseException) -> bool:
 def translate(exc: BaseException, config: BarrierConfig, *, action: str) -> StepBarrierError:
     """The stepbarrier error that explains ``exc`` (a redis-py error) to a user."""
     where = f"Redis at {config.safe_url}"
-    user = config.redis_username or "default"
+    user = config.redis_username or _url_username(config.redis_url) or "default"
     detail = _one_line(exc)
     if isinstance(exc, StepBarrierError):
         return exc
@@ -139,7 +140,11 @@ def translate(exc: BaseException, config: BarrierConfig, *, action: str) -> Step
             kind="authentication",
             job=config.job,
         )
-    if isinstance(exc, rex.NoPermissionError) or str(exc).startswith("NOPERM"):
+    text = str(exc)
+    # inside a script, Redis words an ACL refusal as "ERR The user executing the
+    # script can't run this command or subcommand" (or "... access ... keys")
+    in_script = "user executing the script can't" in text
+    if isinstance(exc, rex.NoPermissionError) or text.startswith("NOPERM") or in_script:
         return RedisRefused(
             f"user {user!r} may not {action} on {where}: {detail}. Its ACL does not "
             "allow this (see ops/redis/users.acl for the roles).",
@@ -172,6 +177,13 @@ def translate(exc: BaseException, config: BarrierConfig, *, action: str) -> Step
         kind="response",
         job=config.job,
     )
+
+
+def _url_username(url: str) -> str | None:
+    try:
+        return urlsplit(url).username or None
+    except ValueError:
+        return None
 
 
 def _one_line(exc: BaseException) -> str:
