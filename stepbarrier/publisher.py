@@ -247,6 +247,7 @@ class StepPublisher:
                     log.info("Redis is back; published step %s", self._latest)
                 failures = 0
                 next_beat = self._clock() + self.config.heartbeat
+                self._forget_stale_wake()
             except Exception as exc:  # the chief must never die of a Redis problem
                 failures += 1
                 error = translate(exc, self.config, action="publish the step")
@@ -259,6 +260,16 @@ class StepPublisher:
                 self._stopping.wait(delay)
                 next_beat = self._clock()
         self._finish()
+
+    def _forget_stale_wake(self) -> None:
+        # Every publish() between crossing a threshold and this write's new
+        # threshold set the event again; honoured, it would make a second
+        # write per crossed threshold at high step rates. Clear it, then look
+        # again, so no wake that still matters (a crossing, close()) is lost.
+        self._wake.clear()
+        latest = self._latest
+        if self._stopping.is_set() or (latest is not None and latest >= self._next_threshold):
+            self._wake.set()
 
     def _finish(self) -> None:
         if self._latest is None or self._superseded or self._final_done is None:
