@@ -149,7 +149,7 @@ class GlobalStepPublisherHook(tf.compat.v1.train.SessionRunHook):  # type: ignor
     session's step, so a chief restored from a checkpoint (or re-initialised by
     a recovering ``MonitoredSession``) publishes its real, lower step. ``end()``
     marks the job finished: workers still waiting for a step that will not come
-    are aborted.
+    are aborted. ``end()`` reads the final step once more, so it is exact.
 
     Args:
         config: The job's settings; ``None`` reads ``BarrierConfig.from_env()``
@@ -210,7 +210,15 @@ class GlobalStepPublisherHook(tf.compat.v1.train.SessionRunHook):  # type: ignor
 
     def end(self, session: Any) -> None:
         publisher, self._publisher = self._publisher, None
-        if publisher is not None and not publisher.close(done=True):
+        if publisher is None:
+            return
+        try:
+            # The last fetched value may lag by one run; the final step must not,
+            # or a worker waiting for exactly that step would be aborted.
+            publisher.publish(int(session.run(self._global_step)))
+        except Exception as exc:  # the session may be unusable; the lower bound stands
+            log.warning("could not read the final global step: %s", exc)
+        if not publisher.close(done=True):
             log.warning(
                 "job %s: the final step may not have reached Redis (%s)",
                 publisher.config.job,

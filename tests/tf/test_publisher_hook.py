@@ -1,0 +1,175 @@
+"""The chief's GlobalStepPublisherHook in real (local) MonitoredSessions."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tensorflow as tf
+
+from stepbarrier import BarrierConfig, StepWaiter, read_status
+from stepbarrier.tf_hooks import GlobalStepPublisherHook, GlobalStepWaiterHook
+from tests.tf.tf_graphs import CrashOnce, context
+
+pytestmark = pytest.mark.tensorflow
+
+NO_EXTRAS: dict[str, Any] = {
+    "save_checkpoint_secs": None,
+    "save_checkpoint_steps": None,
+    "save_summaries_steps": None,
+    "save_summaries_secs": None,
+    "log_step_count_steps": None,
+}
+
+
+class Waiting:
+    """A worker's wait for ``step`` in a thread (a StepWaiter or our hook)."""
+
+    def __init__(self, wait: Callable[[], int | None]) -> None:
+        self.result: int | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(wait,), daemon=True)
+        self.thread.start()
+
+    def _run(self, wait: Callable[[], int | None]) -> None:
+        try:
+            self.result = wait()
+        except BaseException as exc:
+            self.error = exc
+
+    def join(self) -> int | None:
+        self.thread.join(30)
+        assert not self.thread.is_alive(), "the worker is still waiting"
+        assert self.error is None, repr(self.error)
+        return self.result
+
+
+def wait_registered(config: BarrierConfig, count: int = 1) -> None:
+    deadline = time.monotonic() + 30
+    while len(read_status(config).waiters) < count:
+        assert time.monotonic() < deadline, "the worker never registered"
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def graph() -> Iterator[tuple[Any, Any]]:
+    """A fresh graph with a global step and its increment (the train op's result)."""
+    with tf.Graph().as_default():
+        global_step = tf.compat.v1.train.get_or_create_global_step()
+        yield global_step, tf.compat.v1.assign_add(global_step, 1)
+
+
+def test_begin_without_a_global_step_raises_runtime_error(config: BarrierConfig) -> None:
+    with tf.Graph().as_default(), pytest.raises(RuntimeError, match="Global step"):
+        GlobalStepPublisherHook(config).begin()
+
+
+def test_the_chief_publishes_its_step_and_finishes_the_job_at_the_end(
+    config: BarrierConfig, graph: tuple[Any, Any]
+) -> None:
+    _, increment = graph
+    hook = GlobalStepPublisherHook(config)
+    with tf.compat.v1.train.MonitoredTrainingSession(hooks=[hook], **NO_EXTRAS) as session:
+        for _ in range(5):
+            session.run(increment)
+        assert hook.publisher is not None and hook.publisher.flush(10)
+        status = read_status(config)
+        # the step fetched with a run may predate its increment: never ahead
+        assert status.step in (4, 5) and not status.done
+    status = read_status(config)
+    assert (status.step, status.done) == (5, True)
+    assert hook.publisher is None
+
+
+def test_a_worker_wakes_with_the_run_that_reached_its_step_and_never_earlier(
+    config: BarrierConfig, graph: tuple[Any, Any]
+) -> None:
+    _, increment = graph
+    worker = Waiting(lambda: StepWaiter(config).wait(7, timeout=60))
+    wait_registered(config)
+    hook = GlobalStepPublisherHook(config)
+    stored: list[tuple[int, int]] = []
+    with tf.compat.v1.train.MonitoredTrainingSession(hooks=[hook], **NO_EXTRAS) as session:
+        for _ in range(20):
+            truth = int(session.run(increment))
+            assert hook.publisher is not None and hook.publisher.flush(10)
+            stored.append((truth, read_status(config).step or 0))
+            if truth == 7:
+                assert worker.join() == 7
+    assert all(published <= truth for truth, published in stored), stored
+    assert (7, 7) in stored
+    # the extra read happens only around the step someone waits for
+    assert hook.verifications <= 3
+
+
+def test_a_new_session_publishes_its_step_without_waiting_for_a_heartbeat(
+    make_config: Callable[..., BarrierConfig], graph: tuple[Any, Any]
+) -> None:
+    config = make_config(heartbeat=60.0, stall_timeout=120.0)
+    worker = Waiting(lambda: StepWaiter(config).wait(1000, timeout=60))
+    wait_registered(config)  # the chief hears of this worker before its first write
+    hook = GlobalStepPublisherHook(config)
+    with tf.compat.v1.train.MonitoredTrainingSession(hooks=[hook], **NO_EXTRAS):
+        deadline = time.monotonic() + 20  # far below the 60 s heartbeat
+        while read_status(config).step is None:
+            assert time.monotonic() < deadline, "the session's step waits for a heartbeat"
+            time.sleep(0.01)
+    with pytest.raises(AssertionError, match="BarrierAborted"):
+        worker.join()  # the job ended below 1000
+
+
+def test_a_chief_restored_from_a_checkpoint_makes_workers_wait_for_the_real_step(
+    config: BarrierConfig, tmp_path: Path
+) -> None:
+    checkpoints = tmp_path / "checkpoints"
+    with tf.Graph().as_default():
+        global_step = tf.compat.v1.train.get_or_create_global_step()
+        saver = tf.compat.v1.train.Saver()
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            session.run(global_step.assign(10))
+            saver.save(session, str(checkpoints / "model"), global_step=10)
+
+    with tf.Graph().as_default():
+        global_step = tf.compat.v1.train.get_or_create_global_step()
+        increment = tf.compat.v1.assign_add(global_step, 1)
+        hook, crash = GlobalStepPublisherHook(config), CrashOnce()
+        with tf.compat.v1.train.MonitoredTrainingSession(
+            checkpoint_dir=str(checkpoints), hooks=[hook, crash], **NO_EXTRAS
+        ) as session:
+            assert [int(session.run(increment)) for _ in range(20)][-1] == 30
+            assert hook.publisher is not None and hook.publisher.flush(10)
+            before = read_status(config)
+            assert before.step in (29, 30)
+
+            # The ps restarts: MonitoredSession restores the checkpoint (step 10).
+            crash.armed = True
+            assert int(session.run(increment)) == 11
+            assert hook.publisher is not None and hook.publisher.flush(10)
+            after = read_status(config)
+            assert after.step in (10, 11)
+            assert after.generation is not None and before.generation is not None
+            assert after.generation > before.generation
+
+            # A worker waiting for 20 (between 11 and the old 30) waits for the real 20.
+            def wait_with_hook() -> int | None:
+                with tf.Graph().as_default():
+                    tf.compat.v1.train.get_or_create_global_step()
+                    waiter = GlobalStepWaiterHook(20, config)
+                    waiter.begin()
+                    waiter.before_run(context(None))
+                    return waiter.released_at_step
+
+            worker = Waiting(wait_with_hook)
+            wait_registered(config)
+            for expected in range(12, 21):
+                assert int(session.run(increment)) == expected
+                assert hook.publisher is not None and hook.publisher.flush(10)
+                if expected < 20:
+                    assert worker.thread.is_alive(), f"released at chief step {expected}"
+            assert worker.join() == 20
+    assert crash.sessions == 2

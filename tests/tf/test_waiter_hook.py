@@ -1,0 +1,97 @@
+"""What our GlobalStepWaiterHook adds to TensorFlow's: timeouts, aborts, a registry."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import pytest
+import tensorflow as tf
+
+from stepbarrier import (
+    BarrierAborted,
+    BarrierConfig,
+    BarrierTimeout,
+    ConfigurationError,
+    StepPublisher,
+    read_status,
+)
+from stepbarrier.tf_hooks import GlobalStepWaiterHook
+from tests.redis_harness import RedisServer
+from tests.tf.tf_graphs import context
+
+pytestmark = pytest.mark.tensorflow
+
+
+def started_hook(wait_until_step: int, config: BarrierConfig | None) -> GlobalStepWaiterHook:
+    tf.compat.v1.train.get_or_create_global_step()
+    hook = GlobalStepWaiterHook(wait_until_step, config)
+    hook.begin()
+    return hook
+
+
+def test_the_overall_timeout_raises_barrier_timeout_from_before_run(
+    make_config: Callable[..., BarrierConfig],
+) -> None:
+    config = make_config(timeout=0.3)
+    with tf.Graph().as_default():
+        hook = started_hook(5, config)
+        with pytest.raises(BarrierTimeout) as caught:
+            hook.before_run(context(None))
+    assert caught.value.target == 5
+    assert hook.released_at_step is None
+
+
+def test_on_timeout_proceed_starts_training_with_the_last_step_seen(
+    make_config: Callable[..., BarrierConfig],
+) -> None:
+    config = make_config(timeout=0.3, on_timeout="proceed")
+    with tf.Graph().as_default():
+        hook = started_hook(5, config)
+        assert hook.before_run(context(None)) is None
+        assert hook.released_at_step == 0  # no chief was ever seen
+        assert hook.before_run(context(None)) is None  # started: no second wait
+
+
+def test_a_job_finished_below_the_step_aborts_the_worker(config: BarrierConfig) -> None:
+    with StepPublisher(config) as publisher:
+        publisher.publish(3)
+    with tf.Graph().as_default():
+        hook = started_hook(5, config)
+        with pytest.raises(BarrierAborted) as caught:
+            hook.before_run(context(None))
+    assert (caught.value.reason, caught.value.last_step) == ("done", 3)
+
+
+def test_a_released_worker_leaves_the_registry(config: BarrierConfig) -> None:
+    with StepPublisher(config) as publisher:
+        publisher.publish(7)
+        assert publisher.flush(10)
+        with tf.Graph().as_default():
+            hook = started_hook(5, config)
+            hook.before_run(context(None))
+            hook.end(None)
+        assert hook.released_at_step == 7
+        assert read_status(config).waiters == ()
+
+
+def test_without_a_config_the_environment_is_read_at_begin_not_at_construction(
+    redis_server: RedisServer, job: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in list(os.environ):
+        if name.startswith("STEPBARRIER_") or name == "TF_CONFIG":
+            monkeypatch.delenv(name)
+    with tf.Graph().as_default():
+        tf.compat.v1.train.get_or_create_global_step()
+        hook = GlobalStepWaiterHook(5)  # built anywhere, like TensorFlow's hook
+        with pytest.raises(ConfigurationError, match="STEPBARRIER_JOB"):
+            hook.begin()
+        monkeypatch.setenv("STEPBARRIER_JOB", job)
+        monkeypatch.setenv("STEPBARRIER_REDIS_URL", redis_server.url)
+        config = BarrierConfig.from_env()
+        with StepPublisher(config) as publisher:
+            publisher.publish(6)
+            assert publisher.flush(10)
+            hook.begin()
+            hook.before_run(context(None))
+    assert hook.released_at_step == 6
