@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
 from stepbarrier import BarrierConfig, read_status
 from tests.redis_harness import RedisServer
-from tests.reliability.processes import Fleet, wait_until
+from tests.reliability.processes import Fleet, Worker, wait_until
 
 HEARTBEAT = 0.2
 """The chief's heartbeat in every scenario (seconds)."""
@@ -74,11 +74,17 @@ def fleet(tmp_path: Path, job: str, server: RedisServer) -> Iterator[Fleet]:
         processes.stop_all()
 
 
-def wait_for_waiters(config: BarrierConfig, count: int, timeout: float = 30.0) -> None:
-    """Until ``count`` workers are registered on the job."""
-    wait_until(
-        lambda: len(read_status(config).waiters) >= count,
-        timeout,
-        f"{count} waiters registered on job {config.job}",
-        interval=0.05,
-    )
+def wait_for_waiters(
+    config: BarrierConfig, count: int, workers: Sequence[Worker] = (), timeout: float = 30.0
+) -> None:
+    """Until ``count`` workers are registered on the job; fails at once if one of
+    ``workers`` has already ended (released by something it should not trust)."""
+
+    def registered() -> bool:
+        for worker in workers:
+            outcome = worker.outcome()
+            if outcome is not None:
+                raise AssertionError(f"{worker.name} ended before every worker waited: {outcome}")
+        return len(read_status(config).waiters) >= count
+
+    wait_until(registered, timeout, f"{count} waiters registered on job {config.job}", 0.05)

@@ -53,7 +53,7 @@ def test_a_killed_chief_ends_every_wait_after_the_stall_timeout(
         "proceeding", 50, task_id=2, env={**stall, "STEPBARRIER_ON_TIMEOUT": "proceed"}
     )
     cli = fleet.cli_wait("cli", 50, task_id=3, env=stall)
-    wait_for_waiters(config, 3)
+    wait_for_waiters(config, 3, [raising, proceeding])
 
     chief.kill()
     killed = time.time()
@@ -90,7 +90,7 @@ def test_a_chief_finishing_first_aborts_the_remaining_waits_at_once(
     reached = fleet.worker("reached", 30, task_id=1, env=patient)
     library = fleet.worker("library", 100, task_id=2, env=patient)
     cli = fleet.cli_wait("cli", 100, task_id=3, env=patient)
-    wait_for_waiters(config, 3)
+    wait_for_waiters(config, 3, [reached, library])
 
     chief.train_to(40)
     assert_not_early(reached.released(timeout=15.0), chief)
@@ -116,6 +116,7 @@ def test_a_chief_restarted_from_an_older_checkpoint_is_followed(
     old = fleet.chief("old")
     old.wait_ready()
     old.train_to(100)
+    wait_until(lambda: read_status(config).step == 100, 10.0, "the old chief stored step 100")
     # The old chief hangs (SIGSTOP): it is not dead, it will come back as a zombie.
     old.signal(signal.SIGSTOP)
     limit = fresh_heartbeat_limit(config)
@@ -129,7 +130,7 @@ def test_a_chief_restarted_from_an_older_checkpoint_is_followed(
         fleet.worker(f"worker{i}", target, task_id=i, overrides={"fallback_interval": FALLBACK})
         for i, target in ((1, 70), (2, 90))
     ]
-    wait_for_waiters(config, 2)
+    wait_for_waiters(config, 2, workers)
     time.sleep(FALLBACK * 1.5)  # at least one more read of the stale step 100
     assert all(w.still_waiting() for w in workers), "released by a dead chief's step"
 
@@ -180,7 +181,7 @@ def test_a_tensorflow_chief_ending_early_aborts_the_remaining_waits_at_once(
     patient = {"STEPBARRIER_STALL_TIMEOUT": "120"}
     library = fleet.worker("library", 100, task_id=1, env=patient)
     cli = fleet.cli_wait("cli", 100, task_id=2, env=patient)
-    wait_for_waiters(config, 2)
+    wait_for_waiters(config, 2, [library])
     chief = fleet.program("tf-chief", "tests.reliability.tf_chief", "40")
     trained = wait_until(
         lambda: chief.records("trained") or (not chief.alive() and chief.log_tail()),

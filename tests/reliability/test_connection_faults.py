@@ -41,7 +41,7 @@ def test_killed_subscriptions_and_a_paused_server_lose_no_release(
         fleet.worker(f"worker{i}", target, task_id=i, overrides={"fallback_interval": FALLBACK})
         for i, target in ((1, 20), (2, 40), (3, 60))
     )
-    wait_for_waiters(config, 3)
+    wait_for_waiters(config, 3, [first, second, third])
 
     def subscribers() -> int:
         return int(dict(admin.pubsub_numsub(config.keys.channel))[config.keys.channel.encode()])

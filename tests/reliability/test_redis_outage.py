@@ -100,7 +100,7 @@ def test_redis_killed_and_restarted_empty_while_workers_wait(
     chief.wait_ready()
     chief.train_to(10)
     workers = start_workers(fleet, [30, 60, 120])
-    wait_for_waiters(config, 3)
+    wait_for_waiters(config, 3, workers)
     assert all(w.still_waiting() for w in workers)
 
     server.kill()
@@ -138,7 +138,7 @@ def test_redis_gone_for_longer_than_the_stall_timeout_ends_the_wait_clearly(
         env={"STEPBARRIER_STALL_TIMEOUT": str(stall)},
         overrides={"fallback_interval": FALLBACK},
     )
-    wait_for_waiters(config, 1)
+    wait_for_waiters(config, 1, [worker])
     server.kill()
     killed = time.time()
 

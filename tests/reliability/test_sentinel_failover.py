@@ -57,7 +57,7 @@ def test_workers_are_released_through_the_new_master_after_a_failover(
             fleet.worker(f"worker{i}", t, task_id=i, overrides={"fallback_interval": FALLBACK})
             for i, t in ((1, 20), (2, 30))
         ]
-        wait_for_waiters(config, 2)
+        wait_for_waiters(config, 2, workers)
 
         started = time.time()
         chief.start_training(19, step_seconds=0.3)  # the chief trains on during the failover
