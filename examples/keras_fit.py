@@ -53,7 +53,7 @@ class TrainingRecord(keras.callbacks.Callback):  # type: ignore[misc]
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         now = time.time()
-        step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+        step = int(self.model.optimizer.iterations.numpy())
         if self.record["first_step_at"] is None:
             self.record["first_step_at"], self.record["first_global_step"] = now, step
         self.record["steps_trained"] += 1

@@ -84,7 +84,7 @@ class StepPublisherCallback(keras.callbacks.Callback):  # type: ignore[misc]
             )
 
     def _iterations(self) -> int:
-        return int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+        return int(self.model.optimizer.iterations.numpy())
 
 
 class StepWaiterCallback(keras.callbacks.Callback):  # type: ignore[misc]

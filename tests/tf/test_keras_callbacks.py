@@ -1,0 +1,142 @@
+"""The Keras callbacks in-process (model.fit), and chief and worker as two processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+import pytest
+
+from stepbarrier import BarrierConfig, StepPublisher, read_status
+from stepbarrier import keras_callbacks as callbacks
+from stepbarrier.keras_callbacks import StepPublisherCallback, StepWaiterCallback
+from tests.conftest import subprocess_env
+from tests.redis_harness import RedisServer, free_port
+from tests.tf.example_processes import ExampleProcesses
+
+pytestmark = pytest.mark.tensorflow
+
+
+def fit(batches: int, *extra: Any) -> keras.Model:
+    model = keras.Sequential([keras.Input(shape=(2,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    x = np.zeros((batches * 4, 2), dtype="float32")
+    model.fit(x, x[:, :1], batch_size=4, epochs=1, verbose=0, callbacks=list(extra))
+    return model
+
+
+class FirstBatch(keras.callbacks.Callback):  # type: ignore[misc]
+    """Notes what the waiter callback had done when the first batch began."""
+
+    def __init__(self, waiter: StepWaiterCallback) -> None:
+        super().__init__()
+        self.waiter = waiter
+        self.released_at_step: int | None = None
+        self.batches = 0
+
+    def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+        if self.batches == 0:
+            self.released_at_step = self.waiter.released_at_step
+        self.batches += 1
+
+
+@pytest.fixture
+def no_redis_client(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the callback created a Redis client")
+
+    monkeypatch.setattr(callbacks, "StepWaiter", refuse)
+
+
+def test_the_publisher_callback_publishes_the_iterations_and_finishes_the_job(
+    config: BarrierConfig,
+) -> None:
+    publisher = StepPublisherCallback(config)
+    fit(6, publisher)
+    status = read_status(config)
+    assert (status.step, status.done) == (6, True)
+    assert publisher.publisher is None
+
+
+def test_the_waiter_callback_waits_before_the_first_batch(config: BarrierConfig) -> None:
+    waiter = StepWaiterCallback(4, config)
+    first = FirstBatch(waiter)
+
+    def chief() -> None:
+        with StepPublisher(config) as publisher:
+            for step in range(1, 7):
+                time.sleep(0.05)
+                publisher.publish(step)
+
+    thread = threading.Thread(target=chief, daemon=True)
+    thread.start()
+    fit(3, waiter, first)
+    thread.join(30)
+    assert first.released_at_step is not None and first.released_at_step >= 4
+    assert first.batches == 3
+
+
+@pytest.mark.usefixtures("no_redis_client")
+def test_a_waiter_callback_for_step_zero_touches_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith("STEPBARRIER_") or name == "TF_CONFIG":
+            monkeypatch.delenv(name)
+    waiter = StepWaiterCallback(0)
+    fit(2, waiter)
+    assert waiter.released_at_step is None
+
+
+def test_a_second_fit_does_not_wait_again(
+    config: BarrierConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with StepPublisher(config) as publisher:
+        publisher.publish(5)
+        assert publisher.flush(10)
+        waiter = StepWaiterCallback(5, config)
+        fit(1, waiter)
+        assert waiter.released_at_step == 5
+        monkeypatch.setattr(callbacks, "StepWaiter", None)  # a second wait would fail
+        fit(1, waiter)
+
+
+def test_model_fit_in_a_chief_and_a_worker_process(
+    redis_server: RedisServer, job: str, tmp_path: Path
+) -> None:
+    """The chief is configured by TF_CONFIG alone, the worker by STEPBARRIER_* alone."""
+    base = subprocess_env(
+        STEPBARRIER_JOB=job,
+        STEPBARRIER_REDIS_URL=redis_server.url,
+        STEPBARRIER_TIMEOUT="180",
+        TRAIN_STEPS="40",
+        STEP_SLEEP="0.05",
+    )
+    cluster = {"chief": [f"localhost:{free_port()}"], "worker": [f"localhost:{free_port()}"]}
+    chief_env = {
+        **base,
+        "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "chief", "index": 0}}),
+        "WAIT_FOR_WAITERS": "1",
+    }
+    worker_env = {
+        **base,
+        "STEPBARRIER_ROLE": "worker",
+        "STEPBARRIER_TASK_ID": "1",
+        "STEPBARRIER_WAIT_UNTIL_STEP": "15",
+    }
+    with ExampleProcesses(tmp_path) as job_processes:
+        job_processes.start("chief", "keras_fit.py", chief_env)
+        job_processes.start("worker", "keras_fit.py", worker_env)
+        records = job_processes.finish("chief", "worker")
+    chief, worker = records["chief"], records["worker"]
+    assert chief["task_type"] == "chief" and chief["steps_trained"] == 40
+    assert [step for step, _ in chief["step_times"]] == list(range(1, 41))
+    assert worker["wait_until_step"] == 15
+    assert 15 <= worker["released_at_step"] <= 15 + 10
+    assert worker["released_at"] <= worker["first_step_at"]
+    assert worker["steps_trained"] == 40
+    assert read_status(BarrierConfig(job=job, redis_url=redis_server.url)).done
