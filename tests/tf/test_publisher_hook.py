@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import tensorflow as tf
 
-from stepbarrier import BarrierConfig, StepWaiter, read_status
+from stepbarrier import BarrierAborted, BarrierConfig, StepPublisher, StepWaiter, read_status
 from stepbarrier.tf_hooks import GlobalStepPublisherHook, GlobalStepWaiterHook
 from tests.tf.tf_graphs import CrashOnce, context
 
@@ -118,8 +118,31 @@ def test_a_new_session_publishes_its_step_without_waiting_for_a_heartbeat(
         while read_status(config).step is None:
             assert time.monotonic() < deadline, "the session's step waits for a heartbeat"
             time.sleep(0.01)
-    with pytest.raises(AssertionError, match="BarrierAborted"):
-        worker.join()  # the job ended below 1000
+    worker.thread.join(30)
+    assert isinstance(worker.error, BarrierAborted)  # the job ended below 1000
+
+
+def test_the_first_publish_writes_at_once_even_when_a_registration_came_first(
+    make_config: Callable[..., BarrierConfig],
+) -> None:
+    """Guards the core fix the hooks rely on after ``new_generation()``.
+
+    A registration heard before a generation's first write used to raise
+    ``next_threshold`` above the step, so that write waited for a heartbeat.
+    """
+    config = make_config(heartbeat=60.0, stall_timeout=120.0)
+    worker = Waiting(lambda: StepWaiter(config).wait(1000, timeout=60))
+    wait_registered(config)
+    with StepPublisher(config) as publisher:
+        time.sleep(0.5)  # let the publisher's listener hear of the worker first
+        assert publisher.next_threshold == -1.0
+        publisher.publish(3)
+        deadline = time.monotonic() + 20  # far below the 60 s heartbeat
+        while read_status(config).step != 3:
+            assert time.monotonic() < deadline, "the first write waits for a heartbeat"
+            time.sleep(0.01)
+    worker.thread.join(30)
+    assert isinstance(worker.error, BarrierAborted)
 
 
 def test_a_chief_restored_from_a_checkpoint_makes_workers_wait_for_the_real_step(
