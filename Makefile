@@ -42,7 +42,7 @@ test-core: venv redis-server
 	$(PY) -m pytest -m "not tensorflow and not reliability" $(PYTEST_ARGS)
 
 lint: venv
-	$(VENV)/bin/ruff check stepbarrier tests examples bench
+	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check stepbarrier
 	$(VENV)/bin/mypy stepbarrier
 
