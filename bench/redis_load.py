@@ -1,0 +1,277 @@
+"""Load on Redis: what a chief sends at 10, 1,000 and 10,000 steps/s, and an idle waiter.
+
+Each chief rate runs against its own redis-server, which only that chief (and
+this script's ``INFO``/``CONFIG`` calls, left out) talks to; commands are
+counted from ``INFO commandstats`` deltas. Five waiter targets are registered
+across the run (written directly, as a waiter's script would), so the count
+also shows the one write per crossed threshold.
+
+Redis 7 counts the commands a Lua script calls in ``commandstats`` too. What
+crosses the network is one ``EVALSHA`` per write, so "sent" counts top-level
+commands (``EVALSHA``, ``BLPOP``, connection set-up) and the in-script
+commands are reported separately.
+
+The idle waiter waits for a step that never comes while a chief publishes 10
+steps/s on the same server; its commands are the total minus the chief's
+writes (the publisher counts them).
+
+Usage: ``python bench/redis_load.py [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+import uuid
+from typing import Any
+
+import redis
+from harness import RedisServer, child_process, load_average, save, stop_process
+
+CROSSED_THRESHOLDS = 5
+OURS = {"info", "config|resetstat", "config", "ping"}
+"""Commands this script itself sends to read the statistics."""
+# Commands a stepbarrier script calls inside Redis (counted by commandstats,
+# never sent over the network).
+IN_SCRIPT = {
+    "type", "hget", "hset", "hgetall", "del", "time", "expire", "exists", "publish",
+    "zremrangebyscore", "zrangebyscore", "zadd", "zrem", "rpush", "ltrim", "get", "set",
+}
+
+
+def command_stats(client: redis.Redis) -> Stats:
+    raw = client.info("commandstats")
+    return {name.removeprefix("cmdstat_"): dict(stats) for name, stats in raw.items()}
+
+
+Stats = dict[str, dict[str, float]]
+
+
+def delta(before: Stats, after: Stats) -> dict[str, int]:
+    calls = {}
+    for name, stats in after.items():
+        count = int(stats["calls"]) - int(before.get(name, {}).get("calls", 0))
+        if count and name not in OURS:
+            calls[name] = count
+    return calls
+
+
+def split(calls: dict[str, int]) -> tuple[dict[str, int], dict[str, int]]:
+    sent = {k: v for k, v in calls.items() if k not in IN_SCRIPT}
+    inside = {k: v for k, v in calls.items() if k in IN_SCRIPT}
+    return sent, inside
+
+
+def chief_at(rate: float, seconds: float) -> dict[str, Any]:
+    from stepbarrier import BarrierConfig, StepPublisher
+
+    with RedisServer() as server:
+        client = server.client()
+        job = f"load-{uuid.uuid4().hex[:6]}"
+        config = BarrierConfig(job=job, redis_url=server.url, role="chief", task_id=0)
+        total_steps = int(rate * seconds)
+        targets = [int(total_steps * (i + 0.5) / CROSSED_THRESHOLDS) or 1
+                   for i in range(CROSSED_THRESHOLDS)]
+        client.zadd(config.keys.targets, {f"bench-{t}": t for t in targets})
+        client.rpush(config.keys.registrations, *targets)
+        client.config_resetstat()
+        before = command_stats(client)
+        start = time.perf_counter()
+        nap = min(0.5 / rate, 0.01)
+        step = 0
+        with StepPublisher(config) as publisher:
+            while step < total_steps:
+                due = min(total_steps, int((time.perf_counter() - start) * rate))
+                while step < due:
+                    step += 1
+                    publisher.publish(step)
+                time.sleep(nap)
+            elapsed = time.perf_counter() - start
+            writes = publisher.writes
+        # close() made the final write; count everything up to here
+        after = command_stats(client)
+        client.close()
+    sent, inside = split(delta(before, after))
+    evalsha = sent.get("evalsha", 0)
+    # one generation start, one write per heartbeat (the first at once), one
+    # per crossed threshold, and the final write of close()
+    allowed = 1 + (int(elapsed / config.heartbeat) + 1) + CROSSED_THRESHOLDS + 1
+    return {
+        "target_rate": rate,
+        "achieved_rate": step / elapsed,
+        "seconds": elapsed,
+        "steps": step,
+        "heartbeat_s": config.heartbeat,
+        "crossed_thresholds": CROSSED_THRESHOLDS,
+        "publisher_writes": writes,
+        "sent": sent,
+        "sent_per_s": sum(sent.values()) / elapsed,
+        "evalsha_per_s": evalsha / elapsed,
+        "in_script": inside,
+        "in_script_per_s": sum(inside.values()) / elapsed,
+        "evalsha_usec_per_call": float(after.get("evalsha", {}).get("usec_per_call", 0.0)),
+        "evalsha_allowed": allowed,
+        "pass": evalsha <= allowed,
+    }
+
+
+def idle_waiter(seconds: float) -> dict[str, Any]:
+    from stepbarrier import BarrierConfig, StepPublisher
+
+    with RedisServer() as server:
+        client = server.client()
+        job = f"idle-{uuid.uuid4().hex[:6]}"
+        config = BarrierConfig(job=job, redis_url=server.url, role="chief", task_id=0)
+        helper = None
+        with StepPublisher(config) as publisher:
+            try:
+                publisher.publish(1)
+                publisher.flush(5)
+                helper = child_process(
+                    "redis_load.py", "--idle-waiter", server.url, job, stdout=None
+                )
+                deadline = time.monotonic() + 60
+                while not client.zcard(config.keys.targets):
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("the idle waiter never registered")
+                    time.sleep(0.05)
+                time.sleep(1.0)
+                before, writes_before = command_stats(client), publisher.writes
+                start = time.perf_counter()
+                step = 1
+                while time.perf_counter() - start < seconds:
+                    step += 1
+                    publisher.publish(step)
+                    time.sleep(0.1)
+                after, writes = command_stats(client), publisher.writes - writes_before
+                elapsed = time.perf_counter() - start
+            finally:
+                stop_process(helper)
+        client.close()
+    sent, _ = split(delta(before, after))
+    chief = {"evalsha": writes}
+    waiter = dict(sent)
+    waiter["evalsha"] = waiter.get("evalsha", 0) - writes
+    waiter.pop("blpop", None)  # the chief's registration listener
+    waiter = {k: v for k, v in waiter.items() if v}
+    per_s = sum(waiter.values()) / elapsed
+    return {
+        "seconds": elapsed,
+        "chief_writes": chief,
+        "waiter_sent": waiter,
+        "waiter_sent_per_s": per_s,
+        "fallback_interval_s": config.fallback_interval,
+        "pass": per_s <= 0.2 + 1e-9,
+    }
+
+
+def capacity(requests: int) -> dict[str, Any]:
+    """What one Redis core can serve: our two scripts, next to PING.
+
+    ``redis-benchmark`` (C, 16 connections, no pipelining) drives the server to
+    one full core; commandstats give the server time inside each script.
+    """
+    from stepbarrier import BarrierConfig, scripts
+    from stepbarrier.waiter import REGISTRY_TTL
+
+    config = BarrierConfig(job="capacity", redis_url="redis://127.0.0.1:1/0")
+    keys = config.keys
+    chief_write = [
+        "EVALSHA", "", "3", keys.state, keys.targets, keys.reset,
+        str(2**40), "1000", "0", str(config.key_ttl), keys.channel, "bench:1", "256",
+    ]
+    waiter_sync = [
+        "EVALSHA", "", "3", keys.waiter("w1"), keys.targets, keys.registrations,
+        keys.state, keys.reset, str(REGISTRY_TTL), str(config.key_ttl), "w1", str(2**50),
+        "task_id", "1", "wait_until_step", str(2**50), "since", "0", "host", "h", "pid", "1",
+    ]
+    out: dict[str, Any] = {"requests": requests, "clients": 16}
+    with RedisServer() as server:
+        client = server.client()
+        for name, command, source in (
+            ("chief_write", chief_write, scripts.PUBLISH_STEP),
+            ("waiter_sync", waiter_sync, scripts.WAITER_SYNC),
+            ("ping", ["PING"], None),
+        ):
+            if source is not None:
+                command[1] = client.script_load(source)
+                client.execute_command(*command)  # the first call registers the waiter
+            client.config_resetstat()
+            run = subprocess.run(
+                ["redis-benchmark", "-h", "127.0.0.1", "-p", str(server.port), "-n",
+                 str(requests), "-c", "16", "--csv", *command],
+                capture_output=True, text=True, check=True,
+            )
+            rows = [line for line in run.stdout.splitlines() if line and line[1:5] != "test"]
+            per_s = float(rows[-1].split(",")[1].strip('"'))
+            stats = command_stats(client)
+            top = command[0].lower()
+            out[name] = {
+                "requests_per_s": per_s,
+                "server_usec_per_call": float(stats.get(top, {}).get("usec_per_call", 0.0)),
+            }
+        client.close()
+    return out
+
+
+def run_idle_waiter(url: str, job: str) -> None:
+    from stepbarrier import BarrierConfig, StepWaiter
+
+    config = BarrierConfig(job=job, redis_url=url, task_id=1)
+    with StepWaiter(config) as waiter:
+        waiter.wait(10**12, timeout=3600)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--idle-waiter", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.idle_waiter:
+        run_idle_waiter(*args.idle_waiter)
+        return
+    seconds = 5.0 if args.quick else 20.0
+    idle_seconds = 15.0 if args.quick else 60.0
+    load_before = load_average()
+    chiefs = []
+    for rate in (10, 1_000, 10_000):
+        result = chief_at(rate, seconds)
+        chiefs.append(result)
+        print(
+            f"chief at {result['achieved_rate']:.0f} steps/s: {result['evalsha_per_s']:.2f} "
+            f"EVALSHA/s sent ({result['sent']}); in-script {result['in_script_per_s']:.1f}/s; "
+            f"allowed {result['evalsha_allowed']} in {result['seconds']:.1f} s -> "
+            f"{'pass' if result['pass'] else 'MISS'}",
+            file=sys.stderr,
+        )
+    idle = idle_waiter(idle_seconds)
+    print(
+        f"idle waiter: {idle['waiter_sent_per_s']:.3f} commands/s ({idle['waiter_sent']}) -> "
+        f"{'pass' if idle['pass'] else 'MISS'}",
+        file=sys.stderr,
+    )
+    limits = capacity(20_000 if args.quick else 100_000)
+    print(
+        "one Redis core: "
+        + ", ".join(f"{k} {v['requests_per_s']:.0f}/s" for k, v in limits.items()
+                    if isinstance(v, dict)),
+        file=sys.stderr,
+    )
+    save(
+        "redis_load",
+        {
+            "benchmark": "redis_load",
+            "quick": args.quick,
+            "load_before": load_before,
+            "load_after": load_average(),
+            "chief": chiefs,
+            "idle_waiter": idle,
+            "capacity": limits,
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,409 @@
+"""Turn ``bench/results/*.json`` into ``results.md`` and ``wake_latency.png``.
+
+Usage: ``python bench/report.py`` (``run_all.py`` calls it at the end).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from harness import RESULTS_DIR
+
+TARGETS = {
+    "wake_median_ms": 2.0,
+    "wake_p99_ms": 10.0,
+    "floor_ratio": 2.0,
+    "fanout_256_median_ms": 50.0,
+    "chief_slowdown": 0.03,
+    "publish_us": 5.0,
+    "idle_waiter_per_s": 0.2,
+}
+SHARE_OF_CORE = 0.5
+"""Share of one Redis core the scale arithmetic allows itself (headroom for bursts)."""
+DEFAULT_MAXCLIENTS = 10_000
+
+
+def load(name: str) -> dict[str, Any] | None:
+    path = RESULTS_DIR / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def verdict(ok: bool) -> str:
+    return "pass" if ok else "**MISS**"
+
+
+def fmt(value: float | None, digits: int = 2) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:,.{digits}f}"
+
+
+def stats_row(label: str, stats: dict[str, float], digits: int = 2) -> str:
+    cells = [fmt(stats.get(k), digits) for k in ("median", "p90", "p99", "max", "mean")]
+    return f"| {label} | {stats.get('n', 0)} | " + " | ".join(cells) + " |"
+
+
+STATS_HEADER = "| | n | median | p90 | p99 | max | mean |\n|---|---|---|---|---|---|---|"
+
+
+def wake_section(tf: dict[str, Any] | None, floor: dict[str, Any] | None) -> list[str]:
+    lines = ["## 1-2. Wake latency (ms)", ""]
+    lines.append(
+        "From the end of the chief's run that reached step K (or the `publish`/`PUBLISH` "
+        "call) to the return of the worker's waiter. Same run, same machine, loopback."
+    )
+    lines += ["", STATS_HEADER]
+    if tf:
+        for name, stats in tf["latency_ms"].items():
+            kind, period = name.split("@")
+            label = (
+                "TensorFlow `GlobalStepWaiterHook`"
+                if kind == "tensorflow"
+                else "stepbarrier `GlobalStepWaiterHook`"
+            )
+            lines.append(stats_row(f"{label}, chief step {period}", stats))
+    if floor:
+        core = "stepbarrier core: `publish()` -> `wait()` (no TF)"
+        lines.append(stats_row(core, floor["core_ms"]))
+        lines.append(stats_row("floor: raw redis-py `PUBLISH` -> `get_message`", floor["floor_ms"]))
+    lines.append("")
+    if tf:
+        dropped = {k: v for k, v in tf["dropped"].items() if v}
+        if dropped:
+            lines.append(f"Trials dropped (the wait began after step K was reached): {dropped}.")
+        for period in ("10ms", "200ms"):
+            t = tf["latency_ms"].get(f"tensorflow@{period}", {})
+            s = tf["latency_ms"].get(f"stepbarrier@{period}", {})
+            if t.get("n") and s.get("n"):
+                lines.append(
+                    f"- chief step {period}: TensorFlow's hook / stepbarrier's hook = "
+                    f"{t['median'] / s['median']:,.0f}x at the median, "
+                    f"{t['p99'] / s['p99']:,.0f}x at p99."
+                )
+        lines.append(
+            f"- publisher-hook verifications (extra global-step reads at a crossed target): "
+            f"{tf.get('publisher_verifications')}."
+        )
+    if floor:
+        lines.append(
+            f"- stepbarrier core / floor = {floor['core_over_floor_median']:.2f}x at the median."
+        )
+        if tf:
+            for period in ("10ms", "200ms"):
+                s = tf["latency_ms"].get(f"stepbarrier@{period}", {})
+                if s.get("n"):
+                    lines.append(
+                        f"- stepbarrier TF hook ({period}) / floor = "
+                        f"{s['median'] / floor['floor_ms']['median']:.2f}x at the median."
+                    )
+    lines.append("")
+    lines.append("![wake latency](wake_latency.png)")
+    lines.append("")
+    return lines
+
+
+def fanout_section(fanout: dict[str, Any] | None) -> list[str]:
+    if not fanout:
+        return []
+    lines = [
+        "## 3. Fan-out: one step releases N waiters (ms until the last one wakes)",
+        "",
+        "| waiters | processes | trials | median | p90 | p99 | max | median of the median wake |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for run in fanout["runs"]:
+        s, m = run["last_wake_ms"], run["median_wake_ms"]
+        lines.append(
+            f"| {run['waiters']} | {run['processes']} | {run['trials']} | {fmt(s['median'])} | "
+            f"{fmt(s['p90'])} | {fmt(s['p99'])} | {fmt(s['max'])} | {fmt(m['median'])} |"
+        )
+        if run["errors"]:
+            lines.append(f"| errors: {run['errors'][:3]} |")
+    lines.append("")
+    return lines
+
+
+def chief_section(tf: dict[str, Any] | None, publish: dict[str, Any] | None) -> list[str]:
+    lines = ["## 4. The chief's cost", ""]
+    if tf and "chief_steps_per_s" in tf:
+        lines += [
+            "TF chief training as fast as it can (tiny model, ps on loopback), fresh "
+            "sessions in alternating order; steps/s per session:",
+            "",
+            STATS_HEADER,
+        ]
+        names = {
+            "without": "no hook",
+            "fetch_only": "a hook that only fetches the global step",
+            "with": "`GlobalStepPublisherHook`",
+        }
+        for kind, stats in tf["chief_steps_per_s"].items():
+            lines.append(stats_row(names.get(kind, kind), stats, 0))
+        lines.append("")
+        for kind in ("with", "fetch_only"):
+            slow = tf.get(f"chief_slowdown_{kind}")
+            if slow and slow.get("n"):
+                lines.append(
+                    f"- slowdown, {names[kind]} vs no hook (paired by block): median "
+                    f"{100 * slow['median']:.1f}%, p90 {100 * slow['p90']:.1f}%"
+                )
+        lines.append("")
+    if publish:
+        lines += [
+            "`StepPublisher.publish()` in a tight loop (microseconds per call):",
+            "",
+            "| case | calls | per call, batches of 1,000 (median) | single call median | "
+            "single call p99 | writes |",
+            "|---|---|---|---|---|---|",
+        ]
+        for run in publish["runs"]:
+            b, s = run["batch_us_per_call"], run["single_call_us"]
+            case = "waiters every 10,000 steps" if run["waiters"] else "no waiter"
+            lines.append(
+                f"| {case} | {run['calls']:,} | {fmt(b['median'], 3)} | {fmt(s['median'], 3)} | "
+                f"{fmt(s['p99'], 3)} | {run['writes']} |"
+            )
+        lines.append("")
+    return lines
+
+
+def load_section(load_result: dict[str, Any] | None) -> list[str]:
+    if not load_result:
+        return []
+    lines = [
+        "## 5. Load on Redis",
+        "",
+        "\"Sent\" counts the commands that cross the network. Redis 7's `INFO commandstats` "
+        "also counts every command a Lua script calls; those are listed as in-script.",
+        "",
+        "| chief steps/s (achieved) | seconds | EVALSHA sent/s | all sent/s | sent "
+        "| in-script commands/s | EVALSHA allowed (1 + beats + thresholds + close) | verdict |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for run in load_result["chief"]:
+        lines.append(
+            f"| {run['target_rate']:,} ({run['achieved_rate']:,.0f}) | {run['seconds']:.1f} | "
+            f"{run['evalsha_per_s']:.2f} | {run['sent_per_s']:.2f} | {run['sent']} | "
+            f"{run['in_script_per_s']:.1f} | {run['evalsha_allowed']} | "
+            f"{verdict(run['pass'])} |"
+        )
+    idle = load_result["idle_waiter"]
+    lines += [
+        "",
+        f"Idle waiter over {idle['seconds']:.0f} s: {idle['waiter_sent_per_s']:.3f} "
+        f"commands/s ({idle['waiter_sent']}), target <= 0.2/s: {verdict(idle['pass'])}.",
+        "",
+    ]
+    return lines
+
+
+def scale_section(load_result: dict[str, Any] | None, fanout: dict[str, Any] | None) -> list[str]:
+    if not load_result or "capacity" not in load_result:
+        return []
+    cap = load_result["capacity"]
+    chief_rate = load_result["chief"][0]["evalsha_per_s"]
+    idle = max(load_result["idle_waiter"]["waiter_sent_per_s"], 1e-9)
+    write_cost = 1.0 / cap["chief_write"]["requests_per_s"]
+    sync_cost = 1.0 / cap["waiter_sync"]["requests_per_s"]
+    budget = SHARE_OF_CORE
+    chief_core = chief_rate * write_cost
+    waiter_core = idle * sync_cost
+    jobs_cpu = budget / chief_core
+    waiters_cpu = budget / waiter_core
+    lines = [
+        "## 6. Scale on paper",
+        "",
+        f"Measured here: one Redis core serves {cap['chief_write']['requests_per_s']:,.0f} "
+        f"chief writes/s ({cap['chief_write']['server_usec_per_call']:.1f} us inside the "
+        f"script), {cap['waiter_sync']['requests_per_s']:,.0f} waiter reads/s "
+        f"({cap['waiter_sync']['server_usec_per_call']:.1f} us) and "
+        f"{cap['ping']['requests_per_s']:,.0f} PINGs/s (`redis-benchmark`, "
+        f"{cap['clients']} connections, no pipelining, on this 2-core machine).",
+        "",
+        f"- A running job's chief sends {chief_rate:.2f} EVALSHA/s (heartbeat 1 s) plus one "
+        f"per crossed threshold: {1e6 * chief_core:.0f} us of Redis CPU per second, "
+        f"{100 * chief_core:.3f}% of a core.",
+        f"- A waiting worker sends {idle:.2f} commands/s: {1e6 * waiter_core:.1f} us/s, "
+        f"{100 * waiter_core:.4f}% of a core; a release costs one announcement per job "
+        f"(fan-out to N subscribers inside Redis) and one unregistration per worker.",
+        f"- With {int(100 * budget)}% of one core: about {jobs_cpu:,.0f} concurrent jobs' chiefs, "
+        f"or {waiters_cpu:,.0f} waiting workers. CPU is not the limit.",
+        f"- Connections are: a chief holds 2 (writes, registration listener), a waiting "
+        f"worker 2 (subscription, commands). Redis's default `maxclients` is "
+        f"{DEFAULT_MAXCLIENTS:,}: about {DEFAULT_MAXCLIENTS // 2:,} chiefs and waiting workers "
+        f"at once; raise `maxclients` and the file-descriptor limit to go further "
+        f"(each connection costs Redis about 20 KB).",
+        "- Redis Cluster takes over when one server's connections (tens of thousands) or "
+        "memory run out, not its CPU. All of a job's keys share the hash tag `{job}`, so "
+        "jobs spread over slots; the announcement is a classic `PUBLISH`, which a Cluster "
+        "broadcasts to every node, so a large Cluster would want sharded pub/sub "
+        "(`SPUBLISH`/`SSUBSCRIBE`, Redis 7).",
+    ]
+    if fanout:
+        big = max(fanout["runs"], key=lambda r: r["waiters"])
+        lines.append(
+            f"- A release of {big['waiters']} waiters took {big['last_wake_ms']['median']:.0f} ms "
+            f"(median, until the last one) with all of them on these 2 cores; on separate "
+            f"hosts each worker only pays its own wake-up."
+        )
+    lines.append("")
+    return lines
+
+
+def targets_section(
+    tf: dict[str, Any] | None,
+    floor: dict[str, Any] | None,
+    fanout: dict[str, Any] | None,
+    publish: dict[str, Any] | None,
+    load_result: dict[str, Any] | None,
+) -> list[str]:
+    rows: list[tuple[str, str, str]] = []
+    if tf:
+        for period in ("10ms", "200ms"):
+            s = tf["latency_ms"].get(f"stepbarrier@{period}", {})
+            if s.get("n"):
+                rows.append((
+                    f"1. stepbarrier hook median <= 2 ms (chief step {period})",
+                    f"{s['median']:.2f} ms", verdict(s["median"] <= TARGETS["wake_median_ms"]),
+                ))
+                rows.append((
+                    f"1. stepbarrier hook p99 <= 10 ms (chief step {period})",
+                    f"{s['p99']:.2f} ms", verdict(s["p99"] <= TARGETS["wake_p99_ms"]),
+                ))
+    if floor:
+        ratio = floor["core_over_floor_median"]
+        rows.append((
+            "2. stepbarrier core median within 2x of the raw pub/sub floor",
+            f"{ratio:.2f}x", verdict(ratio <= TARGETS["floor_ratio"]),
+        ))
+        if tf:
+            s = tf["latency_ms"].get("stepbarrier@10ms", {})
+            if s.get("n"):
+                ratio = s["median"] / floor["floor_ms"]["median"]
+                rows.append((
+                    "2. stepbarrier TF hook median (10 ms steps) within 2x of the floor",
+                    f"{ratio:.2f}x", verdict(ratio <= TARGETS["floor_ratio"]),
+                ))
+    if fanout:
+        run = next((r for r in fanout["runs"] if r["waiters"] == 256), None)
+        if run:
+            median = run["last_wake_ms"]["median"]
+            rows.append((
+                "3. 256 waiters: last wake median <= 50 ms",
+                f"{median:.1f} ms", verdict(median <= TARGETS["fanout_256_median_ms"]),
+            ))
+    if tf and tf.get("chief_slowdown_with", {}).get("n"):
+        slow = tf["chief_slowdown_with"]["median"]
+        rows.append((
+            "4. TF chief with `GlobalStepPublisherHook` at most 3% slower",
+            f"{100 * slow:.1f}%", verdict(slow <= TARGETS["chief_slowdown"]),
+        ))
+    if publish:
+        median = max(r["single_call_us"]["median"] for r in publish["runs"])
+        rows.append((
+            "4. `publish()` median <= 5 us a call",
+            f"{median:.3f} us", verdict(median <= TARGETS["publish_us"]),
+        ))
+    if load_result:
+        for run in load_result["chief"]:
+            rows.append((
+                f"5. chief at {run['target_rate']:,} steps/s: EVALSHA <= heartbeats + "
+                "crossed thresholds",
+                f"{run['sent'].get('evalsha', 0)} <= {run['evalsha_allowed']}",
+                verdict(run["pass"]),
+            ))
+        idle = load_result["idle_waiter"]
+        rows.append((
+            "5. idle waiter <= 0.2 commands/s",
+            f"{idle['waiter_sent_per_s']:.3f}/s", verdict(idle["pass"]),
+        ))
+    lines = ["## Targets", "", "| target | measured | verdict |", "|---|---|---|"]
+    lines += [f"| {a} | {b} | {c} |" for a, b, c in rows]
+    lines.append("")
+    return lines
+
+
+def plot(tf: dict[str, Any] | None, floor: dict[str, Any] | None, path: Path) -> bool:
+    if not tf:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 5))
+    styles = {
+        "tensorflow@10ms": ("TensorFlow GlobalStepWaiterHook, 10 ms steps", "tab:red", "-"),
+        "tensorflow@200ms": ("TensorFlow GlobalStepWaiterHook, 200 ms steps", "tab:red", "--"),
+        "stepbarrier@10ms": ("stepbarrier GlobalStepWaiterHook, 10 ms steps", "tab:blue", "-"),
+        "stepbarrier@200ms": ("stepbarrier GlobalStepWaiterHook, 200 ms steps", "tab:blue", "--"),
+    }
+    series = {name: tf["samples_ms"].get(name, []) for name in styles}
+    if floor:
+        styles["floor"] = ("raw redis-py pub/sub delivery (floor)", "tab:gray", ":")
+        series["floor"] = floor["floor_samples_ms"]
+    for name, (label, color, line) in styles.items():
+        values = sorted(max(v, 0.01) for v in series[name])
+        if not values:
+            continue
+        fractions = [(i + 1) / len(values) for i in range(len(values))]
+        ax.step(values, fractions, where="post", color=color, linestyle=line,
+                label=f"{label} (n={len(values)})")
+    ax.set_xscale("log")
+    ax.set_xlabel("wake latency: end of the chief's run reaching step K -> waiter returns (ms)")
+    ax.set_ylabel("fraction of trials")
+    ax.set_title("Worker wake latency in a TF parameter-server job (loopback, same run)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(loc="center", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def machine_section(run: dict[str, Any] | None) -> list[str]:
+    if not run:
+        return []
+    m = run["machine"]
+    lines = [
+        "## Machine and run",
+        "",
+        f"- {m['nproc']} CPUs ({m['cpu']}), {m['platform']}",
+        f"- Python {m['python']}, redis-server {m['redis_server']}, redis-py {m['redis_py']}, "
+        f"hiredis {m['hiredis']}, TensorFlow {run.get('tensorflow', '-')}",
+        f"- command: `{run['command']}` ({'quick' if run['quick'] else 'full'} run, "
+        f"{run['seconds']:.0f} s), commit {run['commit']}"
+        + (" with uncommitted changes" if run.get("dirty") else ""),
+        f"- load average (1, 5, 15 min) before: {run['load_before']}, after: "
+        f"{run['load_after']}; per benchmark: {run['load']}",
+        "",
+    ]
+    if run.get("failed"):
+        lines += [f"- **failed benchmarks**: {run['failed']}", ""]
+    return lines
+
+
+def main() -> None:
+    tf, floor = load("tf_job"), load("wake_floor")
+    fanout, publish, load_result = load("fanout"), load("publish_call"), load("redis_load")
+    run = load("run")
+    if run is not None and tf is not None:
+        run["tensorflow"] = tf.get("tensorflow")
+    lines = ["# stepbarrier benchmark results", ""]
+    lines += machine_section(run)
+    lines += targets_section(tf, floor, fanout, publish, load_result)
+    lines += wake_section(tf, floor)
+    lines += fanout_section(fanout)
+    lines += chief_section(tf, publish)
+    lines += load_section(load_result)
+    lines += scale_section(load_result, fanout)
+    if not plot(tf, floor, RESULTS_DIR / "wake_latency.png"):
+        lines.append("(no TF results: no plot)")
+    (RESULTS_DIR / "results.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

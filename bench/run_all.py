@@ -1,0 +1,70 @@
+"""Run every benchmark, then write ``bench/results/results.md`` and the plot.
+
+Usage: ``python bench/run_all.py [--quick] [--only NAME ...]`` (``make bench``,
+``make bench-quick``). Each benchmark runs in its own process with its own
+redis-server; one that fails is reported and the others still run. Results go
+to ``bench/results/``: one JSON file per benchmark, ``run.json`` (machine,
+load, commit), ``results.md`` and ``wake_latency.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+
+from harness import BENCH_DIR, ROOT, child_env, load_average, machine, save
+
+BENCHMARKS = ("wake_floor", "fanout", "publish_call", "redis_load", "tf_job")
+
+
+def git(*args: str) -> str:
+    try:
+        return subprocess.run(
+            ["git", *args], cwd=ROOT, capture_output=True, text=True, check=False
+        ).stdout.strip()
+    except OSError:
+        return ""
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="a short smoke run (2-3 minutes)")
+    parser.add_argument("--only", nargs="+", choices=BENCHMARKS, help="run only these")
+    args = parser.parse_args()
+    started = time.monotonic()
+    load_before = load_average()
+    failed: list[str] = []
+    per_benchmark: dict[str, list[float]] = {}
+    for name in args.only or BENCHMARKS:
+        print(f"== {name}", file=sys.stderr, flush=True)
+        per_benchmark[name] = load_average()
+        command = [sys.executable, str(BENCH_DIR / f"{name}.py")]
+        if args.quick:
+            command.append("--quick")
+        if subprocess.run(command, cwd=ROOT, env=child_env(), check=False).returncode != 0:
+            failed.append(name)
+            print(f"!! {name} failed", file=sys.stderr)
+    save(
+        "run",
+        {
+            "command": "make bench-quick" if args.quick else "make bench",
+            "quick": args.quick,
+            "seconds": time.monotonic() - started,
+            "machine": machine(),
+            "load_before": load_before,
+            "load_after": load_average(),
+            "load": per_benchmark,
+            "commit": git("rev-parse", "--short", "HEAD"),
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no", "stepbarrier")),
+            "failed": failed,
+        },
+    )
+    subprocess.run([sys.executable, str(BENCH_DIR / "report.py")], cwd=ROOT, check=True)
+    print(f"results: {BENCH_DIR / 'results' / 'results.md'}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
