@@ -1,25 +1,25 @@
-"""The barrier's settings, and the one place that reads the environment.
+"""The barrier's settings: ``BarrierConfig``, its defaults and its validation.
 
 Every host (chief, worker, operator shell) is configured through
 ``STEPBARRIER_*`` variables, falling back to TensorFlow's ``TF_CONFIG`` for the
-role and task id. ``BarrierConfig.from_env`` turns them into a frozen
-``BarrierConfig``; everything else in the library takes that object.
+role and task id. ``BarrierConfig.from_env`` (through ``stepbarrier.environment``,
+the only code that reads them) turns them into a frozen ``BarrierConfig``;
+everything else in the library takes that object.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Literal
 from urllib.parse import urlsplit
 
 from stepbarrier.errors import ConfigurationError
 from stepbarrier.keys import JobKeys
-from stepbarrier.schedule import _MAX_STEP, schedule_wait_until_step, validate_schedule
+from stepbarrier.schedule import MAX_STEP, schedule_wait_until_step, validate_schedule
 
 Role = Literal["chief", "worker"]
 OnTimeout = Literal["raise", "proceed"]
@@ -140,7 +140,7 @@ class BarrierConfig:
         if self.task_id is not None:
             _check_int(self.task_id, "task_id", low=0, high=1_000_000)
         if self.wait_until_step is not None:
-            _check_int(self.wait_until_step, "wait_until_step", low=0, high=_MAX_STEP)
+            _check_int(self.wait_until_step, "wait_until_step", low=0, high=MAX_STEP)
         if self.schedule is not None:
             object.__setattr__(self, "schedule", validate_schedule(self.schedule))
         if self.timeout is not None:
@@ -208,104 +208,9 @@ class BarrierConfig:
             ConfigurationError: A variable is missing or invalid; the message names
                 it and says what was expected (never its value if it is a secret).
         """
-        env = dict(os.environ if environ is None else environ)
-        return _from_env(env)
+        from stepbarrier.environment import config_from_env  # it builds on this module
 
-
-def _get(env: Mapping[str, str], name: str) -> str | None:
-    value = env.get(name)
-    if value is None or value.strip() == "":
-        return None
-    return value.strip()
-
-
-def _from_env(env: Mapping[str, str]) -> BarrierConfig:
-    job = _get(env, "STEPBARRIER_JOB")
-    if job is None:
-        raise ConfigurationError(
-            "STEPBARRIER_JOB is required: name the job, e.g. STEPBARRIER_JOB=mnist-42",
-            variable="STEPBARRIER_JOB",
-        )
-    validate_job(job)
-    url = _get(env, "STEPBARRIER_REDIS_URL") or DEFAULT_REDIS_URL
-    _check_url(url, "STEPBARRIER_REDIS_URL")
-    tf_role, tf_task = _role_from_tf_config(env.get("TF_CONFIG"))
-    role_text = _get(env, "STEPBARRIER_ROLE")
-    role: Role | None
-    if role_text is None:
-        role = tf_role
-    elif role_text.lower() in ("chief", "worker"):
-        role = "chief" if role_text.lower() == "chief" else "worker"
-    else:
-        raise ConfigurationError(
-            f"STEPBARRIER_ROLE must be 'chief' or 'worker', got {role_text!r}",
-            variable="STEPBARRIER_ROLE",
-        )
-    task_id = _env_int(env, "STEPBARRIER_TASK_ID", low=0, high=1_000_000)
-    if task_id is None:
-        task_id = tf_task
-    if task_id is None and role == "chief":
-        task_id = 0
-    schedule = _get(env, "STEPBARRIER_SCHEDULE")
-    if schedule is not None:
-        schedule = validate_schedule(schedule, variable="STEPBARRIER_SCHEDULE")
-    on_timeout = (_get(env, "STEPBARRIER_ON_TIMEOUT") or "raise").lower()
-    if on_timeout not in ("raise", "proceed"):
-        raise ConfigurationError(
-            f"STEPBARRIER_ON_TIMEOUT must be 'raise' or 'proceed', got {on_timeout!r}",
-            variable="STEPBARRIER_ON_TIMEOUT",
-        )
-    heartbeat = _env_seconds(env, "STEPBARRIER_HEARTBEAT", high=3600.0)
-    stall = _env_seconds(env, "STEPBARRIER_STALL_TIMEOUT")
-    if stall is not None and stall <= (heartbeat or DEFAULT_HEARTBEAT):
-        raise ConfigurationError(
-            "STEPBARRIER_STALL_TIMEOUT must be longer than STEPBARRIER_HEARTBEAT "
-            f"({heartbeat or DEFAULT_HEARTBEAT:g} s), got {stall:g}",
-            variable="STEPBARRIER_STALL_TIMEOUT",
-        )
-    if heartbeat is not None and stall is None and heartbeat >= DEFAULT_STALL_TIMEOUT:
-        raise ConfigurationError(
-            f"STEPBARRIER_HEARTBEAT ({heartbeat:g} s) must be shorter than the stall "
-            f"timeout ({DEFAULT_STALL_TIMEOUT:g} s); set STEPBARRIER_STALL_TIMEOUT too",
-            variable="STEPBARRIER_HEARTBEAT",
-        )
-    cert = _env_file(env, "STEPBARRIER_TLS_CERT_FILE")
-    key = _env_file(env, "STEPBARRIER_TLS_KEY_FILE")
-    if (cert is None) != (key is None):
-        raise ConfigurationError(
-            "STEPBARRIER_TLS_CERT_FILE and STEPBARRIER_TLS_KEY_FILE go together: "
-            "set both or neither",
-            variable="STEPBARRIER_TLS_CERT_FILE" if key else "STEPBARRIER_TLS_KEY_FILE",
-        )
-    ca = _env_file(env, "STEPBARRIER_TLS_CA_FILE")
-    if (ca or cert) and not url.startswith("rediss://"):
-        # never let a TLS setting be silently ignored on a plain connection
-        raise ConfigurationError(
-            "STEPBARRIER_TLS_* files are set but STEPBARRIER_REDIS_URL is not a rediss:// "
-            f"URL ({mask_url(url)}); use rediss:// for TLS",
-            variable="STEPBARRIER_TLS_CA_FILE" if ca else "STEPBARRIER_TLS_CERT_FILE",
-        )
-    ttl = _env_int(env, "STEPBARRIER_KEY_TTL", low=60, high=10 * 365 * 24 * 3600)
-    return BarrierConfig(
-        job=job,
-        redis_url=url,
-        redis_username=_get(env, "STEPBARRIER_REDIS_USERNAME"),
-        redis_password=_password(env),
-        tls_ca_file=ca,
-        tls_cert_file=cert,
-        tls_key_file=key,
-        sentinels=_sentinels(env),
-        sentinel_service=_get(env, "STEPBARRIER_SENTINEL_SERVICE") or DEFAULT_SENTINEL_SERVICE,
-        role=role,
-        task_id=task_id,
-        wait_until_step=_env_int(env, "STEPBARRIER_WAIT_UNTIL_STEP", low=0, high=_MAX_STEP),
-        schedule=schedule,
-        timeout=_env_seconds(env, "STEPBARRIER_TIMEOUT"),
-        stall_timeout=stall if stall is not None else DEFAULT_STALL_TIMEOUT,
-        on_timeout="proceed" if on_timeout == "proceed" else "raise",
-        heartbeat=heartbeat if heartbeat is not None else DEFAULT_HEARTBEAT,
-        key_ttl=ttl if ttl is not None else DEFAULT_KEY_TTL,
-    )
+        return config_from_env(os.environ if environ is None else environ)
 
 
 def _check_url(url: str, variable: str) -> None:
@@ -374,148 +279,3 @@ def _check_seconds(value: object, name: str, *, high: float = 1e9) -> None:
             f"{name} must be a number of seconds above 0 and at most {high:g}, got {value!r}",
             variable=name,
         )
-
-
-def _env_int(env: Mapping[str, str], name: str, *, low: int, high: int) -> int | None:
-    text = _get(env, name)
-    if text is None:
-        return None
-    try:
-        value = int(text, 10)
-    except ValueError:
-        value = None
-    if value is None or not low <= value <= high:
-        raise ConfigurationError(
-            f"{name} must be an integer from {low} to {high}, got {text[:80]!r}",
-            variable=name,
-        )
-    return value
-
-
-def _env_seconds(env: Mapping[str, str], name: str, *, high: float = 1e9) -> float | None:
-    text = _get(env, name)
-    if text is None:
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and 0 < value <= high):
-        raise ConfigurationError(
-            f"{name} must be a number of seconds above 0 and at most {high:g}, got {text[:80]!r}",
-            variable=name,
-        )
-    return value
-
-
-def _env_file(env: Mapping[str, str], name: str) -> str | None:
-    path = _get(env, name)
-    if path is None:
-        return None
-    if not os.path.isfile(path):
-        raise ConfigurationError(
-            f"{name} must name a readable file, but {path[:200]!r} is not a file",
-            variable=name,
-        )
-    return path
-
-
-def _password(env: Mapping[str, str]) -> str | None:
-    direct = env.get("STEPBARRIER_REDIS_PASSWORD") or None
-    path = _get(env, "STEPBARRIER_REDIS_PASSWORD_FILE")
-    if direct is not None and path is not None:
-        raise ConfigurationError(
-            "set STEPBARRIER_REDIS_PASSWORD or STEPBARRIER_REDIS_PASSWORD_FILE, not both",
-            variable="STEPBARRIER_REDIS_PASSWORD_FILE",
-        )
-    if path is None:
-        return direct
-    try:
-        with open(path, encoding="utf-8") as handle:
-            secret = handle.read().rstrip("\r\n")
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ConfigurationError(
-            f"STEPBARRIER_REDIS_PASSWORD_FILE: cannot read {path[:200]!r} ({type(exc).__name__})",
-            variable="STEPBARRIER_REDIS_PASSWORD_FILE",
-        ) from None
-    if not secret:
-        raise ConfigurationError(
-            f"STEPBARRIER_REDIS_PASSWORD_FILE: {path[:200]!r} is empty",
-            variable="STEPBARRIER_REDIS_PASSWORD_FILE",
-        )
-    return secret
-
-
-def _sentinels(env: Mapping[str, str]) -> tuple[tuple[str, int], ...]:
-    text = _get(env, "STEPBARRIER_SENTINELS")
-    if text is None:
-        return ()
-    result: list[tuple[str, int]] = []
-    for item in text.split(","):
-        host, sep, port_text = item.strip().rpartition(":")
-        host = host.strip("[]")
-        valid_host = bool(host) and re.match(r"^[A-Za-z0-9.:_-]+$", host) is not None
-        if not sep or not valid_host or not port_text.isdigit():
-            raise ConfigurationError(
-                "STEPBARRIER_SENTINELS must be host:port pairs separated by commas, "
-                f"e.g. 10.0.0.5:26379,10.0.0.6:26379; got {item.strip()[:80]!r}",
-                variable="STEPBARRIER_SENTINELS",
-            )
-        port = int(port_text)
-        if not 0 < port < 65536:
-            raise ConfigurationError(
-                f"STEPBARRIER_SENTINELS: port must be 1-65535, got {item.strip()!r}",
-                variable="STEPBARRIER_SENTINELS",
-            )
-        result.append((host, port))
-    return tuple(result)
-
-
-def _role_from_tf_config(text: str | None) -> tuple[Role | None, int | None]:
-    """Role and global task id (chief = 0) from TensorFlow's ``TF_CONFIG``."""
-    if text is None or not text.strip():
-        return None, None
-    try:
-        spec = json.loads(text)
-    except (ValueError, RecursionError):
-        raise ConfigurationError(
-            "TF_CONFIG must be JSON like "
-            '{"cluster": {...}, "task": {"type": "worker", "index": 0}}',
-            variable="TF_CONFIG",
-        ) from None
-    task = spec.get("task") if isinstance(spec, dict) else None
-    cluster = spec.get("cluster", {}) if isinstance(spec, dict) else None
-    if not isinstance(task, dict) or not isinstance(cluster, dict):
-        raise ConfigurationError(
-            'TF_CONFIG needs a "task" object and a "cluster" object',
-            variable="TF_CONFIG",
-        )
-    kind, index = task.get("type"), task.get("index", 0)
-    if not isinstance(kind, str) or isinstance(index, bool) or not isinstance(index, int):
-        raise ConfigurationError(
-            'TF_CONFIG "task" needs a string "type" and an integer "index"',
-            variable="TF_CONFIG",
-        )
-    if not 0 <= index <= 1_000_000:
-        raise ConfigurationError(
-            f'TF_CONFIG "task" index must be from 0 to 1000000, got {index}',
-            variable="TF_CONFIG",
-        )
-    has_chief = bool(cluster.get("chief")) or bool(cluster.get("master"))
-    if kind in ("chief", "master"):
-        return "chief", 0
-    if kind == "worker":
-        if has_chief:
-            return "worker", index + 1
-        return ("chief" if index == 0 else "worker"), index
-    if kind in ("ps", "evaluator"):
-        return None, None
-    raise ConfigurationError(
-        f'TF_CONFIG "task" type must be chief, master, worker, ps or evaluator, got {kind[:40]!r}',
-        variable="TF_CONFIG",
-    )
-
-
-def config_fields() -> tuple[str, ...]:
-    """Names of ``BarrierConfig``'s fields (used by the CLI's option mapping)."""
-    return tuple(f.name for f in fields(BarrierConfig))

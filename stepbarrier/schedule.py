@@ -13,7 +13,7 @@ import re
 from stepbarrier.errors import ConfigurationError
 
 _SPEC = re.compile(r"^\s*(log|linear)\s*:\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*$")
-_MAX_STEP = 2**53  # steps travel through Lua, whose numbers are doubles
+MAX_STEP = 2**53  # steps travel through Lua, whose numbers are doubles
 
 
 def validate_schedule(spec: str, *, variable: str = "schedule") -> str:
@@ -71,10 +71,10 @@ def schedule_wait_until_step(task_id: int, spec: str) -> int:
     kind, _, factor_text = normalised.partition(":")
     factor = float(factor_text)
     value = factor * math.log(task_id + 1) if kind == "log" else factor * task_id
-    if value >= _MAX_STEP:
+    if value >= MAX_STEP:
         raise ConfigurationError(
             f"schedule {spec!r} gives step {value:.0f} for task {task_id}, "
-            f"more than the largest supported step {_MAX_STEP}",
+            f"more than the largest supported step {MAX_STEP}",
             variable="schedule",
         )
     return int(value)

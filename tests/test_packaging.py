@@ -12,6 +12,8 @@ from tests.conftest import ROOT, subprocess_env
 
 CORE = [
     "config",
+    "environment",
+    "tf_config",
     "connection",
     "errors",
     "keys",

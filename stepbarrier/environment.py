@@ -1,0 +1,226 @@
+"""The one place that reads ``STEPBARRIER_*`` variables and ``TF_CONFIG``.
+
+``BarrierConfig.from_env`` calls ``config_from_env``; nothing else in the
+library looks at the environment. Each variable is parsed here and checked
+again by ``BarrierConfig``; an error names the variable and what was expected,
+and never contains a secret.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Mapping
+
+from stepbarrier.config import (
+    DEFAULT_HEARTBEAT,
+    DEFAULT_KEY_TTL,
+    DEFAULT_REDIS_URL,
+    DEFAULT_SENTINEL_SERVICE,
+    DEFAULT_STALL_TIMEOUT,
+    BarrierConfig,
+    Role,
+    _check_url,
+    mask_url,
+    validate_job,
+)
+from stepbarrier.errors import ConfigurationError
+from stepbarrier.schedule import MAX_STEP, validate_schedule
+from stepbarrier.tf_config import role_from_tf_config
+
+
+def _get(env: Mapping[str, str], name: str) -> str | None:
+    value = env.get(name)
+    if value is None or value.strip() == "":
+        return None
+    return value.strip()
+
+
+def config_from_env(env: Mapping[str, str]) -> BarrierConfig:
+    """The configuration that ``env`` (``STEPBARRIER_*`` and ``TF_CONFIG``) describes.
+
+    Raises:
+        ConfigurationError: A variable is missing or invalid; the message names it.
+    """
+    job = _get(env, "STEPBARRIER_JOB")
+    if job is None:
+        raise ConfigurationError(
+            "STEPBARRIER_JOB is required: name the job, e.g. STEPBARRIER_JOB=mnist-42",
+            variable="STEPBARRIER_JOB",
+        )
+    validate_job(job)
+    url = _get(env, "STEPBARRIER_REDIS_URL") or DEFAULT_REDIS_URL
+    _check_url(url, "STEPBARRIER_REDIS_URL")
+    tf_role, tf_task = role_from_tf_config(env.get("TF_CONFIG"))
+    role_text = _get(env, "STEPBARRIER_ROLE")
+    role: Role | None
+    if role_text is None:
+        role = tf_role
+    elif role_text.lower() in ("chief", "worker"):
+        role = "chief" if role_text.lower() == "chief" else "worker"
+    else:
+        raise ConfigurationError(
+            f"STEPBARRIER_ROLE must be 'chief' or 'worker', got {role_text!r}",
+            variable="STEPBARRIER_ROLE",
+        )
+    task_id = _env_int(env, "STEPBARRIER_TASK_ID", low=0, high=1_000_000)
+    if task_id is None:
+        task_id = tf_task
+    if task_id is None and role == "chief":
+        task_id = 0
+    schedule = _get(env, "STEPBARRIER_SCHEDULE")
+    if schedule is not None:
+        schedule = validate_schedule(schedule, variable="STEPBARRIER_SCHEDULE")
+    on_timeout = (_get(env, "STEPBARRIER_ON_TIMEOUT") or "raise").lower()
+    if on_timeout not in ("raise", "proceed"):
+        raise ConfigurationError(
+            f"STEPBARRIER_ON_TIMEOUT must be 'raise' or 'proceed', got {on_timeout!r}",
+            variable="STEPBARRIER_ON_TIMEOUT",
+        )
+    heartbeat = _env_seconds(env, "STEPBARRIER_HEARTBEAT", high=3600.0)
+    stall = _env_seconds(env, "STEPBARRIER_STALL_TIMEOUT")
+    if stall is not None and stall <= (heartbeat or DEFAULT_HEARTBEAT):
+        raise ConfigurationError(
+            "STEPBARRIER_STALL_TIMEOUT must be longer than STEPBARRIER_HEARTBEAT "
+            f"({heartbeat or DEFAULT_HEARTBEAT:g} s), got {stall:g}",
+            variable="STEPBARRIER_STALL_TIMEOUT",
+        )
+    if heartbeat is not None and stall is None and heartbeat >= DEFAULT_STALL_TIMEOUT:
+        raise ConfigurationError(
+            f"STEPBARRIER_HEARTBEAT ({heartbeat:g} s) must be shorter than the stall "
+            f"timeout ({DEFAULT_STALL_TIMEOUT:g} s); set STEPBARRIER_STALL_TIMEOUT too",
+            variable="STEPBARRIER_HEARTBEAT",
+        )
+    cert = _env_file(env, "STEPBARRIER_TLS_CERT_FILE")
+    key = _env_file(env, "STEPBARRIER_TLS_KEY_FILE")
+    if (cert is None) != (key is None):
+        raise ConfigurationError(
+            "STEPBARRIER_TLS_CERT_FILE and STEPBARRIER_TLS_KEY_FILE go together: "
+            "set both or neither",
+            variable="STEPBARRIER_TLS_CERT_FILE" if key else "STEPBARRIER_TLS_KEY_FILE",
+        )
+    ca = _env_file(env, "STEPBARRIER_TLS_CA_FILE")
+    if (ca or cert) and not url.startswith("rediss://"):
+        # never let a TLS setting be silently ignored on a plain connection
+        raise ConfigurationError(
+            "STEPBARRIER_TLS_* files are set but STEPBARRIER_REDIS_URL is not a rediss:// "
+            f"URL ({mask_url(url)}); use rediss:// for TLS",
+            variable="STEPBARRIER_TLS_CA_FILE" if ca else "STEPBARRIER_TLS_CERT_FILE",
+        )
+    ttl = _env_int(env, "STEPBARRIER_KEY_TTL", low=60, high=10 * 365 * 24 * 3600)
+    return BarrierConfig(
+        job=job,
+        redis_url=url,
+        redis_username=_get(env, "STEPBARRIER_REDIS_USERNAME"),
+        redis_password=_password(env),
+        tls_ca_file=ca,
+        tls_cert_file=cert,
+        tls_key_file=key,
+        sentinels=_sentinels(env),
+        sentinel_service=_get(env, "STEPBARRIER_SENTINEL_SERVICE") or DEFAULT_SENTINEL_SERVICE,
+        role=role,
+        task_id=task_id,
+        wait_until_step=_env_int(env, "STEPBARRIER_WAIT_UNTIL_STEP", low=0, high=MAX_STEP),
+        schedule=schedule,
+        timeout=_env_seconds(env, "STEPBARRIER_TIMEOUT"),
+        stall_timeout=stall if stall is not None else DEFAULT_STALL_TIMEOUT,
+        on_timeout="proceed" if on_timeout == "proceed" else "raise",
+        heartbeat=heartbeat if heartbeat is not None else DEFAULT_HEARTBEAT,
+        key_ttl=ttl if ttl is not None else DEFAULT_KEY_TTL,
+    )
+
+
+def _env_int(env: Mapping[str, str], name: str, *, low: int, high: int) -> int | None:
+    text = _get(env, name)
+    if text is None:
+        return None
+    try:
+        value = int(text, 10)
+    except ValueError:
+        value = None
+    if value is None or not low <= value <= high:
+        raise ConfigurationError(
+            f"{name} must be an integer from {low} to {high}, got {text[:80]!r}",
+            variable=name,
+        )
+    return value
+
+
+def _env_seconds(env: Mapping[str, str], name: str, *, high: float = 1e9) -> float | None:
+    text = _get(env, name)
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and 0 < value <= high):
+        raise ConfigurationError(
+            f"{name} must be a number of seconds above 0 and at most {high:g}, got {text[:80]!r}",
+            variable=name,
+        )
+    return value
+
+
+def _env_file(env: Mapping[str, str], name: str) -> str | None:
+    path = _get(env, name)
+    if path is None:
+        return None
+    if not os.path.isfile(path):
+        raise ConfigurationError(
+            f"{name} must name a readable file, but {path[:200]!r} is not a file",
+            variable=name,
+        )
+    return path
+
+
+def _password(env: Mapping[str, str]) -> str | None:
+    direct = env.get("STEPBARRIER_REDIS_PASSWORD") or None
+    path = _get(env, "STEPBARRIER_REDIS_PASSWORD_FILE")
+    if direct is not None and path is not None:
+        raise ConfigurationError(
+            "set STEPBARRIER_REDIS_PASSWORD or STEPBARRIER_REDIS_PASSWORD_FILE, not both",
+            variable="STEPBARRIER_REDIS_PASSWORD_FILE",
+        )
+    if path is None:
+        return direct
+    try:
+        with open(path, encoding="utf-8") as handle:
+            secret = handle.read().rstrip("\r\n")
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ConfigurationError(
+            f"STEPBARRIER_REDIS_PASSWORD_FILE: cannot read {path[:200]!r} ({type(exc).__name__})",
+            variable="STEPBARRIER_REDIS_PASSWORD_FILE",
+        ) from None
+    if not secret:
+        raise ConfigurationError(
+            f"STEPBARRIER_REDIS_PASSWORD_FILE: {path[:200]!r} is empty",
+            variable="STEPBARRIER_REDIS_PASSWORD_FILE",
+        )
+    return secret
+
+
+def _sentinels(env: Mapping[str, str]) -> tuple[tuple[str, int], ...]:
+    text = _get(env, "STEPBARRIER_SENTINELS")
+    if text is None:
+        return ()
+    result: list[tuple[str, int]] = []
+    for item in text.split(","):
+        host, sep, port_text = item.strip().rpartition(":")
+        host = host.strip("[]")
+        valid_host = bool(host) and re.match(r"^[A-Za-z0-9.:_-]+$", host) is not None
+        if not sep or not valid_host or not port_text.isdigit():
+            raise ConfigurationError(
+                "STEPBARRIER_SENTINELS must be host:port pairs separated by commas, "
+                f"e.g. 10.0.0.5:26379,10.0.0.6:26379; got {item.strip()[:80]!r}",
+                variable="STEPBARRIER_SENTINELS",
+            )
+        port = int(port_text)
+        if not 0 < port < 65536:
+            raise ConfigurationError(
+                f"STEPBARRIER_SENTINELS: port must be 1-65535, got {item.strip()!r}",
+                variable="STEPBARRIER_SENTINELS",
+            )
+        result.append((host, port))
+    return tuple(result)
