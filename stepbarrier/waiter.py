@@ -432,22 +432,33 @@ class _Wait:
             stalled=stalled,
         )
 
-    def _unreachable(self, exc: RedisUnavailable) -> RedisUnavailable:
-        """``exc`` with this wait's context: the limit, the last step and heartbeat seen."""
-        if self.deadline is not None and self.deadline <= self._stall_at():
+    def _unreachable(self, exc: RedisUnavailable) -> BarrierTimeout | RedisUnavailable:
+        """The error for a wait whose retries ran out: ``exc`` with this wait's context.
+
+        A wait that had reached Redis and then lost it until its stall or overall
+        timeout ends with ``BarrierTimeout`` (its chief went unseen for that long;
+        the message says why); one that never reached Redis at all (a wrong URL, a
+        server that is down) ends with ``RedisUnavailable``.
+        """
+        overall = self.deadline is not None and self.deadline <= self._stall_at()
+        if overall and self.deadline is not None:
             limit = f"overall timeout ({self.deadline - self.started:g} s)"
         else:
             limit = f"stall timeout ({self.config.stall_timeout:g} s)"
         age = None if self.heartbeat_age is None else max(0.0, self.clock() - self.last_alive)
         seen = "none" if self.last_step is None else str(self.last_step)
-        return RedisUnavailable(
+        message = (
             f"job {self.config.job}: gave up waiting for step {self.target}: {exc}; retried "
             f"until the {limit}; last step seen {seen}, chief heartbeat "
-            + ("never seen" if age is None else f"{age:.1f} s old"),
-            job=self.config.job,
-            target=self.target,
-            last_step=self.last_step,
-            heartbeat_age=age,
+            + ("never seen" if age is None else f"{age:.1f} s old")
+        )
+        job, target, last = self.config.job, self.target, self.last_step
+        if self.start_ms is None:
+            return RedisUnavailable(
+                message, job=job, target=target, last_step=last, heartbeat_age=age
+            )
+        return BarrierTimeout(
+            message, job=job, target=target, last_step=last, heartbeat_age=age, stalled=not overall
         )
 
     def _aborted(self, reason: str) -> BarrierAborted:

@@ -103,7 +103,7 @@ def test_a_worker_cut_off_the_network_is_released_or_times_out_clearly(
         network.restore(cut_host)
         # what the worker knew when it gave up: Redis unreachable from its host
         # until its stall timeout, the last step and how old the chief's heartbeat is
-        assert outcome["event"] == "error" and outcome["type"] == "RedisUnavailable", outcome
+        assert outcome["event"] == "error" and outcome["type"] == "BarrierTimeout", outcome
         assert ended >= STALL - FALLBACK - HEARTBEAT - 0.5, "gave up before the stall timeout"
         assert outcome["last_step"] == 45
         assert outcome["heartbeat_age"] >= STALL - 0.25

@@ -4,7 +4,7 @@ Guarantee: once Redis is back, every worker whose step the chief passed during
 the outage is released within 5 s, none before the chief reached its step, the
 chief's ``publish`` never blocked or raised, and the chief wrote its latest step
 into the empty Redis by itself. A worker that loses Redis for longer than its
-stall timeout ends with ``RedisUnavailable`` naming that timeout, the last step
+stall timeout ends with ``BarrierTimeout`` naming Redis, that timeout, the last step
 and the heartbeat's age.
 """
 
@@ -144,7 +144,7 @@ def test_redis_gone_for_longer_than_the_stall_timeout_ends_the_wait_clearly(
 
     error = worker.wait_outcome(timeout=stall + 30.0)
     timings.record("wait ended after Redis died", error["t"] - killed)
-    assert error["event"] == "error" and error["type"] == "RedisUnavailable", error
+    assert error["event"] == "error" and error["type"] == "BarrierTimeout", error
     assert error["t"] - killed >= stall - FALLBACK - 0.5, "gave up before the stall timeout"
     assert error["last_step"] == 20
     assert error["heartbeat_age"] >= stall - 0.25
