@@ -9,6 +9,7 @@ masked in every message and log line.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -17,7 +18,7 @@ import re
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import click
@@ -143,21 +144,29 @@ class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
         super().emit(record)
 
 
-def setup_logging(session: _Session, quiet_level: int) -> None:
-    """Send log lines to stderr, masked; replaces what an earlier call installed.
+@contextlib.contextmanager
+def command_logging(session: _Session, quiet_level: int) -> Iterator[None]:
+    """Send log lines to stderr, masked, for one command; then restore what was there.
 
     ``quiet_level`` is the library's level without ``--verbose``: the error line
     says what went wrong, so most commands keep the library's warnings out of it.
+    Restoring matters when the CLI runs inside another program (or a test run):
+    a command must not change that program's logging for good.
     """
-    root = logging.getLogger()
-    for handler in [h for h in root.handlers if isinstance(h, _StderrHandler)]:
-        root.removeHandler(handler)
+    root, library = logging.getLogger(), logging.getLogger("stepbarrier")
+    saved = (root.level, library.level)
     handler = _StderrHandler()
     handler.setFormatter(_MaskingFormatter(session))
     root.addHandler(handler)
     root.setLevel(logging.DEBUG if session.debug else logging.WARNING)
     level = logging.DEBUG if session.debug else logging.INFO if session.verbose else quiet_level
-    logging.getLogger("stepbarrier").setLevel(level)
+    library.setLevel(level)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(saved[0])
+        library.setLevel(saved[1])
 
 
 def _variable_option(*decls: str, variable: str, help: str, **kwargs: Any) -> Callable[[F], F]:
@@ -221,9 +230,9 @@ def reporting(command: F, *, quiet_level: int = logging.CRITICAL) -> F:
     @functools.wraps(command)
     def run(*args: Any, **kwargs: Any) -> Any:
         session = _session()
-        setup_logging(session, quiet_level)
         try:
-            return command(*args, **kwargs)
+            with command_logging(session, quiet_level):
+                return command(*args, **kwargs)
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
         except KeyboardInterrupt:
