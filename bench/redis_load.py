@@ -212,8 +212,26 @@ def capacity(requests: int) -> dict[str, Any]:
                 "requests_per_s": per_s,
                 "server_usec_per_call": float(stats.get(top, {}).get("usec_per_call", 0.0)),
             }
+        out["memory_per_subscriber_bytes"] = memory_per_subscriber(client, server.url)
         client.close()
     return out
+
+
+def memory_per_subscriber(client: redis.Redis, url: str, count: int = 500) -> float:
+    """Redis memory per idle subscribed connection (a waiting worker's subscription)."""
+    before = int(client.info("memory")["used_memory"])
+    subscriptions = []
+    try:
+        for number in range(count):
+            pubsub = redis.Redis.from_url(url).pubsub()
+            pubsub.subscribe(f"stepbarrier:{{job-{number % 50}}}:steps")
+            pubsub.get_message(timeout=1.0)
+            subscriptions.append(pubsub)
+        after = int(client.info("memory")["used_memory"])
+    finally:
+        for pubsub in subscriptions:
+            pubsub.close()
+    return (after - before) / count
 
 
 def run_idle_waiter(url: str, job: str) -> None:

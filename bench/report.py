@@ -130,8 +130,8 @@ def chief_section(tf: dict[str, Any] | None, publish: dict[str, Any] | None) -> 
     lines = ["## 4. The chief's cost", ""]
     if tf and "chief_steps_per_s" in tf:
         lines += [
-            "TF chief training as fast as it can (tiny model, ps on loopback), fresh "
-            "sessions in alternating order; steps/s per session:",
+            "TF chief training as fast as it can (tiny model, ps on loopback), one session, "
+            "blocks of 25 steps rotating between the three cases; steps/s per block:",
             "",
             STATS_HEADER,
         ]
@@ -143,12 +143,15 @@ def chief_section(tf: dict[str, Any] | None, publish: dict[str, Any] | None) -> 
         for kind, stats in tf["chief_steps_per_s"].items():
             lines.append(stats_row(names.get(kind, kind), stats, 0))
         lines.append("")
+        base = tf["chief_steps_per_s"]["without"]["median"]
         for kind in ("with", "fetch_only"):
             slow = tf.get(f"chief_slowdown_{kind}")
             if slow and slow.get("n"):
+                extra = 1000 / tf["chief_steps_per_s"][kind]["median"] - 1000 / base
                 lines.append(
-                    f"- slowdown, {names[kind]} vs no hook (paired by block): median "
-                    f"{100 * slow['median']:.1f}%, p90 {100 * slow['p90']:.1f}%"
+                    f"- slowdown, {names[kind]} vs no hook (paired by round): median "
+                    f"{100 * slow['median']:.1f}%, p90 {100 * slow['p90']:.1f}% "
+                    f"(+{extra:.2f} ms per step at the medians)"
                 )
         lines.append("")
     if publish:
@@ -204,7 +207,11 @@ def scale_section(load_result: dict[str, Any] | None, fanout: dict[str, Any] | N
     if not load_result or "capacity" not in load_result:
         return []
     cap = load_result["capacity"]
-    chief_rate = load_result["chief"][0]["evalsha_per_s"]
+    # steady state: the writes that are neither the generation's start, nor a
+    # crossed threshold, nor close()'s final one
+    slowest = load_result["chief"][0]
+    beats = slowest["sent"].get("evalsha", 0) - 2 - slowest["crossed_thresholds"]
+    chief_rate = max(beats, 1) / slowest["seconds"]
     idle = max(load_result["idle_waiter"]["waiter_sent_per_s"], 1e-9)
     write_cost = 1.0 / cap["chief_write"]["requests_per_s"]
     sync_cost = 1.0 / cap["waiter_sync"]["requests_per_s"]
@@ -223,19 +230,22 @@ def scale_section(load_result: dict[str, Any] | None, fanout: dict[str, Any] | N
         f"{cap['ping']['requests_per_s']:,.0f} PINGs/s (`redis-benchmark`, "
         f"{cap['clients']} connections, no pipelining, on this 2-core machine).",
         "",
-        f"- A running job's chief sends {chief_rate:.2f} EVALSHA/s (heartbeat 1 s) plus one "
-        f"per crossed threshold: {1e6 * chief_core:.0f} us of Redis CPU per second, "
-        f"{100 * chief_core:.3f}% of a core.",
+        f"- A running job's chief sends {chief_rate:.2f} EVALSHA/s in steady state (heartbeat "
+        f"1 s; plus one per crossed threshold and a BLPOP per registration or 30 s): "
+        f"{1e6 * chief_core:.0f} us of Redis CPU per second, {100 * chief_core:.3f}% of a core.",
         f"- A waiting worker sends {idle:.2f} commands/s: {1e6 * waiter_core:.1f} us/s, "
         f"{100 * waiter_core:.4f}% of a core; a release costs one announcement per job "
         f"(fan-out to N subscribers inside Redis) and one unregistration per worker.",
+        f"- A job with W workers waiting sends about {chief_rate:.1f} + {idle:.1f} W "
+        f"commands/s (a 100-worker ramp: {chief_rate + 100 * idle:.0f}/s).",
         f"- With {int(100 * budget)}% of one core: about {jobs_cpu:,.0f} concurrent jobs' chiefs, "
         f"or {waiters_cpu:,.0f} waiting workers. CPU is not the limit.",
         f"- Connections are: a chief holds 2 (writes, registration listener), a waiting "
         f"worker 2 (subscription, commands). Redis's default `maxclients` is "
         f"{DEFAULT_MAXCLIENTS:,}: about {DEFAULT_MAXCLIENTS // 2:,} chiefs and waiting workers "
         f"at once; raise `maxclients` and the file-descriptor limit to go further "
-        f"(each connection costs Redis about 20 KB).",
+        f"(an idle subscribed connection costs Redis "
+        f"{cap.get('memory_per_subscriber_bytes', 0) / 1024:.0f} KB, measured).",
         "- Redis Cluster takes over when one server's connections (tens of thousands) or "
         "memory run out, not its CPU. All of a job's keys share the hash tag `{job}`, so "
         "jobs spread over slots; the announcement is a classic `PUBLISH`, which a Cluster "
