@@ -13,13 +13,9 @@ a crashed chief, which may restart from an older checkpoint, is not trusted.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import operator
-import os
-import socket
 import time
-import uuid
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
@@ -27,22 +23,20 @@ from typing import Any
 import redis
 from redis.client import PubSub
 
-from stepbarrier import scripts
 from stepbarrier.config import BarrierConfig
-from stepbarrier.connection import CONNECT_TIMEOUT, call_with_retries, make_client
+from stepbarrier.connection import call_with_retries, make_client
 from stepbarrier.errors import (
     BarrierAborted,
     BarrierTimeout,
     RedisUnavailable,
 )
-from stepbarrier.protocol import ChiefState, parse_announcement, parse_int, parse_state, preview
+from stepbarrier.protocol import parse_announcement, preview
+from stepbarrier.waiter_link import WaiterLink, close_quietly
 
 log = logging.getLogger("stepbarrier.waiter")
 
 PROGRESS_EVERY = 30.0
 """Seconds between progress lines while a wait goes on."""
-REGISTRY_TTL = 30
-"""Seconds a waiter's registry entry outlives its last refresh (so dead ones go)."""
 
 
 def fresh_heartbeat_limit(config: BarrierConfig) -> float:
@@ -79,8 +73,6 @@ class StepWaiter:
         self._client = client if client is not None else make_client(config)
         self._clock = clock
         self._sleep = sleep
-        self._sync = self._client.register_script(scripts.WAITER_SYNC)
-        self._leave = self._client.register_script(scripts.WAITER_LEAVE)
 
     @classmethod
     def from_env(cls) -> StepWaiter:
@@ -149,10 +141,8 @@ class _Wait:
         self.target = target
         self.started = self.clock()
         self.deadline = None if timeout is None else self.started + timeout
-        task = "x" if self.config.task_id is None else str(self.config.task_id)
-        self.id = f"{task}-{uuid.uuid4().hex[:8]}"
+        self.link = WaiterLink(waiter._client, self.config, target, since=time.time())
         self.pubsub: PubSub | None = None
-        self.registered = False
         self.last_step: int | None = None
         self.generation = 0
         self.heartbeat_age: float | None = None
@@ -249,27 +239,17 @@ class _Wait:
 
     def _read(self) -> int | None:
         """Register (or refresh) and judge the stored state: the truth."""
-        reply = call_with_retries(
-            self._sync_once,
+        snapshot = call_with_retries(
+            self.link.sync,
             self.config,
             action="read the job's state",
             deadline=self._retry_deadline(),
             clock=self.clock,
             sleep=self.waiter._sleep,
         )
-        self.registered = True
-        now_ms = parse_int(reply[0]) or 0
+        now_ms, reset_ms, state = snapshot.now_ms, snapshot.reset_ms, snapshot.state
         if self.start_ms is None:
             self.start_ms = now_ms
-        reset_ms = parse_int(reply[1]) if reply[1] else None
-        kind = reply[2].decode() if isinstance(reply[2], bytes) else str(reply[2])
-        if kind == "hash":
-            flat = reply[3:]
-            state = parse_state(dict(zip(flat[0::2], flat[1::2], strict=False)))
-        elif kind == "none":
-            state = ChiefState.empty()
-        else:
-            state = ChiefState.empty(f"state key holds a {kind}, not a hash")
         if state.problem:
             log.warning("job %s: %s; waiting for a valid step", self.config.job, state.problem)
         if state.step is None or state.generation is None:
@@ -293,52 +273,11 @@ class _Wait:
         self._check_subscription(state.step)
         return None
 
-    def _sync_once(self) -> list[Any]:
-        config, keys = self.config, self.keys
-        fields = {
-            "task_id": "" if config.task_id is None else str(config.task_id),
-            "wait_until_step": str(self.target),
-            "since": f"{time.time() - (self.clock() - self.started):.3f}",
-            "host": socket.gethostname()[:200],
-            "pid": str(os.getpid()),
-        }
-        args: list[Any] = [
-            keys.state,
-            keys.reset,
-            REGISTRY_TTL,
-            config.key_ttl,
-            self.id,
-            self.target,
-        ]
-        for name, value in fields.items():
-            args += [name, value]
-        reply = self.waiter._sync(
-            keys=[keys.waiter(self.id), keys.targets, keys.registrations], args=args
-        )
-        return list(reply)
-
     def _reconnect(self) -> int | None:
         """Subscribe, read the confirmation, then read the state (in that order)."""
         self._close_pubsub()
-
-        def subscribe() -> PubSub:
-            pubsub: PubSub = self.waiter._client.pubsub(  # type: ignore[no-untyped-call]
-                ignore_subscribe_messages=False
-            )
-            try:
-                pubsub.subscribe(self.keys.channel)
-                until = time.monotonic() + CONNECT_TIMEOUT
-                while time.monotonic() < until:
-                    message = pubsub.get_message(timeout=max(0.001, until - time.monotonic()))
-                    if message is not None and message.get("type") == "subscribe":
-                        return pubsub
-                raise redis.TimeoutError("no subscription confirmation from Redis")
-            except BaseException:
-                pubsub.close()
-                raise
-
         self.pubsub = call_with_retries(
-            subscribe,
+            self.link.subscribe,
             self.config,
             action=f"subscribe to {self.keys.channel}",
             deadline=self._retry_deadline(),
@@ -474,11 +413,8 @@ class _Wait:
         )
 
     def _close_pubsub(self) -> None:
-        if self.pubsub is not None:
-            # closing a dead connection may fail; there is nothing to keep
-            with contextlib.suppress(Exception):
-                self.pubsub.close()
-            self.pubsub = None
+        pubsub, self.pubsub = self.pubsub, None
+        close_quietly(pubsub)
 
     def leave(self) -> None:
         """Unregister (one quick try: an entry left behind expires by itself)."""
@@ -487,9 +423,7 @@ class _Wait:
         # connection would have to reconnect (3 round trips) on a released
         # worker's critical path.
         try:
-            if self.registered:
-                keys = [self.keys.waiter(self.id), self.keys.targets]
-                self.waiter._leave(keys=keys, args=[self.id])
+            self.link.leave()
         except Exception as exc:
             log.debug("job %s: could not unregister (%s); it expires", self.config.job, exc)
         finally:

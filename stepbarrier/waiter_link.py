@@ -1,0 +1,134 @@
+"""A waiter's links to its job in Redis: its subscription and its registry entry.
+
+``StepWaiter`` decides; this module only talks to Redis, one try per call (the
+waiter retries within its deadlines). ``sync`` is a waiter's one command per
+fallback interval: it registers the waiter (again, if its entry expired or
+Redis restarted empty) and returns the stored state with Redis's clock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from redis.client import PubSub
+
+from stepbarrier import scripts
+from stepbarrier.config import BarrierConfig
+from stepbarrier.connection import CONNECT_TIMEOUT
+from stepbarrier.protocol import ChiefState, parse_int, parse_state
+
+REGISTRY_TTL = 30
+"""Seconds a waiter's registry entry outlives its last refresh (so dead ones go)."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What one ``sync`` read.
+
+    Attributes:
+        now_ms: Redis's clock, in milliseconds.
+        reset_ms: Redis time of the job's last reset, if a marker is there.
+        state: The chief's stored state (empty, possibly with a problem, if absent
+            or malformed).
+    """
+
+    now_ms: int
+    reset_ms: int | None
+    state: ChiefState
+
+
+class WaiterLink:
+    """One wait's subscription and registry entry.
+
+    Args:
+        client: The waiter's redis-py client.
+        config: The job's settings.
+        target: The step waited for.
+        since: Unix time the wait began (shown by ``stepbarrier status``).
+    """
+
+    def __init__(self, client: redis.Redis, config: BarrierConfig, target: int, since: float):
+        self._client = client
+        self._config = config
+        self._keys = config.keys
+        task = "x" if config.task_id is None else str(config.task_id)
+        self.id = f"{task}-{uuid.uuid4().hex[:8]}"
+        self.target = target
+        self.registered = False
+        self._sync = client.register_script(scripts.WAITER_SYNC)
+        self._leave = client.register_script(scripts.WAITER_LEAVE)
+        self._entry = {
+            "task_id": "" if config.task_id is None else str(config.task_id),
+            "wait_until_step": str(target),
+            "since": f"{since:.3f}",
+            "host": socket.gethostname()[:200],
+            "pid": str(os.getpid()),
+        }
+
+    def subscribe(self) -> PubSub:
+        """A subscription to the job's channel, confirmed by Redis before it returns."""
+        pubsub: PubSub = self._client.pubsub(  # type: ignore[no-untyped-call]
+            ignore_subscribe_messages=False
+        )
+        try:
+            pubsub.subscribe(self._keys.channel)
+            until = time.monotonic() + CONNECT_TIMEOUT
+            while time.monotonic() < until:
+                message = pubsub.get_message(timeout=max(0.001, until - time.monotonic()))
+                if message is not None and message.get("type") == "subscribe":
+                    return pubsub
+            raise redis.TimeoutError("no subscription confirmation from Redis")
+        except BaseException:
+            pubsub.close()
+            raise
+
+    def sync(self) -> Snapshot:
+        """Register (or refresh the entry's TTL) and read the state, in one command."""
+        keys = self._keys
+        args: list[Any] = [
+            keys.state,
+            keys.reset,
+            REGISTRY_TTL,
+            self._config.key_ttl,
+            self.id,
+            self.target,
+        ]
+        for name, value in self._entry.items():
+            args += [name, value]
+        reply = list(
+            self._sync(keys=[keys.waiter(self.id), keys.targets, keys.registrations], args=args)
+        )
+        self.registered = True
+        kind = reply[2].decode() if isinstance(reply[2], bytes) else str(reply[2])
+        if kind == "hash":
+            flat = reply[3:]
+            state = parse_state(dict(zip(flat[0::2], flat[1::2], strict=False)))
+        elif kind == "none":
+            state = ChiefState.empty()
+        else:
+            state = ChiefState.empty(f"state key holds a {kind}, not a hash")
+        return Snapshot(
+            now_ms=parse_int(reply[0]) or 0,
+            reset_ms=parse_int(reply[1]) if reply[1] else None,
+            state=state,
+        )
+
+    def leave(self) -> None:
+        """Remove the registry entry and its target (one try; raises on failure)."""
+        if self.registered:
+            keys = self._keys
+            self._leave(keys=[keys.waiter(self.id), keys.targets], args=[self.id])
+
+
+def close_quietly(pubsub: PubSub | None) -> None:
+    """Close a subscription whose connection may already be dead."""
+    if pubsub is not None:
+        with contextlib.suppress(Exception):
+            pubsub.close()
