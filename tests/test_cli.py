@@ -21,7 +21,8 @@ from stepbarrier import (
     StepBarrierError,
     read_status,
 )
-from stepbarrier.cli import cli, exit_code_for, mask_secrets
+from stepbarrier.cli import cli
+from stepbarrier.cli_reporting import exit_code_for, mask_secrets
 from tests.conftest import subprocess_env
 from tests.redis_harness import RedisServer, free_port
 
