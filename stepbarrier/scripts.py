@@ -8,17 +8,20 @@ generations stay below 2**53, where doubles are exact.
 
 from __future__ import annotations
 
-BEGIN_GENERATION = """
--- KEYS[1] state hash
--- Returns a generation number above every one this job has used: the Redis
--- clock in microseconds, or the stored generation + 1 if that is higher (the
--- clock went back, or two chiefs began in the same microsecond).
+_WHOLE = """
 local function whole(text)
   -- a stored number is trusted only if it is a whole number in [0, 2^53]
   local n = tonumber(text)
   if n and n >= 0 and n <= 9007199254740992 and n == math.floor(n) then return n end
   return nil
 end
+"""
+
+BEGIN_GENERATION = _WHOLE + """
+-- KEYS[1] state hash
+-- Returns a generation number above every one this job has used: the Redis
+-- clock in microseconds, or the stored generation + 1 if that is higher (the
+-- clock went back, or two chiefs began in the same microsecond).
 local now = redis.call('TIME')
 local generation = tonumber(now[1]) * 1000000 + tonumber(now[2])
 if redis.call('TYPE', KEYS[1]).ok == 'hash' then
@@ -28,7 +31,7 @@ end
 return string.format('%.0f', generation)
 """
 
-PUBLISH_STEP = """
+PUBLISH_STEP = _WHOLE + """
 -- KEYS[1] state hash, KEYS[2] targets zset, KEYS[3] reset marker
 -- ARGV[1] generation, ARGV[2] step, ARGV[3] done (0/1), ARGV[4] key TTL (s),
 -- ARGV[5] channel, ARGV[6] chief description, ARGV[7] max targets to return
@@ -37,12 +40,6 @@ PUBLISH_STEP = """
 -- channel, and returns what the chief needs to decide its next write:
 --   {accepted (1) or stale generation (0), stored step, stored generation,
 --    repaired (1 if malformed state was replaced), pending targets...}
-local function whole(text)
-  -- a stored number is trusted only if it is a whole number in [0, 2^53]
-  local n = tonumber(text)
-  if n and n >= 0 and n <= 9007199254740992 and n == math.floor(n) then return n end
-  return nil
-end
 local generation = tonumber(ARGV[1])
 local step = tonumber(ARGV[2])
 local repaired = 0
