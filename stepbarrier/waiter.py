@@ -420,8 +420,8 @@ class _Wait:
         """Unregister (one quick try: an entry left behind expires by itself)."""
         # Unregister before closing the subscription: the pool hands out its
         # most recently released connection first, and a closed subscription's
-        # connection would have to reconnect (3 round trips) on a released
-        # worker's critical path.
+        # connection would have to reconnect (TCP handshake, HELLO) on a
+        # released worker's critical path.
         try:
             self.link.leave()
         except Exception as exc:
