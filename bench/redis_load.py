@@ -174,7 +174,7 @@ def capacity(requests: int) -> dict[str, Any]:
     one full core; commandstats give the server time inside each script.
     """
     from stepbarrier import BarrierConfig, scripts
-    from stepbarrier.waiter import REGISTRY_TTL
+    from stepbarrier.waiter_link import REGISTRY_TTL
 
     config = BarrierConfig(job="capacity", redis_url="redis://127.0.0.1:1/0")
     keys = config.keys

@@ -9,11 +9,11 @@ and notes ``time.time()`` after each run, from the first hook's ``after_run``
 step the run reached. The worker runs trials one after the other, alternating
 ``tf.compat.v1.train.GlobalStepWaiterHook`` and stepbarrier's
 ``GlobalStepWaiterHook``: each trial builds a fresh graph, reads the global
-step S, then opens a ``MonitoredTrainingSession`` whose waiter hook waits for
-K = S + a margin (0.6 to 1.1 s of chief steps), and notes ``time.time()`` when
-the hook's ``before_run`` returns. Latency = that moment minus the chief's
-note for step K. A trial whose wait began after step K was reached is
-dropped (and counted).
+step S, waits a random delay of up to 0.5 s (TensorFlow's poll cycle), then
+opens a ``MonitoredTrainingSession`` whose waiter hook waits for K = S + 1.2 s
+of chief steps, and notes ``time.time()`` when the hook's ``before_run``
+returns. Latency = that moment minus the chief's note for step K. A trial
+whose wait began after step K was reached is dropped (and counted).
 
 Chief cost. Afterwards the chief trains as fast as it can in one new session,
 in short blocks that rotate between no hook, a hook that only fetches the
@@ -52,10 +52,12 @@ from harness import (
 
 PERIODS = (0.01, 0.2)
 """The chief's step periods (seconds) of the wake-latency phases."""
-MARGIN = (0.6, 1.1)
-"""Seconds of chief steps between a trial's read of the step and its target: a
-range as wide as TensorFlow's 0.5 s poll, so the step falls at a uniformly
-random point of the poll cycle."""
+MARGIN = 1.2
+"""Seconds of chief steps between a trial's read of the step and its target."""
+POLL_CYCLE = 0.5
+"""TensorFlow's hook polls every 0.5 s: each trial starts its wait after a
+random delay of up to one cycle, so that the step falls at a uniformly random
+point of the poll cycle, whatever the chief's step period."""
 COST_KINDS = ("without", "fetch_only", "with")
 """Chief-cost sessions: no hook; a hook that only fetches the global step each
 run (TensorFlow's share of the publisher hook's cost); the publisher hook."""
@@ -268,8 +270,8 @@ def run_worker(cluster_json: str, redis_url: str, job: str, workdir: str, trials
                     global_step = tf.compat.v1.train.get_or_create_global_step()
                 with tf.compat.v1.Session(server.target, config=session_config) as plain:
                     start_step = int(plain.run(global_step))
-                margin = random.uniform(*MARGIN)
-                target = start_step + max(2, round(margin / period))
+                target = start_step + max(2, round(MARGIN / period))
+                time.sleep(random.uniform(0, POLL_CYCLE))
                 hook = (
                     hook_types[kind](target, config)
                     if kind == "stepbarrier"
