@@ -2,7 +2,8 @@
 
 Each benchmark starts a private ``redis-server`` on a free loopback port (never
 a shared one), starts its helper processes with ``child_process`` and stops all
-of them in ``finally`` blocks. Results go to ``bench/results/<name>.json``.
+of them in ``finally`` blocks. Results go to ``bench/results/<name>.json``
+(``bench/results/quick/`` for ``--quick`` runs).
 """
 
 from __future__ import annotations
@@ -25,7 +26,10 @@ import redis
 
 BENCH_DIR = Path(__file__).resolve().parent
 ROOT = BENCH_DIR.parent
-RESULTS_DIR = BENCH_DIR / "results"
+QUICK = "--quick" in sys.argv[1:]
+RESULTS_DIR = BENCH_DIR / "results" / ("quick" if QUICK else "")
+"""Full runs write ``bench/results/`` (committed); quick runs ``bench/results/quick/``
+(ignored), so a smoke run never overwrites the published numbers."""
 
 
 def free_port() -> int:

@@ -1,6 +1,7 @@
 """Turn ``bench/results/*.json`` into ``results.md`` and ``wake_latency.png``.
 
-Usage: ``python bench/report.py`` (``run_all.py`` calls it at the end).
+Usage: ``python bench/report.py [--quick]`` (``run_all.py`` calls it at the end;
+``--quick`` reports the quick run in ``bench/results/quick/``).
 """
 
 from __future__ import annotations

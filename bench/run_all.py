@@ -3,8 +3,9 @@
 Usage: ``python bench/run_all.py [--quick] [--only NAME ...]`` (``make bench``,
 ``make bench-quick``). Each benchmark runs in its own process with its own
 redis-server; one that fails is reported and the others still run. Results go
-to ``bench/results/``: one JSON file per benchmark, ``run.json`` (machine,
-load, commit), ``results.md`` and ``wake_latency.png``.
+to ``bench/results/`` (``bench/results/quick/`` with ``--quick``): one JSON
+file per benchmark, ``run.json`` (machine, load, commit), ``results.md`` and
+``wake_latency.png``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import subprocess
 import sys
 import time
 
-from harness import BENCH_DIR, ROOT, child_env, load_average, machine, save
+from harness import BENCH_DIR, RESULTS_DIR, ROOT, child_env, load_average, machine, save
 
 BENCHMARKS = ("wake_floor", "fanout", "publish_call", "redis_load", "tf_job")
 
@@ -61,8 +62,9 @@ def main() -> int:
             "failed": failed,
         },
     )
-    subprocess.run([sys.executable, str(BENCH_DIR / "report.py")], cwd=ROOT, check=True)
-    print(f"results: {BENCH_DIR / 'results' / 'results.md'}", file=sys.stderr)
+    report = [sys.executable, str(BENCH_DIR / "report.py"), *(["--quick"] if args.quick else [])]
+    subprocess.run(report, cwd=ROOT, check=True)
+    print(f"results: {RESULTS_DIR / 'results.md'}", file=sys.stderr)
     return 1 if failed else 0
 
 
