@@ -181,6 +181,7 @@ def capacity(requests: int) -> dict[str, Any]:
     chief_write = [
         "EVALSHA", "", "3", keys.state, keys.targets, keys.reset,
         str(2**40), "1000", "0", str(config.key_ttl), keys.channel, "bench:1", "256",
+        keys.waiter_prefix,
     ]
     waiter_sync = [
         "EVALSHA", "", "3", keys.waiter("w1"), keys.targets, keys.registrations,

@@ -309,6 +309,7 @@ class StepPublisher:
                 keys.channel,
                 self._chief,
                 MAX_TARGETS,
+                keys.waiter_prefix,
             ],
         )
         accepted, stored_step, stored_generation, repaired, *targets = reply

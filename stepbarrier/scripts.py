@@ -17,7 +17,9 @@ local function whole(text)
 end
 """
 
-BEGIN_GENERATION = _WHOLE + """
+BEGIN_GENERATION = (
+    _WHOLE
+    + """
 -- KEYS[1] state hash
 -- Returns a generation number above every one this job has used: the Redis
 -- clock in microseconds, or the stored generation + 1 if that is higher (the
@@ -30,11 +32,15 @@ if redis.call('TYPE', KEYS[1]).ok == 'hash' then
 end
 return string.format('%.0f', generation)
 """
+)
 
-PUBLISH_STEP = _WHOLE + """
+PUBLISH_STEP = (
+    _WHOLE
+    + """
 -- KEYS[1] state hash, KEYS[2] targets zset, KEYS[3] reset marker
 -- ARGV[1] generation, ARGV[2] step, ARGV[3] done (0/1), ARGV[4] key TTL (s),
--- ARGV[5] channel, ARGV[6] chief description, ARGV[7] max targets to return
+-- ARGV[5] channel, ARGV[6] chief description, ARGV[7] max targets to return,
+-- ARGV[8] prefix of the waiters' registry keys (same hash tag)
 -- Stores the step if it is greater (same generation) or replaces it (newer
 -- generation), refreshes the heartbeat and TTLs, announces a change on the
 -- channel, and returns what the chief needs to decide its next write:
@@ -85,7 +91,11 @@ redis.call('HSET', KEYS[1], 'heartbeat_ms', string.format('%.0f', now_ms), 'chie
 redis.call('EXPIRE', KEYS[1], ARGV[4])
 local step_text = string.format('%.0f', stored_step)
 if changed then
-  -- waiters at or below the stored step are released by this announcement
+  -- waiters at or below the stored step are released by this announcement:
+  -- their registry entries go here, so that a released worker need not
+  -- spend a round trip unregistering before it starts
+  local released = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', step_text)
+  for i = 1, #released do redis.call('DEL', ARGV[8] .. released[i]) end
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', step_text)
   local done = redis.call('HGET', KEYS[1], 'done') == '1'
   redis.call('PUBLISH', ARGV[5], string.format(
@@ -99,6 +109,7 @@ local pending = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. step_text, '+inf',
 for i = 2, #pending, 2 do result[#result + 1] = pending[i] end
 return result
 """
+)
 
 RESET_JOB = """
 -- KEYS[1] state, KEYS[2] targets, KEYS[3] registrations, KEYS[4] reset marker,

@@ -232,6 +232,8 @@ class _Wait:
         self.last_alive = self.clock()
         self.heartbeat_age = 0.0
         if announcement.step >= self.target:
+            # the chief's script that announced it removed our registry entry
+            self.link.registered = False
             return self._released(announcement.step)
         if announcement.done:
             raise self._aborted("done")

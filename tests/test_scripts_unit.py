@@ -26,7 +26,7 @@ def publish(
     script = client.register_script(scripts.PUBLISH_STEP)
     reply = script(
         keys=[KEYS.state, KEYS.targets, KEYS.reset],
-        args=[generation, step, int(done), 3600, KEYS.channel, "host:1", 10],
+        args=[generation, step, int(done), 3600, KEYS.channel, "host:1", 10, KEYS.waiter_prefix],
     )
     return [int(float(x)) for x in reply]
 
@@ -57,6 +57,17 @@ def test_pending_targets_come_back_and_crossed_ones_go(fake: fakeredis.FakeRedis
     reply = publish(fake, 1, 20)
     assert reply[4:] == [50]
     assert fake.zrange(KEYS.targets, 0, -1) == [b"c"]
+
+
+def test_released_waiters_registry_entries_go_with_the_announcement(
+    fake: fakeredis.FakeRedis,
+) -> None:
+    for waiter, target in (("a", 5), ("b", 20)):
+        fake.hset(KEYS.waiter(waiter), mapping={"wait_until_step": str(target)})
+        fake.zadd(KEYS.targets, {waiter: target})
+    publish(fake, 1, 6)
+    assert not fake.exists(KEYS.waiter("a"))
+    assert fake.exists(KEYS.waiter("b"))
 
 
 def test_done_is_recorded(fake: fakeredis.FakeRedis) -> None:
