@@ -236,7 +236,8 @@ def scale_section(load_result: dict[str, Any] | None, fanout: dict[str, Any] | N
         f"{1e6 * chief_core:.0f} us of Redis CPU per second, {100 * chief_core:.3f}% of a core.",
         f"- A waiting worker sends {idle:.2f} commands/s: {1e6 * waiter_core:.1f} us/s, "
         f"{100 * waiter_core:.4f}% of a core; a release costs one announcement per job "
-        f"(fan-out to N subscribers inside Redis) and one unregistration per worker.",
+        f"(fan-out to N subscribers inside Redis; the announcing script also deletes the "
+        f"released workers' registry entries).",
         f"- A job with W workers waiting sends about {chief_rate:.1f} + {idle:.1f} W "
         f"commands/s (a 100-worker ramp: {chief_rate + 100 * idle:.0f}/s).",
         f"- With {int(100 * budget)}% of one core: about {jobs_cpu:,.0f} concurrent jobs' chiefs, "
