@@ -171,7 +171,8 @@ class StepPublisher:
         """Wait until the last handed-over step is stored in Redis.
 
         Returns:
-            True if it was stored within ``timeout`` seconds.
+            True if it was stored within ``timeout`` seconds; False at once if a
+            newer chief generation has taken the job over.
         """
         wanted = self._handed
         if self._latest is None:
@@ -181,8 +182,9 @@ class StepPublisher:
         with self._stored:
             while self._stored_seq < wanted:
                 remaining = None if deadline is None else deadline - self._clock()
-                if (remaining is not None and remaining <= 0) or not self._thread.is_alive():
-                    return False
+                expired = remaining is not None and remaining <= 0
+                if expired or self._superseded or not self._thread.is_alive():
+                    return False  # a newer chief owns the job: this step will never be stored
                 self._wake.set()
                 self._stored.wait(0.05 if remaining is None else min(remaining, 0.05))
         return True

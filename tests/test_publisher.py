@@ -90,6 +90,8 @@ def test_a_restarted_chief_takes_over_and_the_old_one_is_ignored(
     old.publish(60)  # a zombie chief keeps going: it must not overwrite the new one
     old.flush(2.0)
     assert eventually(lambda: old._superseded)
+    old.publish(61)
+    assert not old.flush(None)  # returns at once: the step will never be stored
     assert stored(client, config)["step"] == "7"
     new.close(done=False)
     old.close(done=False)
