@@ -13,7 +13,8 @@ from __future__ import annotations
 import logging
 import ssl
 from collections.abc import Callable
-from typing import Any, TypeVar
+from types import SimpleNamespace
+from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
 
 import redis
@@ -54,6 +55,14 @@ def backoff() -> wait_base:
     return wait_exponential(multiplier=BACKOFF_INITIAL, max=BACKOFF_MAX) + wait_random(
         0, BACKOFF_JITTER
     )
+
+
+def backoff_attempt(number: int) -> RetryCallState:
+    """What ``backoff()`` needs to give the delay before try ``number + 1`` by hand.
+
+    tenacity's wait strategies read only ``attempt_number`` from its call state.
+    """
+    return cast(RetryCallState, SimpleNamespace(attempt_number=number))
 
 
 def make_client(

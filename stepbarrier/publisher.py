@@ -21,29 +21,26 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from types import SimpleNamespace, TracebackType
-from typing import cast
+from types import TracebackType
 
 import redis
-from redis import exceptions as rex
-from tenacity import RetryCallState
 
 from stepbarrier import scripts
 from stepbarrier.config import BarrierConfig
 from stepbarrier.connection import backoff as retry_backoff
 from stepbarrier.connection import (
+    backoff_attempt,
     call_with_retries,
     is_transient,
     make_client,
     translate,
 )
 from stepbarrier.errors import StepBarrierError
-from stepbarrier.protocol import MAX_STEP, parse_int
+from stepbarrier.protocol import MAX_STEP
+from stepbarrier.registrations import RegistrationListener
 
 log = logging.getLogger("stepbarrier.publisher")
 
-REGISTRATION_BLOCK = 30
-"""Seconds the registration listener's BLPOP blocks; a new waiter wakes it at once."""
 MAX_TARGETS = 256
 """How many pending targets (lowest first) each write brings back to the chief."""
 LOG_EVERY = 30.0
@@ -77,7 +74,6 @@ class StepPublisher:
         self._keys = config.keys
         self._owns_client = client is None
         self._client = client if client is not None else make_client(config)
-        self._listen_client: redis.Redis | None = None
         self._clock = clock
         self._chief = f"{socket.gethostname()}:{os.getpid()}"[:200]
         self._publish_script = self._client.register_script(scripts.PUBLISH_STEP)
@@ -92,7 +88,7 @@ class StepPublisher:
         self._stored_seq = 0
         self._pending: list[int] = []
         self._stored_step = -1
-        self._heard: set[int] = set()
+        self._heard_targets: set[int] = set()
         self._generation: int | None = None
         self._generation_wanted = 1
         self._generation_begun = 0
@@ -112,9 +108,7 @@ class StepPublisher:
         self._thread = threading.Thread(
             target=self._run, name=f"stepbarrier-publisher-{config.job}", daemon=True
         )
-        self._listener = threading.Thread(
-            target=self._listen, name=f"stepbarrier-registrations-{config.job}", daemon=True
-        )
+        self._listener = RegistrationListener(config, self._heard)
         self._thread.start()
         self._listener.start()
 
@@ -208,9 +202,9 @@ class StepPublisher:
         self._final_done = done
         self._stopping.set()
         self._wake.set()
-        self._interrupt_listener()
+        self._listener.stop(timeout=0.0)
         self._thread.join(max(0.0, deadline - self._clock()) + 1.0)
-        self._listener.join(1.0)
+        self._listener.stop(timeout=1.0)
         ok = self._stored_seq >= self._handed and self.last_error is None
         if self._owns_client:
             self._client.close()
@@ -258,7 +252,11 @@ class StepPublisher:
                 if now - last_log >= LOG_EVERY:
                     last_log = now
                     log.warning("%s; training continues, will retry", error)
-                delay = backoff(_attempt(failures)) if is_transient(exc) else self.config.heartbeat
+                delay = (
+                    backoff(backoff_attempt(failures))
+                    if is_transient(exc)
+                    else self.config.heartbeat
+                )
                 self._stopping.wait(delay)
                 next_beat = self._clock()
         self._finish()
@@ -336,7 +334,7 @@ class StepPublisher:
         self._stored_step = stored
         pending = sorted({int(float(t)) for t in targets})
         with self._stored:
-            self._heard = {t for t in self._heard if t > stored}
+            self._heard_targets = {t for t in self._heard_targets if t > stored}
             self._pending = pending
             self._refresh_threshold()
             self._stored_seq = max(self._stored_seq, seq)
@@ -348,7 +346,7 @@ class StepPublisher:
             # even if a registration was heard first (it would wait a heartbeat).
             self._next_threshold = -1.0
             return
-        candidates = [*self._pending[:1], *self._heard]
+        candidates = [*self._pending[:1], *self._heard_targets]
         self._next_threshold = float(min(candidates)) if candidates else math.inf
         latest = self._latest
         if latest is not None and latest >= self._next_threshold:
@@ -356,48 +354,10 @@ class StepPublisher:
 
     # -- the registration listener -------------------------------------------------
 
-    def _listen(self) -> None:
-        backoff = retry_backoff()
-        failures = 0
-        while not self._stopping.is_set():
-            try:
-                if self._listen_client is None:
-                    self._listen_client = make_client(
-                        self.config, socket_timeout=REGISTRATION_BLOCK + 10
-                    )
-                item = self._listen_client.blpop(
-                    [self._keys.registrations], timeout=REGISTRATION_BLOCK
-                )
-                failures = 0
-            except Exception as exc:
-                if self._stopping.is_set():
-                    break
-                failures += 1
-                permanent = not is_transient(exc) and not isinstance(exc, rex.RedisError)
-                delay = self.config.heartbeat if permanent else backoff(_attempt(failures))
-                self._stopping.wait(min(delay, REGISTRATION_BLOCK))
-                continue
-            if item is None:
-                continue
-            target = parse_int(item[1], low=1)
-            if target is None:
-                log.debug("ignored a malformed registration %r", item[1][:40])
-                continue
-            if target <= self._stored_step:
-                continue  # that waiter reads a step it already has
-            with self._lock:
-                self._heard.add(target)
-                self._refresh_threshold()
-        if self._listen_client is not None:
-            self._listen_client.close()
-
-    def _interrupt_listener(self) -> None:
-        client = self._listen_client
-        if client is not None:
-            # Closing the socket is what ends a BLPOP that is blocked for 30 s.
-            client.connection_pool.disconnect(inuse_connections=True)
-
-
-def _attempt(number: int) -> RetryCallState:
-    """A stand-in for tenacity's call state: its wait strategies read only this."""
-    return cast(RetryCallState, SimpleNamespace(attempt_number=number))
+    def _heard(self, target: int) -> None:
+        """A new waiter registered ``target`` (called by the registration listener)."""
+        if target <= self._stored_step:
+            return  # that waiter reads a step it already has
+        with self._lock:
+            self._heard_targets.add(target)
+            self._refresh_threshold()

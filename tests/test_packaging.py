@@ -19,6 +19,8 @@ CORE = [
     "keys",
     "protocol",
     "publisher",
+    "registrations",
+    "waiter_link",
     "reset",
     "schedule",
     "scripts",

@@ -1,0 +1,89 @@
+"""The chief's ear for new waiters: a thread blocked on the job's registrations list.
+
+A registering waiter pushes its target onto ``stepbarrier:{job}:registrations``;
+this thread's ``BLPOP`` returns at once and hands the target to the publisher,
+so a step a worker waits for is announced the moment it is crossed, even if
+the worker registered after the chief's last write. Idle, it sends one command
+every ``REGISTRATION_BLOCK`` seconds. Losing it costs nothing but speed: every
+write of the publisher also returns the pending targets.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+import redis
+
+from stepbarrier.config import BarrierConfig
+from stepbarrier.connection import backoff, backoff_attempt, is_transient, make_client
+from stepbarrier.protocol import parse_int
+
+log = logging.getLogger("stepbarrier.registrations")
+
+REGISTRATION_BLOCK = 30
+"""Seconds one BLPOP blocks; a new waiter ends it at once."""
+
+
+class RegistrationListener:
+    """Calls ``on_target(step)`` for every target a new waiter registers.
+
+    Args:
+        config: The job's settings.
+        on_target: Called from the listener's thread with each valid target.
+    """
+
+    def __init__(self, config: BarrierConfig, on_target: Callable[[int], None]) -> None:
+        self._config = config
+        self._on_target = on_target
+        self._client: redis.Redis | None = None
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name=f"stepbarrier-registrations-{config.job}", daemon=True
+        )
+
+    def start(self) -> None:
+        """Start listening (in a daemon thread)."""
+        self._thread.start()
+
+    def is_alive(self) -> bool:
+        """True while the thread runs."""
+        return self._thread.is_alive()
+
+    def stop(self, timeout: float = 1.0) -> None:
+        """Stop listening; a BLPOP in progress is cut short by closing its socket."""
+        self._stopping.set()
+        client = self._client
+        if client is not None:
+            client.connection_pool.disconnect(inuse_connections=True)
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        wait = backoff()
+        failures = 0
+        key = self._config.keys.registrations
+        while not self._stopping.is_set():
+            try:
+                if self._client is None:
+                    self._client = make_client(self._config, socket_timeout=REGISTRATION_BLOCK + 10)
+                item = self._client.blpop([key], timeout=REGISTRATION_BLOCK)
+                failures = 0
+            except Exception as exc:
+                if self._stopping.is_set():
+                    break
+                failures += 1
+                # a refusal (ACL, password) will not pass by retrying soon
+                delay = wait(backoff_attempt(failures)) if is_transient(exc) else REGISTRATION_BLOCK
+                self._stopping.wait(delay)
+                continue
+            if item is None:
+                continue
+            target = parse_int(item[1], low=1)
+            if target is None:
+                log.debug("ignored a malformed registration %r", item[1][:40])
+                continue
+            self._on_target(target)
+        if self._client is not None:
+            self._client.close()
