@@ -93,9 +93,10 @@ class StepWaiter:
             timeout logs a warning and returns the last step seen (0 if none).
 
         Raises:
-            BarrierTimeout: The overall or the stall timeout passed.
+            BarrierTimeout: The overall or the stall timeout passed (also when
+                Redis, once reached, stayed unreachable for that long).
             BarrierAborted: The job finished or was reset before the step came.
-            RedisUnavailable: Redis stayed unreachable until a deadline.
+            RedisUnavailable: Redis could not be reached at all before a deadline.
             RedisRefused: Redis refused us (authentication, ACL, TLS).
         """
         target = operator.index(until_step)
