@@ -192,7 +192,7 @@ class StepPublisher:
             timeout: Seconds to keep trying if Redis is unreachable.
 
         Returns:
-            True if the final state reached Redis.
+            True if the final state reached Redis; if not, a warning says why.
         """
         if self._closed:
             return True
@@ -206,6 +206,13 @@ class StepPublisher:
         self._thread.join(max(0.0, deadline - self._clock()) + 1.0)
         self._listener.stop(timeout=1.0)
         ok = self._stored_seq >= self._handed and self.last_error is None
+        if not ok:
+            log.warning(
+                "job %s: the final step %s may not have reached Redis (%s)",
+                self.config.job,
+                self._latest,
+                self.last_error or "timed out",
+            )
         if self._owns_client:
             self._client.close()
         return ok
@@ -286,8 +293,7 @@ class StepPublisher:
             )
         except Exception as exc:
             self.last_failure = translate(exc, self.config, action="publish the final step")
-            self.last_error = str(self.last_failure)
-            log.error("could not publish the final step %s: %s", self._latest, exc)
+            self.last_error = str(self.last_failure)  # close() reports it
 
     def _write(self, *, done: bool) -> None:
         if self._generation_begun != self._generation_wanted:
