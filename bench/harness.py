@@ -13,16 +13,16 @@ import math
 import os
 import platform
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import redis
+
+from stepbarrier.local_cluster import EmbeddedRedis
 
 BENCH_DIR = Path(__file__).resolve().parent
 ROOT = BENCH_DIR.parent
@@ -32,55 +32,33 @@ RESULTS_DIR = BENCH_DIR / "results" / ("quick" if QUICK else "")
 (ignored), so a smoke run never overwrites the published numbers."""
 
 
-def free_port() -> int:
-    """A TCP port that was free a moment ago on 127.0.0.1."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class RedisServer:
-    """One private ``redis-server`` without persistence, on a free loopback port."""
+    """One private ``redis-server`` without persistence, on a free loopback port.
+
+    The demo's ``EmbeddedRedis``, forced to a real ``redis-server`` (fakeredis
+    would measure fakeredis's 10 ms polling, not Redis).
+    """
 
     def __init__(self) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise RuntimeError("redis-server is not installed (`make bench` installs it as root)")
-        self.port = free_port()
-        self.dir = tempfile.mkdtemp(prefix="stepbarrier-bench-redis-")
-        self.process = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self.dir, "--logfile", f"{self.dir}/redis.log"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    break
-            except OSError:
-                if self.process.poll() is not None or time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"redis-server did not start on port {self.port}") from None
-                time.sleep(0.02)
+        self._dir = tempfile.mkdtemp(prefix="stepbarrier-bench-redis-")
+        self._redis = EmbeddedRedis(Path(self._dir), os.environ, kind="redis-server")
+        try:
+            self._redis.start()
+        except BaseException:
+            self.stop()
+            raise
+        self.port = self._redis.port
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return self._redis.url
 
     def client(self) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=self.port)
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
-        shutil.rmtree(self.dir, ignore_errors=True)
+        self._redis.stop()
+        shutil.rmtree(self._dir, ignore_errors=True)
 
     def __enter__(self) -> RedisServer:
         return self
@@ -167,9 +145,13 @@ def machine() -> dict[str, Any]:
     except OSError:
         pass
     try:
-        redis_version = subprocess.run(
-            ["redis-server", "--version"], capture_output=True, text=True, check=False
-        ).stdout.split()[2].removeprefix("v=")
+        redis_version = (
+            subprocess.run(
+                ["redis-server", "--version"], capture_output=True, text=True, check=False
+            )
+            .stdout.split()[2]
+            .removeprefix("v=")
+        )
     except (OSError, IndexError):
         redis_version = "unknown"
     try:

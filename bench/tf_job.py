@@ -42,13 +42,14 @@ from typing import Any
 from harness import (
     RedisServer,
     child_process,
-    free_port,
     load_average,
     ms,
     save,
     stop_process,
     summarize,
 )
+
+from stepbarrier.local_cluster import free_port
 
 PERIODS = (0.01, 0.2)
 """The chief's step periods (seconds) of the wake-latency phases."""
@@ -363,11 +364,13 @@ def main() -> None:
     trials = args.trials if args.trials is not None else 6 if args.quick else 32
     cost = args.cost or ("30,20" if args.quick else "160,25")
     load_before = load_average()
-    cluster = json.dumps({
-        "ps": [f"localhost:{free_port()}"],
-        "chief": [f"localhost:{free_port()}"],
-        "worker": [f"localhost:{free_port()}"],
-    })
+    cluster = json.dumps(
+        {
+            "ps": [f"localhost:{free_port()}"],
+            "chief": [f"localhost:{free_port()}"],
+            "worker": [f"localhost:{free_port()}"],
+        }
+    )
     job = f"tfbench-{uuid.uuid4().hex[:6]}"
     processes: list[Any] = []
     started = time.monotonic()
@@ -376,14 +379,28 @@ def main() -> None:
         try:
             processes.append(child_process("tf_job.py", "--role", "ps", cluster, stdout=None))
             chief = child_process(
-                "tf_job.py", "--role", "chief", cluster, server.url, job, workdir, cost,
+                "tf_job.py",
+                "--role",
+                "chief",
+                cluster,
+                server.url,
+                job,
+                workdir,
+                cost,
                 stdout=None,
             )
             processes.append(chief)
             wait_for(work / "chief-ready", processes, 180)
             worker = child_process(
-                "tf_job.py", "--role", "worker", cluster, server.url, job, workdir,
-                str(trials), stdout=None,
+                "tf_job.py",
+                "--role",
+                "worker",
+                cluster,
+                server.url,
+                job,
+                workdir,
+                str(trials),
+                stdout=None,
             )
             processes.append(worker)
             worker.wait(timeout=60 + trials * 2 * len(PERIODS) * 10)

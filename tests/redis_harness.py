@@ -17,12 +17,7 @@ from pathlib import Path
 
 import redis
 
-
-def free_port() -> int:
-    """A TCP port that was free a moment ago on 127.0.0.1."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from stepbarrier.local_cluster import free_port
 
 
 def redis_binary() -> str:
