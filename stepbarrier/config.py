@@ -13,12 +13,13 @@ import math
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Literal
 from urllib.parse import urlsplit
 
 from stepbarrier.errors import ConfigurationError
 from stepbarrier.keys import JobKeys
+from stepbarrier.protocol import RUN_ID
 from stepbarrier.schedule import MAX_STEP, schedule_wait_until_step, validate_schedule
 
 Role = Literal["chief", "worker"]
@@ -34,6 +35,9 @@ DEFAULT_KEY_TTL = 7 * 24 * 3600
 """Seconds a job's keys live after the chief's last write."""
 DEFAULT_SENTINEL_SERVICE = "mymaster"
 """Sentinel service name when only ``STEPBARRIER_SENTINELS`` is set."""
+DEFAULT_DONE_TTL = 300
+"""Seconds a finished job's keys live after the chief marks it done, so that a
+rerun under the same job name (without a run id) starts clean after that."""
 FALLBACK_INTERVAL = 5.0
 """Seconds between a waiter's re-reads of the stored step (pub/sub is only a hint)."""
 
@@ -61,6 +65,9 @@ ENVIRONMENT_VARIABLES: tuple[str, ...] = (
     "STEPBARRIER_ON_TIMEOUT",
     "STEPBARRIER_HEARTBEAT",
     "STEPBARRIER_KEY_TTL",
+    "STEPBARRIER_RUN_ID",
+    "STEPBARRIER_DONE_TTL",
+    "STEPBARRIER_PROGRESS_TIMEOUT",
 )
 
 
@@ -97,6 +104,17 @@ def validate_job(job: str, *, variable: str = "STEPBARRIER_JOB") -> str:
     return job
 
 
+def validate_run_id(run_id: str, *, variable: str = "STEPBARRIER_RUN_ID") -> str:
+    """Return ``run_id`` if it is a valid run id, else raise ``ConfigurationError``."""
+    if not isinstance(run_id, str) or RUN_ID.fullmatch(run_id) is None:
+        raise ConfigurationError(
+            f"{variable} must be 1 to 64 characters from letters, digits, '.', '_' "
+            f"and '-', got {str(run_id)[:80]!r}",
+            variable=variable,
+        )
+    return run_id
+
+
 @dataclass(frozen=True)
 class BarrierConfig:
     """Settings for a chief, a worker or an operator tool of one job.
@@ -129,9 +147,17 @@ class BarrierConfig:
     heartbeat: float = DEFAULT_HEARTBEAT
     key_ttl: int = DEFAULT_KEY_TTL
     fallback_interval: float = FALLBACK_INTERVAL
+    run_id: str | None = None
+    done_ttl: int = DEFAULT_DONE_TTL
+    progress_timeout: float | None = None
 
     def __post_init__(self) -> None:
         validate_job(self.job, variable="job")
+        if self.run_id is not None:
+            validate_run_id(self.run_id, variable="run_id")
+        _check_int(self.done_ttl, "done_ttl", low=1, high=10 * 365 * 24 * 3600)
+        if self.progress_timeout is not None:
+            _check_seconds(self.progress_timeout, "progress_timeout")
         _check_url(self.redis_url, "redis_url")
         if self.role not in (None, "chief", "worker"):
             raise ConfigurationError(
@@ -165,6 +191,18 @@ class BarrierConfig:
                 "tls_cert_file and tls_key_file go together: set both or neither",
                 variable="tls_cert_file",
             )
+
+    def __repr__(self) -> str:
+        # never the password, whether it came in the URL or on its own
+        shown = []
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if item.name == "redis_url":
+                value = self.safe_url
+            elif item.name == "redis_password" and value is not None:
+                value = "***"
+            shown.append(f"{item.name}={value!r}")
+        return f"BarrierConfig({', '.join(shown)})"
 
     @property
     def keys(self) -> JobKeys:

@@ -9,11 +9,17 @@ description of the problem, never an exception.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
 MAX_STEP = 2**53
 """Largest step (and generation) carried exactly through Lua's doubles."""
+
+RUN_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+"""What a run id may be (``STEPBARRIER_RUN_ID``)."""
+
+_STORED_NUMBER = re.compile(r"-?[0-9]{1,16}")
 
 
 @dataclass(frozen=True)
@@ -24,6 +30,7 @@ class StepAnnouncement:
     generation: int | None
     done: bool
     reset: bool
+    run_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -37,6 +44,12 @@ class ChiefState:
         heartbeat_ms: Redis time (ms) of the chief's last write.
         chief: ``host:pid`` of the chief that wrote it.
         problem: Description of malformed content, if any.
+        run_id: The run id of the chief that wrote it (``None``: no run id).
+        published_ms: Redis time (ms) at which a training loop last handed over
+            the step (``None`` if an older chief did not say).
+        heartbeat_period_ms: The chief's own heartbeat period (ms), if stored.
+        confirm_ms: How long after ``published_ms`` the step vouches for itself.
+        done_ms: Redis time (ms) at which the job was marked finished.
     """
 
     step: int | None
@@ -45,6 +58,11 @@ class ChiefState:
     heartbeat_ms: int | None
     chief: str | None
     problem: str | None = None
+    run_id: str | None = None
+    published_ms: int | None = None
+    heartbeat_period_ms: int | None = None
+    confirm_ms: int | None = None
+    done_ms: int | None = None
 
     @classmethod
     def empty(cls, problem: str | None = None) -> ChiefState:
@@ -62,19 +80,34 @@ def _to_text(raw: object) -> str | None:
 
 
 def parse_int(raw: object, *, low: int = 0, high: int = MAX_STEP) -> int | None:
-    """``raw`` (bytes, str or int) as an integer in ``[low, high]``, else ``None``."""
+    """``raw`` (bytes, str or int) as an integer in ``[low, high]``, else ``None``.
+
+    A stored number is 1 to 16 ASCII digits (a ``-`` only where ``low`` is
+    negative): no space, ``+``, exponent, hex or underscore. The Lua scripts'
+    ``whole()`` reads stored numbers by the same rule.
+    """
     if isinstance(raw, bool):
         return None
     if isinstance(raw, int):
-        value: int | None = raw
+        value = raw
     else:
         text = _to_text(raw)
-        if text is None or not text.strip().lstrip("-").isdigit() or len(text) > 20:
+        if text is None or _STORED_NUMBER.fullmatch(text) is None:
             return None
-        value = int(text.strip())
-    if value is None or not low <= value <= high:
+        if text.startswith("-") and low >= 0:
+            return None
+        value = int(text)
+    if not low <= value <= high:
         return None
     return value
+
+
+def parse_run_id(raw: object) -> str | None:
+    """A stored run id, or ``None`` for none (empty) or a malformed one."""
+    text = _to_text(raw)
+    if text is None or RUN_ID.fullmatch(text) is None:
+        return None
+    return text
 
 
 def parse_state(raw: object) -> ChiefState:
@@ -99,8 +132,27 @@ def parse_state(raw: object) -> ChiefState:
     if step is None or generation is None:
         # a step without its generation cannot be trusted, nor the other way round
         return ChiefState(None, None, False, heartbeat_ms, chief, problem)
+    run_raw = fields.get("run_id")
+    run_id = parse_run_id(run_raw)
+    if run_raw not in (None, b"", "") and run_id is None:
+        # content we cannot attribute to a run is trusted by no run
+        prefix = problem + ", " if problem else "malformed state: "
+        problem = prefix + f"run_id={_preview(run_raw)}"
+        return ChiefState(None, None, False, heartbeat_ms, chief, problem)
     done = _to_text(fields.get("done")) == "1"
-    return ChiefState(step, generation, done, heartbeat_ms, chief, problem)
+    return ChiefState(
+        step,
+        generation,
+        done,
+        heartbeat_ms,
+        chief,
+        problem,
+        run_id=run_id,
+        published_ms=parse_int(fields.get("published_ms")),
+        heartbeat_period_ms=parse_int(fields.get("heartbeat_period_ms"), low=1),
+        confirm_ms=parse_int(fields.get("confirm_ms"), low=1),
+        done_ms=parse_int(fields.get("done_ms")),
+    )
 
 
 def parse_announcement(raw: object) -> StepAnnouncement | None:
@@ -124,7 +176,11 @@ def parse_announcement(raw: object) -> StepAnnouncement | None:
     step_value, generation_value = parse_int(step), parse_int(generation)
     if step_value is None or generation_value is None or not isinstance(done, bool):
         return None
-    return StepAnnouncement(step_value, generation_value, done, False)
+    run_raw = data.get("run_id", "")
+    run_id = parse_run_id(run_raw)
+    if not isinstance(run_raw, str) or (run_raw and run_id is None):
+        return None
+    return StepAnnouncement(step_value, generation_value, done, False, run_id)
 
 
 def _preview(raw: object) -> str:

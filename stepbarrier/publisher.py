@@ -9,6 +9,10 @@ Redis-time heartbeat, TTLs) and once per crossed threshold, whatever the step
 rate: the thresholds are the targets registered by waiting workers, returned by
 every write, and pushed to a second thread the moment a new worker registers.
 Outages are retried with backoff; the latest step is written once Redis is back.
+
+Each write also says how long ago the training loop last handed the step over.
+A step that no loop has confirmed for longer than its confirmation window (a
+chief recovering its session, say) releases no newly arriving worker.
 """
 
 from __future__ import annotations
@@ -36,15 +40,17 @@ from stepbarrier.connection import (
     translate,
 )
 from stepbarrier.errors import StepBarrierError
+from stepbarrier.freshness import confirm_window
 from stepbarrier.protocol import MAX_STEP
 from stepbarrier.registrations import RegistrationListener
+from stepbarrier.step_write import StepWrite, StepWriter, WriteResult
 
 log = logging.getLogger("stepbarrier.publisher")
 
-MAX_TARGETS = 256
-"""How many pending targets (lowest first) each write brings back to the chief."""
 LOG_EVERY = 30.0
 """Seconds between repeated log lines about the same outage."""
+STEP_TIME_SMOOTHING = 0.2
+"""Weight of the newest gap in the running mean of the time between two publishes."""
 
 
 class StepPublisher:
@@ -55,6 +61,11 @@ class StepPublisher:
         client: A redis-py client to use; one is made from ``config`` if omitted
             (and then closed by ``close``).
         clock: Monotonic clock (injectable for tests).
+        contributor: Publish as a training worker rather than as the chief: only
+            raise the step of the chief's current generation (in asynchronous
+            parameter-server training every worker moves the global step, and
+            the job goes on after the chief's session ends), never start a
+            generation, never mark the job finished.
 
     Example:
         >>> with StepPublisher(BarrierConfig(job="demo")) as publisher:  # doctest: +SKIP
@@ -69,30 +80,35 @@ class StepPublisher:
         client: redis.Redis | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
+        contributor: bool = False,
     ) -> None:
         self.config = config
-        self._keys = config.keys
+        self.contributor = contributor
         self._owns_client = client is None
         self._client = client if client is not None else make_client(config)
         self._clock = clock
-        self._chief = f"{socket.gethostname()}:{os.getpid()}"[:200]
-        self._publish_script = self._client.register_script(scripts.PUBLISH_STEP)
-        self._begin_script = self._client.register_script(scripts.BEGIN_GENERATION)
+        chief = f"{socket.gethostname()}:{os.getpid()}"[:200]
+        self._writer = StepWriter(self._client, config, chief, contributor=contributor)
         # Shared with the training thread: plain attribute reads and writes only.
         self._latest: int | None = None
         self._handed = 0
+        self._handed_at = clock()
+        self._step_time: float | None = None
         self._next_threshold: float = -1.0
         # Owned by the background threads.
         self._lock = threading.Lock()
         self._stored = threading.Condition(self._lock)
         self._stored_seq = 0
-        self._pending: list[int] = []
+        self._refusals = 0
+        self._pending: tuple[int, ...] = ()
         self._stored_step = -1
         self._heard_targets: set[int] = set()
         self._generation: int | None = None
+        self._epoch = 0
         self._generation_wanted = 1
         self._generation_begun = 0
-        self._superseded = False
+        self._ignore_until_handed = 0
+        self._ended: str | None = None  # "superseded" or "reset": this writer is done for good
         self._final_done: bool | None = None
         self._close_deadline = math.inf
         self._closed = False
@@ -101,16 +117,17 @@ class StepPublisher:
         self.writes = 0
         """Number of successful writes to Redis (for tests and benchmarks)."""
         self.last_error: str | None = None
-        """The most recent Redis error as one clear line, ``None`` after a successful write."""
+        """The most recent error as one clear line, ``None`` after a successful write."""
         self.last_failure: StepBarrierError | None = None
         """The most recent Redis error (``RedisRefused``, ``RedisUnavailable``), or ``None``
         after a successful write; after ``close``, why its final write failed."""
         self._thread = threading.Thread(
             target=self._run, name=f"stepbarrier-publisher-{config.job}", daemon=True
         )
-        self._listener = RegistrationListener(config, self._heard)
+        self._listener = None if contributor else RegistrationListener(config, self._heard)
         self._thread.start()
-        self._listener.start()
+        if self._listener is not None:
+            self._listener.start()
 
     @classmethod
     def from_env(cls) -> StepPublisher:
@@ -133,6 +150,11 @@ class StepPublisher:
         value = operator.index(step)
         if not 0 <= value <= MAX_STEP:
             raise ValueError(f"step must be from 0 to 2**53, got {value}")
+        now = self._clock()
+        gap = now - self._handed_at
+        mean = self._step_time
+        self._step_time = gap if mean is None else mean + STEP_TIME_SMOOTHING * (gap - mean)
+        self._handed_at = now
         self._latest = value
         self._handed += 1
         if value >= self._next_threshold:
@@ -142,31 +164,45 @@ class StepPublisher:
     def next_threshold(self) -> float:
         """The lowest step a registered worker still waits for (``inf`` if none).
 
-        Integrations whose step value may lag by one (TensorFlow fetches the
-        global step from before the run in flight) check this to confirm the
-        true step only when it matters: once per crossed threshold.
+        Integrations whose step value may lag (TensorFlow fetches the global
+        step from before the run in flight) check this to confirm the true
+        step only when it matters. ``-1`` until the first write of a generation
+        got through: that write goes out with the next ``publish``.
         """
         return self._next_threshold
+
+    @property
+    def active(self) -> bool:
+        """False once a newer chief took the job over or the job was reset."""
+        return self._ended is None
+
+    @property
+    def step_time(self) -> float | None:
+        """Running mean of the seconds between two ``publish`` calls (``None`` before two)."""
+        return self._step_time
 
     def new_generation(self) -> None:
         """Start a new chief generation (after a restart or a checkpoint restore).
 
         The next ``publish`` replaces the stored step, even with a lower value, so
-        waiters follow the real step rather than a stale maximum.
+        waiters follow the real step rather than a stale maximum. A write already
+        on its way under the old generation no longer counts for ``flush``.
         """
         with self._lock:
             self._latest = None
             self._stored_step = -1
             self._next_threshold = -1.0
-            self._generation_wanted += 1
-            self._superseded = False
+            self._heard_targets = set()
+            if not self.contributor:
+                self._generation_wanted += 1
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until the last handed-over step is stored in Redis.
 
         Returns:
             True if it was stored within ``timeout`` seconds; False at once if a
-            newer chief generation has taken the job over.
+            newer chief generation has taken the job over, the job was reset, or
+            Redis refused a write (a wrong password, an ACL) while waiting.
         """
         wanted = self._handed
         if self._latest is None:
@@ -174,11 +210,17 @@ class StepPublisher:
         deadline = None if timeout is None else self._clock() + timeout
         self._wake.set()
         with self._stored:
+            refusals = self._refusals
             while self._stored_seq < wanted:
                 remaining = None if deadline is None else deadline - self._clock()
                 expired = remaining is not None and remaining <= 0
-                if expired or self._superseded or not self._thread.is_alive():
-                    return False  # a newer chief owns the job: this step will never be stored
+                if (
+                    expired
+                    or self._ended is not None
+                    or self._refusals != refusals
+                    or not self._thread.is_alive()
+                ):
+                    return False
                 self._wake.set()
                 self._stored.wait(0.05 if remaining is None else min(remaining, 0.05))
         return True
@@ -188,25 +230,27 @@ class StepPublisher:
 
         Args:
             done: Mark the job finished: workers still waiting for a step that has
-                not come are aborted at once (``BarrierAborted``).
+                not come are aborted at once (``BarrierAborted``). Ignored by a
+                contributor.
             timeout: Seconds to keep trying if Redis is unreachable.
 
         Returns:
-            True if the final state reached Redis; if not, a warning says why.
+            True if the final state reached Redis; if not, a warning says why
+            (nothing is said by a writer that a newer chief or a reset ended).
         """
         if self._closed:
             return True
         self._closed = True
         deadline = self._clock() + timeout
         self._close_deadline = deadline
-        self._final_done = done
+        self._final_done = done and not self.contributor
         self._stopping.set()
         self._wake.set()
-        self._listener.stop(timeout=0.0)
+        self._stop_listener(0.0)
         self._thread.join(max(0.0, deadline - self._clock()) + 1.0)
-        self._listener.stop(timeout=1.0)
-        ok = self._stored_seq >= self._handed and self.last_error is None
-        if not ok:
+        self._stop_listener(1.0)
+        ok = self._ended is None and self._stored_seq >= self._handed and self.last_error is None
+        if not ok and self._ended is None and self._latest is not None:
             log.warning(
                 "job %s: the final step %s may not have reached Redis (%s)",
                 self.config.job,
@@ -215,7 +259,7 @@ class StepPublisher:
             )
         if self._owns_client:
             self._client.close()
-        return ok
+        return ok or (self._latest is None and self._ended is None)
 
     def __enter__(self) -> StepPublisher:
         return self
@@ -236,37 +280,53 @@ class StepPublisher:
         failures = 0
         last_log = -math.inf
         backoff = retry_backoff()
-        while not self._stopping.is_set():
+        while not self._stopping.is_set() and self._ended is None:
             self._wake.wait(max(0.0, next_beat - self._clock()))
             self._wake.clear()
             if self._stopping.is_set():
                 break
-            if self._latest is None or self._superseded:
+            if self._latest is None:
                 next_beat = self._clock() + self.config.heartbeat
                 continue
             try:
-                self._write(done=False)
+                wrote = self._write(done=False)
                 if failures:
                     log.info("Redis is back; published step %s", self._latest)
                 failures = 0
                 next_beat = self._clock() + self.config.heartbeat
-                self._forget_stale_wake()
+                if wrote:
+                    self._forget_stale_wake()
             except Exception as exc:  # the chief must never die of a Redis problem
                 failures += 1
-                error = translate(exc, self.config, action="publish the step")
-                self.last_failure, self.last_error = error, str(error)
+                transient = self._note_failure(exc)
                 now = self._clock()
                 if now - last_log >= LOG_EVERY:
                     last_log = now
-                    log.warning("%s; training continues, will retry", error)
-                delay = (
-                    backoff(backoff_attempt(failures))
-                    if is_transient(exc)
-                    else self.config.heartbeat
-                )
+                    log.warning("%s; training continues, will retry", self.last_error)
+                delay = backoff(backoff_attempt(failures)) if transient else self.config.heartbeat
                 self._stopping.wait(delay)
                 next_beat = self._clock()
+        if self._ended is not None:
+            self._stop_listener(1.0)
         self._finish()
+
+    def _note_failure(self, exc: BaseException) -> bool:
+        """Record why a write failed; True if a retry may cure it."""
+        if not isinstance(exc, (redis.RedisError, OSError)):
+            # our own bug, not Redis: say so, with the traceback, and keep training
+            log.error("job %s: internal error while publishing", self.config.job, exc_info=exc)
+            self.last_failure = None
+            self.last_error = f"internal error: {type(exc).__name__}: {exc}"
+            transient = False
+        else:
+            error = translate(exc, self.config, action="publish the step")
+            self.last_failure, self.last_error = error, str(error)
+            transient = is_transient(exc)
+        if not transient:
+            with self._stored:
+                self._refusals += 1
+                self._stored.notify_all()
+        return transient
 
     def _forget_stale_wake(self) -> None:
         # Every publish() between crossing a threshold and this write's new
@@ -279,7 +339,7 @@ class StepPublisher:
             self._wake.set()
 
     def _finish(self) -> None:
-        if self._latest is None or self._superseded or self._final_done is None:
+        if self._latest is None or self._ended is not None or self._final_done is None:
             return
         done = self._final_done
         try:
@@ -292,59 +352,96 @@ class StepPublisher:
                 sleep=time.sleep,
             )
         except Exception as exc:
-            self.last_failure = translate(exc, self.config, action="publish the final step")
-            self.last_error = str(self.last_failure)  # close() reports it
+            self._note_failure(exc)  # close() reports it
 
-    def _write(self, *, done: bool) -> None:
-        if self._generation_begun != self._generation_wanted:
+    def _write(self, *, done: bool) -> bool:
+        """One write; False if there was nothing (new) to write."""
+        with self._lock:
             wanted = self._generation_wanted
-            self._generation = int(self._begin_script(keys=[self._keys.state]))
-            self._generation_begun = wanted
-            log.info("job %s: chief generation %d begins", self.config.job, self._generation)
-        step, seq, generation = self._latest, self._handed, self._generation
-        if step is None or generation is None:
-            return
-        keys = self._keys
-        reply = self._publish_script(
-            keys=[keys.state, keys.targets, keys.reset],
-            args=[
-                generation,
-                step,
-                1 if done else 0,
-                self.config.key_ttl,
-                keys.channel,
-                self._chief,
-                MAX_TARGETS,
-                keys.waiter_prefix,
-            ],
-        )
-        accepted, stored_step, stored_generation, repaired, *targets = reply
+            needs_generation = not self.contributor and self._generation_begun != wanted
+        if needs_generation:
+            generation = self._writer.begin_generation()
+            with self._lock:
+                if self._generation_wanted != wanted:
+                    return False  # yet another generation was asked for meanwhile
+                self._generation, self._generation_begun = generation, wanted
+                self._epoch = self._epoch or generation
+            log.info("job %s: chief generation %d begins", self.config.job, generation)
+        with self._lock:
+            step, seq = self._latest, self._handed
+            if step is None or seq <= self._ignore_until_handed:
+                return False
+            values = StepWrite(
+                generation=self._generation or 0,
+                step=step,
+                done=done,
+                publish_age=max(0.0, self._clock() - self._handed_at),
+                confirm_window=confirm_window(self.config.heartbeat, self._step_time),
+                epoch=self._epoch,
+            )
+        result = self._writer.write(values)
         self.writes += 1
         self.last_error = None
         self.last_failure = None
-        if int(repaired):
+        if result.repaired:
             log.warning("job %s: replaced malformed content in its state keys", self.config.job)
-        if not int(accepted):
-            self._superseded = True
-            log.warning(
-                "job %s: a newer chief (generation %s) has taken over; this chief "
-                "(generation %s) stops publishing",
-                self.config.job,
-                stored_generation.decode()
-                if isinstance(stored_generation, bytes)
-                else stored_generation,
-                self._generation,
-            )
-            return
-        stored = int(stored_step)
-        self._stored_step = stored
-        pending = sorted({int(float(t)) for t in targets})
         with self._stored:
-            self._heard_targets = {t for t in self._heard_targets if t > stored}
-            self._pending = pending
-            self._refresh_threshold()
-            self._stored_seq = max(self._stored_seq, seq)
-            self._stored.notify_all()
+            if self._generation_wanted != wanted:
+                # new_generation() came while this write was on its way: its
+                # results describe the old generation and must not count
+                self._wake.set()
+                return False
+            return self._apply(result, seq)
+
+    def _apply(self, result: WriteResult, seq: int) -> bool:
+        """Take in a write's reply (holding the lock)."""
+        if result.status == scripts.SUPERSEDED:
+            self._end(
+                "superseded",
+                f"a newer chief (generation {result.stored_generation}) has taken over; this "
+                f"chief (generation {self._generation}) stops publishing",
+            )
+            return False
+        if result.status == scripts.WAS_RESET:
+            self._end(
+                "reset",
+                "the job was reset (stepbarrier reset) after this chief began; it stops "
+                "publishing and waiting workers abort. Start a new chief to run the job again",
+            )
+            return False
+        if result.status == scripts.NOTHING_TO_JOIN:
+            return False  # no live chief state of this run yet: try again next heartbeat
+        if result.status == scripts.REJOIN:
+            # steps handed over before we learnt of the new generation may have
+            # been read before the chief restored an older checkpoint: drop them
+            self._generation = result.stored_generation or 0
+            self._epoch = self._epoch or (result.stored_generation or 0)
+            self._ignore_until_handed = self._handed
+            self._stored_step = -1
+            self._wake.set()
+            return False
+        stored = -1 if result.stored_step is None else result.stored_step
+        self._stored_step = stored
+        self._heard_targets = {t for t in self._heard_targets if t > stored}
+        self._pending = result.targets
+        self._refresh_threshold()
+        self._stored_seq = max(self._stored_seq, seq)
+        self._stored.notify_all()
+        return True
+
+    def _end(self, why: str, message: str) -> None:
+        if self._ended is None:
+            self._ended = why
+            self.last_error = message
+            level = logging.ERROR if why == "reset" else logging.WARNING
+            log.log(level, "job %s: %s", self.config.job, message)
+        self._next_threshold = math.inf
+        self._stored.notify_all()
+        self._wake.set()
+
+    def _stop_listener(self, timeout: float) -> None:
+        if self._listener is not None:
+            self._listener.stop(timeout=timeout)
 
     def _refresh_threshold(self) -> None:
         if self._stored_step < 0:
@@ -362,7 +459,7 @@ class StepPublisher:
 
     def _heard(self, target: int) -> None:
         """A new waiter registered ``target`` (called by the registration listener)."""
-        if target <= self._stored_step:
+        if target <= self._stored_step or self._ended is not None:
             return  # that waiter reads a step it already has
         with self._lock:
             self._heard_targets.add(target)

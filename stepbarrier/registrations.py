@@ -11,19 +11,23 @@ write of the publisher also returns the pending targets.
 from __future__ import annotations
 
 import logging
+import math
 import threading
+import time
 from collections.abc import Callable
 
 import redis
 
 from stepbarrier.config import BarrierConfig
-from stepbarrier.connection import backoff, backoff_attempt, is_transient, make_client
+from stepbarrier.connection import backoff, backoff_attempt, is_transient, make_client, translate
 from stepbarrier.protocol import parse_int
 
 log = logging.getLogger("stepbarrier.registrations")
 
 REGISTRATION_BLOCK = 30
 """Seconds one BLPOP blocks; a new waiter ends it at once."""
+LOG_EVERY = 60.0
+"""Seconds between repeated log lines about the listener's failures."""
 
 
 class RegistrationListener:
@@ -37,7 +41,8 @@ class RegistrationListener:
     def __init__(self, config: BarrierConfig, on_target: Callable[[int], None]) -> None:
         self._config = config
         self._on_target = on_target
-        self._client: redis.Redis | None = None
+        # made now (it connects lazily), so that stop() can always cut its BLPOP
+        self._client: redis.Redis = make_client(config, socket_timeout=REGISTRATION_BLOCK + 10)
         self._stopping = threading.Event()
         self._thread = threading.Thread(
             target=self._run, name=f"stepbarrier-registrations-{config.job}", daemon=True
@@ -52,38 +57,51 @@ class RegistrationListener:
         return self._thread.is_alive()
 
     def stop(self, timeout: float = 1.0) -> None:
-        """Stop listening; a BLPOP in progress is cut short by closing its socket."""
+        """Stop listening; a BLPOP in progress is cut short by closing its socket.
+
+        The socket is closed again until the thread has gone, so a BLPOP that
+        started just after a close cannot outlive ``stop`` by its 30 s block.
+        """
         self._stopping.set()
-        client = self._client
-        if client is not None:
-            client.connection_pool.disconnect(inuse_connections=True)
-        if self._thread.is_alive():
-            self._thread.join(timeout)
+        deadline = time.monotonic() + timeout
+        while True:
+            self._client.connection_pool.disconnect(inuse_connections=True)
+            remaining = deadline - time.monotonic()
+            if not self._thread.is_alive() or remaining <= 0:
+                return
+            self._thread.join(min(remaining, 0.05))
 
     def _run(self) -> None:
         wait = backoff()
         failures = 0
+        last_log = -math.inf
         key = self._config.keys.registrations
-        while not self._stopping.is_set():
-            try:
-                if self._client is None:
-                    self._client = make_client(self._config, socket_timeout=REGISTRATION_BLOCK + 10)
-                item = self._client.blpop([key], timeout=REGISTRATION_BLOCK)
-                failures = 0
-            except Exception as exc:
-                if self._stopping.is_set():
-                    break
-                failures += 1
-                # a refusal (ACL, password) will not pass by retrying soon
-                delay = wait(backoff_attempt(failures)) if is_transient(exc) else REGISTRATION_BLOCK
-                self._stopping.wait(delay)
-                continue
-            if item is None:
-                continue
-            target = parse_int(item[1], low=1)
-            if target is None:
-                log.debug("ignored a malformed registration %r", item[1][:40])
-                continue
-            self._on_target(target)
-        if self._client is not None:
+        try:
+            while not self._stopping.is_set():
+                try:
+                    item = self._client.blpop([key], timeout=REGISTRATION_BLOCK)
+                    failures = 0
+                except Exception as exc:
+                    if self._stopping.is_set():
+                        break
+                    failures += 1
+                    if time.monotonic() - last_log >= LOG_EVERY:
+                        last_log = time.monotonic()
+                        error = translate(exc, self._config, action="hear new waiters")
+                        log.warning(
+                            "%s; new waiters are heard at the chief's next write instead", error
+                        )
+                    # a refusal (ACL, password) will not pass by retrying soon
+                    transient = is_transient(exc)
+                    delay = wait(backoff_attempt(failures)) if transient else REGISTRATION_BLOCK
+                    self._stopping.wait(delay)
+                    continue
+                if item is None:
+                    continue
+                target = parse_int(item[1], low=1)
+                if target is None:
+                    log.debug("ignored a malformed registration %r", item[1][:40])
+                    continue
+                self._on_target(target)
+        finally:
             self._client.close()

@@ -10,10 +10,16 @@ from __future__ import annotations
 
 _WHOLE = """
 local function whole(text)
-  -- a stored number is trusted only if it is a whole number in [0, 2^53]
+  -- One definition of a stored number, the same as Python's protocol.parse_int:
+  -- 1 to 16 ASCII digits (no sign, space, exponent or hex), at most 2^53.
+  if type(text) ~= 'string' or #text > 16 or not string.match(text, '^%d+$') then return nil end
   local n = tonumber(text)
-  if n and n >= 0 and n <= 9007199254740992 and n == math.floor(n) then return n end
+  if n and n <= 9007199254740992 then return n end
   return nil
+end
+local function now_ms()
+  local now = redis.call('TIME')
+  return tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 end
 """
 
@@ -34,21 +40,51 @@ return string.format('%.0f', generation)
 """
 )
 
+ACCEPTED = 1
+"""PUBLISH_STEP reply status: the write was applied."""
+SUPERSEDED = 0
+"""PUBLISH_STEP reply status: a newer chief generation owns the job."""
+WAS_RESET = 2
+"""PUBLISH_STEP reply status: the job was reset after this chief began."""
+NOTHING_TO_JOIN = 3
+"""PUBLISH_STEP reply status (contributor): no live state of this run to add to."""
+REJOIN = 4
+"""PUBLISH_STEP reply status (contributor): the state has another generation now."""
+
 PUBLISH_STEP = (
     _WHOLE
     + """
 -- KEYS[1] state hash, KEYS[2] targets zset, KEYS[3] reset marker
 -- ARGV[1] generation, ARGV[2] step, ARGV[3] done (0/1), ARGV[4] key TTL (s),
 -- ARGV[5] channel, ARGV[6] chief description, ARGV[7] max targets to return,
--- ARGV[8] prefix of the waiters' registry keys (same hash tag)
--- Stores the step if it is greater (same generation) or replaces it (newer
--- generation), refreshes the heartbeat and TTLs, announces a change on the
--- channel, and returns what the chief needs to decide its next write:
---   {accepted (1) or stale generation (0), stored step, stored generation,
---    repaired (1 if malformed state was replaced), pending targets...}
+-- ARGV[8] prefix of the waiters' registry keys (same hash tag), ARGV[9] run id
+-- ('' for none), ARGV[10] ms since the training loop last handed over the step,
+-- ARGV[11] the writer's heartbeat period (ms), ARGV[12] how long (ms) a handed
+-- step vouches for itself, ARGV[13] TTL (s) of a finished job's keys,
+-- ARGV[14] the writer's first generation (a reset after it refuses the writer),
+-- ARGV[15] 'chief' or 'contributor' (a training worker adding its step).
+-- A chief stores the step if it is greater (same generation) or replaces it
+-- (newer generation); a contributor only raises the step of the generation it
+-- joined. Either refreshes the heartbeat and TTLs, announces a change, and
+-- returns what the writer needs for its next write:
+--   {status, stored step, stored generation, repaired (0/1), pending targets...}
+-- status: 1 accepted, 0 superseded, 2 reset after the writer began,
+--         3 nothing to join (contributor), 4 rejoin (contributor: new generation)
 local generation = tonumber(ARGV[1])
 local step = tonumber(ARGV[2])
+local run_id = ARGV[9]
+local contributor = ARGV[15] == 'contributor'
+if #run_id > 64 or not string.match(run_id, '^[%w._-]*$') then
+  return redis.error_reply('ERR stepbarrier: malformed run id')
+end
+local now = now_ms()
 local repaired = 0
+local reset_ms = nil
+if redis.call('TYPE', KEYS[3]).ok == 'string' then reset_ms = whole(redis.call('GET', KEYS[3])) end
+local epoch = tonumber(ARGV[14])
+if reset_ms and epoch > 0 and reset_ms * 1000 >= epoch then
+  return {2, '-1', '0', 0}
+end
 local kind = redis.call('TYPE', KEYS[1]).ok
 if kind ~= 'hash' and kind ~= 'none' then
   redis.call('DEL', KEYS[1]); repaired = 1
@@ -59,37 +95,67 @@ if kind ~= 'zset' and kind ~= 'none' then
 end
 local stored_gen = whole(redis.call('HGET', KEYS[1], 'generation'))
 local stored_step = whole(redis.call('HGET', KEYS[1], 'step'))
+local stored_run = redis.call('HGET', KEYS[1], 'run_id') or ''
+local was_done = redis.call('HGET', KEYS[1], 'done') == '1'
 if stored_gen == nil or stored_step == nil then
-  -- nothing trustworthy is stored (no state, or malformed): this chief's step replaces it
+  -- nothing trustworthy is stored (no state, or malformed)
   if redis.call('EXISTS', KEYS[1]) == 1 then repaired = 1 end
   stored_gen = 0
   stored_step = nil
 end
-if stored_gen > generation then
-  return {0, string.format('%.0f', stored_step or -1), string.format('%.0f', stored_gen), repaired}
-end
 local changed = false
-if stored_gen < generation or stored_step == nil then
-  redis.call('DEL', KEYS[1])
-  redis.call('HSET', KEYS[1], 'generation', string.format('%.0f', generation),
-             'step', string.format('%.0f', step), 'done', '0')
-  redis.call('DEL', KEYS[3])
-  stored_step = step
-  changed = true
-elseif step > stored_step then
-  redis.call('HSET', KEYS[1], 'step', string.format('%.0f', step))
-  stored_step = step
-  changed = true
+if contributor then
+  if stored_step == nil or was_done or stored_run ~= run_id then
+    return {3, '-1', '0', repaired}
+  end
+  if stored_gen ~= generation then
+    return {4, string.format('%.0f', stored_step), string.format('%.0f', stored_gen), repaired}
+  end
+  if step > stored_step then
+    redis.call('HSET', KEYS[1], 'step', string.format('%.0f', step))
+    stored_step = step
+    changed = true
+  end
+else
+  if stored_gen > generation then
+    return {0, string.format('%.0f', stored_step or -1),
+            string.format('%.0f', stored_gen), repaired}
+  end
+  if stored_gen < generation or stored_step == nil then
+    redis.call('DEL', KEYS[1])
+    redis.call('HSET', KEYS[1], 'generation', string.format('%.0f', generation),
+               'step', string.format('%.0f', step), 'done', '0', 'run_id', run_id)
+    stored_step = step
+    was_done = false
+    changed = true
+  elseif step > stored_step then
+    redis.call('HSET', KEYS[1], 'step', string.format('%.0f', step))
+    stored_step = step
+    changed = true
+  end
+  if ARGV[3] == '1' and not was_done then
+    redis.call('HSET', KEYS[1], 'done', '1', 'done_ms', string.format('%.0f', now))
+    was_done = true
+    changed = true
+  end
+  redis.call('HSET', KEYS[1], 'chief', ARGV[6], 'heartbeat_period_ms', ARGV[11],
+             'confirm_ms', ARGV[12])
 end
-if ARGV[3] == '1' and redis.call('HGET', KEYS[1], 'done') ~= '1' then
-  redis.call('HSET', KEYS[1], 'done', '1')
-  changed = true
+-- the step was last handed over by the training loop this long ago: a step that
+-- no loop has confirmed lately (a chief recovering its session) releases nobody
+-- (the chief says when its loop last did; a contributor can only make it later)
+local published = now - tonumber(ARGV[10])
+local stored_published = whole(redis.call('HGET', KEYS[1], 'published_ms'))
+if not contributor or stored_published == nil or published > stored_published then
+  redis.call('HSET', KEYS[1], 'published_ms', string.format('%.0f', published))
 end
-local now = redis.call('TIME')
-local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-redis.call('HSET', KEYS[1], 'heartbeat_ms', string.format('%.0f', now_ms), 'chief', ARGV[6])
-redis.call('EXPIRE', KEYS[1], ARGV[4])
+redis.call('HSET', KEYS[1], 'heartbeat_ms', string.format('%.0f', now))
+-- a finished job's keys go soon, so that a rerun under the same name starts clean
+local ttl = tonumber(ARGV[4])
+if was_done and tonumber(ARGV[13]) < ttl then ttl = tonumber(ARGV[13]) end
+redis.call('EXPIRE', KEYS[1], ttl)
 local step_text = string.format('%.0f', stored_step)
+local gen_text = string.format('%.0f', stored_gen > generation and stored_gen or generation)
 if changed then
   -- waiters at or below the stored step are released by this announcement:
   -- their registry entries go here, so that a released worker need not
@@ -97,16 +163,19 @@ if changed then
   local released = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', step_text)
   for i = 1, #released do redis.call('DEL', ARGV[8] .. released[i]) end
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', step_text)
-  local done = redis.call('HGET', KEYS[1], 'done') == '1'
   redis.call('PUBLISH', ARGV[5], string.format(
-    '{"step":%s,"generation":%s,"done":%s}', step_text,
-    string.format('%.0f', generation), done and 'true' or 'false'))
+    '{"step":%s,"generation":%s,"done":%s,"run_id":"%s"}', step_text, gen_text,
+    was_done and 'true' or 'false', run_id))
 end
-if redis.call('EXISTS', KEYS[2]) == 1 then redis.call('EXPIRE', KEYS[2], ARGV[4]) end
-local result = {1, step_text, string.format('%.0f', generation), repaired}
-local pending = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. step_text, '+inf',
+if redis.call('EXISTS', KEYS[2]) == 1 then redis.call('EXPIRE', KEYS[2], ttl) end
+local result = {1, step_text, gen_text, repaired}
+-- only whole steps in range guide the chief: a hostile +inf score is skipped
+local pending = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. step_text, '9007199254740992',
                            'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[7]))
-for i = 2, #pending, 2 do result[#result + 1] = pending[i] end
+for i = 2, #pending, 2 do
+  local target = whole(pending[i])
+  if target then result[#result + 1] = pending[i] end
+end
 return result
 """
 )
@@ -135,22 +204,25 @@ WAITER_SYNC = """
 -- travel in ARGV, and the ACL's worker user can read, never write, them.
 -- A waiter's one command per fallback interval: (re-)registers it if its entry
 -- is gone (first call, expiry, or a Redis restarted empty) or refreshes the
--- entry's TTL, then returns the Redis time, the reset marker and the state:
+-- entry's TTL, puts its target back in the targets zset (the job's index of
+-- waiters, which the chief relearns from even if the zset was lost), then
+-- returns the Redis time, the reset marker and the state:
 --   {now_ms, reset marker or false, state type, state field/value pairs...}
-if redis.call('EXPIRE', KEYS[1], ARGV[3]) == 0 then
+local fresh_entry = redis.call('EXPIRE', KEYS[1], ARGV[3]) == 0
+if fresh_entry then
   local entry = {}
   for i = 7, #ARGV do entry[#entry + 1] = ARGV[i] end
   redis.call('DEL', KEYS[1])
   redis.call('HSET', KEYS[1], unpack(entry))
   redis.call('EXPIRE', KEYS[1], ARGV[3])
-  -- the targets and the list only guide the chief: a malformed one is skipped
-  if pcall(redis.call, 'ZADD', KEYS[2], ARGV[6], ARGV[5]) then
-    redis.call('EXPIRE', KEYS[2], ARGV[4])
-  end
-  if pcall(redis.call, 'RPUSH', KEYS[3], ARGV[6]) then
-    redis.call('LTRIM', KEYS[3], -1000, -1)
-    redis.call('EXPIRE', KEYS[3], ARGV[4])
-  end
+end
+-- the targets and the list only guide the chief: a malformed one is skipped
+if pcall(redis.call, 'ZADD', KEYS[2], ARGV[6], ARGV[5]) then
+  redis.call('EXPIRE', KEYS[2], ARGV[4])
+end
+if fresh_entry and pcall(redis.call, 'RPUSH', KEYS[3], ARGV[6]) then
+  redis.call('LTRIM', KEYS[3], -1000, -1)
+  redis.call('EXPIRE', KEYS[3], ARGV[4])
 end
 local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)

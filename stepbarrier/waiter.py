@@ -7,8 +7,11 @@ truth and is read again after every reconnect and every ``fallback_interval``
 (a lost message, a half-open connection or a Redis restart costs at most that).
 
 The chief's heartbeat tells a slow chief from a dead one: a stored step only
-releases a worker while its chief is alive (or has finished), so a step left by
-a crashed chief, which may restart from an older checkpoint, is not trusted.
+releases a worker while its chief is alive and its training loop published it
+lately (or the job has finished), so a step left by a crashed or recovering
+chief, which may restart from an older checkpoint, is not trusted (see
+``stepbarrier.freshness``). A worker trusts only the state of its own run
+(``STEPBARRIER_RUN_ID``): another run's chief neither releases nor aborts it.
 """
 
 from __future__ import annotations
@@ -30,7 +33,9 @@ from stepbarrier.errors import (
     BarrierTimeout,
     RedisUnavailable,
 )
-from stepbarrier.protocol import parse_announcement, preview
+from stepbarrier.freshness import fresh_heartbeat_limit as _fresh_limit
+from stepbarrier.freshness import heartbeat_age, vouches_for_step
+from stepbarrier.protocol import ChiefState, parse_announcement, preview
 from stepbarrier.waiter_link import WaiterLink, close_quietly
 
 log = logging.getLogger("stepbarrier.waiter")
@@ -40,8 +45,8 @@ PROGRESS_EVERY = 30.0
 
 
 def fresh_heartbeat_limit(config: BarrierConfig) -> float:
-    """Seconds after which a chief's heartbeat no longer vouches for its step."""
-    return max(3 * config.heartbeat, 5.0)
+    """Seconds after which a heartbeat of ``config``'s period no longer vouches for its step."""
+    return _fresh_limit(config.heartbeat)
 
 
 class StepWaiter:
@@ -153,6 +158,8 @@ class _Wait:
         self.read_step: int | None = None
         self.resubscribe = False
         self.next_progress = self.started + PROGRESS_EVERY
+        self.last_progress = self.started
+        self.warned: set[str] = set()
 
     # -- the loop -----------------------------------------------------------------
 
@@ -193,7 +200,13 @@ class _Wait:
             assert self.pubsub is not None
             stop = min(
                 t
-                for t in (next_read, self.next_progress, self._stall_at(), self.deadline)
+                for t in (
+                    next_read,
+                    self.next_progress,
+                    self._stall_at(),
+                    self.deadline,
+                    self._progress_at(),
+                )
                 if t is not None
             )
             try:
@@ -226,10 +239,16 @@ class _Wait:
         if announcement.reset:
             raise self._aborted("reset")
         assert announcement.step is not None and announcement.generation is not None
+        if announcement.run_id != self.config.run_id:
+            return None  # another run's chief: it neither releases nor aborts us
         if announcement.generation < self.generation:
             return None  # an older chief's announcement, overtaken by what we read
+        if announcement.generation > self.generation:
+            # a chief generation this wait has not read yet: the state (and a
+            # reset marker this wait may have missed the announcement of) decide
+            return self._read()
         self.generation = announcement.generation
-        self.last_step = announcement.step
+        self._seen_step(announcement.step)
         self.last_alive = self.clock()
         self.heartbeat_age = 0.0
         if announcement.step >= self.target:
@@ -253,28 +272,69 @@ class _Wait:
         now_ms, reset_ms, state = snapshot.now_ms, snapshot.reset_ms, snapshot.state
         if self.start_ms is None:
             self.start_ms = now_ms
+        if reset_ms is not None and reset_ms >= self.start_ms:
+            raise self._aborted("reset")  # whatever a chief wrote since
         if state.problem:
             log.warning("job %s: %s; waiting for a valid step", self.config.job, state.problem)
-        if state.step is None or state.generation is None:
-            if reset_ms is not None and reset_ms >= self.start_ms:
-                raise self._aborted("reset")
+        if state.step is None or state.generation is None or not self._trusts(state):
             return None
         if state.generation < self.generation:
             return None  # e.g. a failover lost the newest write; the chief rewrites it
         self.generation = state.generation
-        self.last_step = state.step
-        if state.heartbeat_ms is not None:
-            self.heartbeat_age = max(0.0, (now_ms - state.heartbeat_ms) / 1000.0)
+        self._seen_step(state.step)
+        self.heartbeat_age = heartbeat_age(state, now_ms)
+        if self.heartbeat_age is not None:
             self.last_alive = max(self.last_alive, self.clock() - self.heartbeat_age)
-        fresh = self.heartbeat_age is not None and self.heartbeat_age <= fresh_heartbeat_limit(
-            self.config
-        )
-        if state.step >= self.target and (fresh or state.done):
+        if state.step >= self.target and vouches_for_step(state, now_ms, self.config.heartbeat):
             return self._released(state.step)
         if state.done and state.step < self.target:
             raise self._aborted("done")
         self._check_subscription(state.step)
         return None
+
+    def _trusts(self, state: ChiefState) -> bool:
+        """False for state this wait must ignore: another run's, or an old finished one."""
+        run_id = self.config.run_id
+        if state.run_id != run_id:
+            self._warn_once(
+                "run",
+                logging.INFO,
+                "job %s: the stored state belongs to run %s, not to this worker's run %s; "
+                "waiting for this run's chief",
+                self.config.job,
+                state.run_id or "(none)",
+                run_id or "(none)",
+            )
+            return False
+        assert self.start_ms is not None
+        done_ms = state.done_ms if state.done else None
+        if run_id is None and done_ms is not None and done_ms < self.start_ms:
+            # finished before we started, and no run id says it is ours:
+            # most likely an earlier run under the same job name
+            self._warn_once(
+                "old-done",
+                logging.WARNING,
+                "job %s: found a job finished %.0f s before this worker started (step %s); "
+                "not trusting it and waiting for a new chief. Give each run its own "
+                "STEPBARRIER_RUN_ID, or wait STEPBARRIER_DONE_TTL (%d s) for the finished "
+                "state to expire, or clear it with `stepbarrier reset`",
+                self.config.job,
+                (self.start_ms - done_ms) / 1000.0,
+                state.step,
+                self.config.done_ttl,
+            )
+            return False
+        return True
+
+    def _warn_once(self, topic: str, level: int, message: str, *args: object) -> None:
+        if topic not in self.warned:
+            self.warned.add(topic)
+            log.log(level, message, *args)
+
+    def _seen_step(self, step: int) -> None:
+        if step != self.last_step:
+            self.last_progress = self.clock()
+        self.last_step = step
 
     def _reconnect(self) -> int | None:
         """Subscribe, read the confirmation, then read the state (in that order)."""
@@ -313,7 +373,17 @@ class _Wait:
             if released is None and self.clock() >= self._stall_at():
                 raise self._timeout(stalled=True)
             return released
+        progress_at = self._progress_at()
+        if progress_at is not None and now >= progress_at:
+            released = self._last_chance()
+            if released is None and self.clock() >= (self._progress_at() or progress_at):
+                raise self._timeout(stalled=True, progress=True)
+            return released
         return None
+
+    def _progress_at(self) -> float | None:
+        limit = self.config.progress_timeout
+        return None if limit is None else self.last_progress + limit
 
     def _last_chance(self) -> int | None:
         try:
@@ -357,10 +427,15 @@ class _Wait:
         self.last_step = step
         return step
 
-    def _timeout(self, *, stalled: bool) -> BarrierTimeout:
+    def _timeout(self, *, stalled: bool, progress: bool = False) -> BarrierTimeout:
         age = "never seen" if self.heartbeat_age is None else f"{self.heartbeat_age:.1f} s old"
         seen = "none" if self.last_step is None else str(self.last_step)
-        if stalled:
+        if progress:
+            why = (
+                f"the chief's step did not move for {self.config.progress_timeout:g} s "
+                "(progress timeout, STEPBARRIER_PROGRESS_TIMEOUT)"
+            )
+        elif stalled:
             why = f"no chief heartbeat for {self.config.stall_timeout:g} s (stall timeout)"
         else:
             why = f"overall timeout of {self.deadline and self.deadline - self.started:g} s passed"

@@ -89,7 +89,7 @@ def test_a_restarted_chief_takes_over_and_the_old_one_is_ignored(
     assert new.flush(5.0)
     old.publish(60)  # a zombie chief keeps going: it must not overwrite the new one
     old.flush(2.0)
-    assert eventually(lambda: old._superseded)
+    assert eventually(lambda: not old.active)
     old.publish(61)
     assert not old.flush(None)  # returns at once: the step will never be stored
     assert stored(client, config)["step"] == "7"

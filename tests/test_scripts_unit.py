@@ -21,13 +21,19 @@ def fake() -> Iterator[fakeredis.FakeRedis]:
 
 
 def publish(
-    client: fakeredis.FakeRedis, generation: int, step: int, done: bool = False
+    client: fakeredis.FakeRedis,
+    generation: int,
+    step: int,
+    done: bool = False,
+    *,
+    run_id: str = "",
+    epoch: int | None = None,
+    mode: str = "chief",
 ) -> list[int]:
     script = client.register_script(scripts.PUBLISH_STEP)
-    reply = script(
-        keys=[KEYS.state, KEYS.targets, KEYS.reset],
-        args=[generation, step, int(done), 3600, KEYS.channel, "host:1", 10, KEYS.waiter_prefix],
-    )
+    args = [generation, step, int(done), 3600, KEYS.channel, "host:1", 10, KEYS.waiter_prefix]
+    args += [run_id, 0, 1000, 5000, 300, generation if epoch is None else epoch, mode]
+    reply = script(keys=[KEYS.state, KEYS.targets, KEYS.reset], args=args)
     return [int(float(x)) for x in reply]
 
 
@@ -90,9 +96,14 @@ def test_reset_deletes_and_leaves_a_marker(fake: fakeredis.FakeRedis) -> None:
         args=[KEYS.channel, 60],
     )
     assert not fake.exists(KEYS.state) and not fake.exists(KEYS.waiter("1-x"))
-    assert int(fake.get(KEYS.reset) or 0) > 0
-    publish(fake, 2, 0)  # a new chief removes the marker
-    assert not fake.exists(KEYS.reset)
+    reset_ms = int(fake.get(KEYS.reset) or 0)
+    assert reset_ms > 0
+    # the marker stays: a chief that began before the reset is refused for good,
+    # and creates nothing; one that began after it starts the job anew
+    assert publish(fake, reset_ms * 1000 + 5, 8, epoch=1)[0] == scripts.WAS_RESET
+    assert not fake.exists(KEYS.state)
+    assert publish(fake, reset_ms * 1000 + 5, 0)[0] == scripts.ACCEPTED
+    assert fake.exists(KEYS.reset)
 
 
 def test_wrong_types_are_repaired_by_the_chief(fake: fakeredis.FakeRedis) -> None:
@@ -100,3 +111,66 @@ def test_wrong_types_are_repaired_by_the_chief(fake: fakeredis.FakeRedis) -> Non
     fake.set(KEYS.targets, "garbage")
     accepted, step, _generation, repaired = publish(fake, 1, 4)[:4]
     assert (accepted, step, repaired) == (1, 4, 1)
+
+
+@pytest.mark.parametrize(
+    "text", ["1e3", "0x10", " 5", "5 ", "+5", "-5", "5.0", "1_000", "99999999999999999"]
+)
+def test_a_stored_number_is_plain_digits_in_lua_as_in_python(
+    fake: fakeredis.FakeRedis, text: str
+) -> None:
+    from stepbarrier.protocol import parse_int
+
+    fake.hset(KEYS.state, mapping={"generation": "1", "step": text, "done": "0"})
+    status, step, _generation, repaired = publish(fake, 1, 3)[:4]
+    # Lua distrusts the stored step just as Python does: the chief's step replaces it
+    assert parse_int(text) is None
+    assert (status, step, repaired) == (scripts.ACCEPTED, 3, 1)
+
+
+def test_a_non_finite_target_score_is_skipped(fake: fakeredis.FakeRedis) -> None:
+    fake.zadd(KEYS.targets, {"evil": float("inf"), "half": 7.5, "ok": 9})
+    assert publish(fake, 1, 1)[4:] == [9]
+
+
+def test_the_run_id_is_stored_and_announced(fake: fakeredis.FakeRedis) -> None:
+    pubsub = fake.pubsub()
+    pubsub.subscribe(KEYS.channel)
+    publish(fake, 1, 4, run_id="run-7")
+    assert fake.hget(KEYS.state, "run_id") == b"run-7"
+    messages = [m for m in iter(lambda: pubsub.get_message(timeout=0.5), None)]
+    assert any(b'"run_id":"run-7"' in m["data"] for m in messages if m["type"] == "message")
+
+
+def test_a_malformed_run_id_is_refused(fake: fakeredis.FakeRedis) -> None:
+    with pytest.raises(Exception, match="malformed run id"):
+        publish(fake, 1, 4, run_id='x"}')
+
+
+def test_finishing_shortens_the_keys_life(fake: fakeredis.FakeRedis) -> None:
+    fake.zadd(KEYS.targets, {"a": 50})
+    publish(fake, 1, 4)
+    assert fake.ttl(KEYS.state) > 3000
+    publish(fake, 1, 5, done=True)
+    assert 0 < fake.ttl(KEYS.state) <= 300 and 0 < fake.ttl(KEYS.targets) <= 300
+    assert int(fake.hget(KEYS.state, "done_ms") or 0) > 0
+
+
+def test_a_contributor_only_raises_the_step_of_the_generation_it_joined(
+    fake: fakeredis.FakeRedis,
+) -> None:
+    assert publish(fake, 0, 9, mode="contributor", epoch=0)[0] == scripts.NOTHING_TO_JOIN
+    assert not fake.exists(KEYS.state)  # no chief yet: nothing is created
+    publish(fake, 5, 10, run_id="r")
+    assert publish(fake, 0, 9, mode="contributor", run_id="r", epoch=0)[:3] == [
+        scripts.REJOIN,
+        10,
+        5,
+    ]
+    assert publish(fake, 5, 12, mode="contributor", run_id="r", epoch=5)[:3] == [1, 12, 5]
+    assert publish(fake, 5, 11, mode="contributor", run_id="r", epoch=5)[:2] == [1, 12]
+    # another run's worker, or a finished job: nothing to join
+    assert publish(fake, 5, 99, mode="contributor", run_id="other", epoch=5)[0] == 3
+    publish(fake, 5, 12, done=True, run_id="r")
+    assert publish(fake, 5, 99, mode="contributor", run_id="r", epoch=5)[0] == 3
+    assert fake.hget(KEYS.state, "step") == b"12"

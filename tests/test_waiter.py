@@ -165,8 +165,10 @@ def test_close_with_done_aborts_waiters_whose_step_did_not_come(config: BarrierC
 
 
 def test_a_waiter_arriving_after_the_job_finished_short_of_its_step_aborts(
-    config: BarrierConfig,
+    make_config: Callable[..., BarrierConfig],
 ) -> None:
+    # the same run id says the finished state is this run's own, not an earlier one's
+    config = make_config(heartbeat=0.2, stall_timeout=30.0, run_id="run-1")
     publisher = StepPublisher(config)
     publisher.publish(10)
     publisher.close(done=True)
