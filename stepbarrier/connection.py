@@ -1,4 +1,5 @@
-"""Redis clients built from a ``BarrierConfig``, and how their errors are handled.
+"""Redis clients built from a ``BarrierConfig`` (from its URL, or through
+Sentinel), and how their errors are handled.
 
 Two kinds of failure are told apart here. Transient ones (connection refused or
 reset, timeouts, a server still loading, a replica that just lost its master)
@@ -20,8 +21,9 @@ from urllib.parse import urlsplit
 import redis
 from redis import exceptions as rex
 from redis.backoff import NoBackoff
+from redis.connection import parse_url
 from redis.retry import Retry
-from redis.sentinel import Sentinel
+from redis.sentinel import MasterNotFoundError, Sentinel
 from tenacity import (
     RetryCallState,
     Retrying,
@@ -32,7 +34,12 @@ from tenacity import (
 from tenacity.wait import wait_base
 
 from stepbarrier.config import BarrierConfig
-from stepbarrier.errors import RedisRefused, RedisUnavailable, StepBarrierError
+from stepbarrier.errors import (
+    ConfigurationError,
+    RedisRefused,
+    RedisUnavailable,
+    StepBarrierError,
+)
 
 log = logging.getLogger("stepbarrier.connection")
 
@@ -68,10 +75,28 @@ def backoff_attempt(number: int) -> RetryCallState:
 def make_client(
     config: BarrierConfig, *, socket_timeout: float | None = SOCKET_TIMEOUT
 ) -> redis.Redis:
-    """A redis-py client for the job's Redis (direct URL or through Sentinel).
+    """A redis-py client for the job's Redis: ``config.redis_url``, or the master
+    that ``config.sentinels`` name.
+
+    With Sentinels the URL still gives the scheme (``rediss://`` means TLS), the
+    username and password, and the database number, as in
+    ``rediss://trainer:secret@ignored/3``; its host and port are ignored, because
+    the Sentinels name the master. ``config.redis_username`` and
+    ``config.redis_password`` win over the URL's. The Sentinels are reached with
+    the same TLS settings and the same username and password as the master: give
+    them the same ACL user (``user`` lines in sentinel.conf) or a ``requirepass``
+    with the same password. Over TLS, the master's certificate must be valid for
+    the address the Sentinels announce (an IP address, unless they run with
+    ``announce-hostnames yes``).
 
     The client's own retries are switched off: stepbarrier retries transient
     errors itself, within the caller's deadline.
+
+    Raises:
+        ConfigurationError: Sentinels with a ``unix://`` URL.
+        TypeError: This redis-py does not take a connection setting (a bug). It
+            is raised here, not at the first command, where it would look like
+            a Redis error and could be retried for ever.
     """
     options: dict[str, Any] = {
         "socket_timeout": socket_timeout,
@@ -80,31 +105,102 @@ def make_client(
         "health_check_interval": 0,
         "decode_responses": False,
     }
+    if config.sentinels:
+        return _master_through_sentinels(config, options)
     if config.redis_username is not None:
         options["username"] = config.redis_username
     if config.redis_password is not None:
         options["password"] = config.redis_password
     if config.redis_url.startswith("rediss://"):
-        options["ssl_cert_reqs"] = "required"
-        if config.tls_ca_file:
-            options["ssl_ca_certs"] = config.tls_ca_file
-        if config.tls_cert_file:
-            options["ssl_certfile"] = config.tls_cert_file
-            options["ssl_keyfile"] = config.tls_key_file
-    if config.sentinels:
-        sentinel_options = {
+        options.update(_tls_options(config))
+    client = redis.Redis.from_url(config.redis_url, **options)
+    _check_settings(client.connection_pool)
+    return client
+
+
+def _tls_options(config: BarrierConfig) -> dict[str, Any]:
+    options: dict[str, Any] = {"ssl_cert_reqs": "required"}
+    if config.tls_ca_file:
+        options["ssl_ca_certs"] = config.tls_ca_file
+    if config.tls_cert_file:
+        options["ssl_certfile"] = config.tls_cert_file
+        options["ssl_keyfile"] = config.tls_key_file
+    return options
+
+
+def _master_through_sentinels(config: BarrierConfig, options: dict[str, Any]) -> redis.Redis:
+    if config.redis_url.startswith("unix://"):
+        raise ConfigurationError(
+            "STEPBARRIER_SENTINELS needs a redis:// or rediss:// STEPBARRIER_REDIS_URL "
+            "(for TLS, the user, the password and the database; the Sentinels name the "
+            f"master), got {config.safe_url}",
+            variable="STEPBARRIER_REDIS_URL",
+            job=config.job,
+        )
+    from_url: dict[str, Any] = parse_url(config.redis_url)  # type: ignore[no-untyped-call]
+    access: dict[str, Any] = {}  # for the master and the Sentinels alike
+    username = config.redis_username or from_url.get("username")
+    password = config.redis_password or from_url.get("password")
+    if username is not None:
+        access["username"] = username
+    if password is not None:
+        access["password"] = password
+    if config.redis_url.startswith("rediss://"):
+        access.update(ssl=True, **_tls_options(config))
+    sentinels = _Sentinels(  # type: ignore[no-untyped-call]
+        list(config.sentinels),
+        sentinel_kwargs={
             "socket_timeout": CONNECT_TIMEOUT,
             "socket_connect_timeout": CONNECT_TIMEOUT,
             "retry": Retry(NoBackoff(), 0),
-        }
-        sentinel = Sentinel(  # type: ignore[no-untyped-call]
-            list(config.sentinels), sentinel_kwargs=sentinel_options, **options
+            **access,
+        },
+    )
+    client: redis.Redis = sentinels.master_for(  # type: ignore[no-untyped-call]
+        config.sentinel_service, db=from_url.get("db", 0), **options, **access
+    )
+    for pool in [client.connection_pool, *(node.connection_pool for node in sentinels.sentinels)]:
+        _check_settings(pool)
+    return client
+
+
+def _check_settings(pool: redis.ConnectionPool) -> None:
+    # redis-py passes the settings to a connection class only when it first
+    # connects, inside an operation that callers retry. Building one (no I/O)
+    # makes a setting it does not take fail now, with a plain TypeError.
+    pool.connection_class(**pool.connection_kwargs)
+
+
+class _Sentinels(Sentinel):
+    """redis-py's ``Sentinel``, except when every Sentinel refused us.
+
+    redis-py folds each Sentinel's error into the text of a ``MasterNotFoundError``,
+    a ``ConnectionError`` that looks transient, so a wrong password would be
+    retried until the deadline. Here, when no Sentinel names the master and every
+    error was a refusal (authentication, a certificate that does not verify), the
+    first refusal is raised instead, and reported at once.
+    """
+
+    def discover_master(self, service_name: str) -> tuple[str, int]:
+        errors: list[tuple[str, rex.RedisError]] = []
+        for index, node in enumerate(self.sentinels):
+            try:
+                masters = cast(dict[str, dict[str, Any]], node.sentinel_masters())
+            except (rex.ConnectionError, rex.TimeoutError) as exc:
+                address = "{host}:{port}".format_map(node.connection_pool.connection_kwargs)
+                errors.append((address, exc))
+                continue
+            state = masters.get(service_name)
+            if state and self.check_master_state(state, service_name):  # type: ignore[no-untyped-call]
+                self.sentinels[0], self.sentinels[index] = node, self.sentinels[0]
+                return str(state["ip"]), int(state["port"])
+        if errors and not any(is_transient(exc) for _, exc in errors):
+            address, refusal = errors[0]
+            raise type(refusal)(f"Sentinel {address}: {_one_line(refusal)}") from refusal
+        seen = "; ".join(f"Sentinel {address}: {_one_line(exc)}" for address, exc in errors)
+        raise MasterNotFoundError(
+            f"no Sentinel names a healthy master {service_name!r}" + (f" ({seen})" if seen else "")
         )
-        client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
-            config.sentinel_service, **options
-        )
-        return client
-    return redis.Redis.from_url(config.redis_url, **options)
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -133,19 +229,30 @@ def _is_tls_failure(exc: BaseException) -> bool:
 
 
 def translate(exc: BaseException, config: BarrierConfig, *, action: str) -> StepBarrierError:
-    """The stepbarrier error that explains ``exc`` (a redis-py error) to a user."""
-    where = f"Redis at {config.safe_url}"
+    """The stepbarrier error that explains ``exc`` (a redis-py error) to a user.
+
+    Anything that is neither a redis-py nor an OS error is a bug, not a Redis
+    problem: it becomes a plain ``StepBarrierError`` that says so.
+    """
+    where = describe_redis(config)
     user = config.redis_username or _url_username(config.redis_url) or "default"
     detail = _one_line(exc)
     if isinstance(exc, StepBarrierError):
         return exc
+    if not isinstance(exc, (rex.RedisError, OSError)):
+        return StepBarrierError(
+            f"internal error while trying to {action} on {where}: {type(exc).__name__}: "
+            f"{detail} (a bug in stepbarrier or redis-py, not a Redis problem: please report it)",
+            job=config.job,
+        )
     if isinstance(exc, (rex.AuthenticationError, rex.AuthorizationError)) or (
         isinstance(exc, rex.ResponseError) and str(exc).startswith(("NOAUTH", "WRONGPASS"))
     ):
         return RedisRefused(
             f"{where} refused authentication as user {user!r} while trying to "
             f"{action}: {detail}. Check STEPBARRIER_REDIS_USERNAME and "
-            "STEPBARRIER_REDIS_PASSWORD(_FILE).",
+            "STEPBARRIER_REDIS_PASSWORD(_FILE)"
+            + (" (the Sentinels get the same user and password)." if config.sentinels else "."),
             kind="authentication",
             job=config.job,
         )
@@ -162,9 +269,14 @@ def translate(exc: BaseException, config: BarrierConfig, *, action: str) -> Step
         )
     if isinstance(exc, rex.ConnectionError) and _is_tls_failure(exc):
         if "CERTIFICATE_VERIFY_FAILED" in _chain_text(exc):
+            names = (
+                "that it names the address the Sentinels announce"
+                if config.sentinels
+                else "the host name in STEPBARRIER_REDIS_URL"
+            )
             hint = (
                 "The server's certificate does not verify: check STEPBARRIER_TLS_CA_FILE "
-                "(the CA that signed it) and the host name in STEPBARRIER_REDIS_URL."
+                f"(the CA that signed it) and {names}."
             )
         else:
             hint = (
@@ -186,6 +298,14 @@ def translate(exc: BaseException, config: BarrierConfig, *, action: str) -> Step
         kind="response",
         job=config.job,
     )
+
+
+def describe_redis(config: BarrierConfig) -> str:
+    """Where the job's Redis is, for messages: its masked URL, or its Sentinels."""
+    if not config.sentinels:
+        return f"Redis at {config.safe_url}"
+    nodes = ",".join(f"{host}:{port}" for host, port in config.sentinels)
+    return f"Redis master {config.sentinel_service!r} of Sentinels {nodes}"
 
 
 def _url_username(url: str) -> str | None:
@@ -264,8 +384,8 @@ def call_with_retries(
         if state.attempt_number in (1, 10) or state.attempt_number % 50 == 0:
             error = state.outcome.exception() if state.outcome else None
             log.warning(
-                "Redis at %s unavailable (%s); retrying to %s",
-                config.safe_url,
+                "%s unavailable (%s); retrying to %s",
+                describe_redis(config),
                 _one_line(error) if error else "?",
                 action,
             )
