@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -21,20 +22,31 @@ COMPOSE = Path(compose.__file__).parent / "docker-compose"
 ACL = (Path(ROOT) / "ops" / "redis" / "users.acl").read_text()
 
 
-def compose_config(path: Path) -> subprocess.CompletedProcess[str]:
+def compose_config(path: Path, run_id: str | None = None) -> subprocess.CompletedProcess[str]:
+    """`docker-compose config` of ``path`` with ``STEPBARRIER_RUN_ID`` set only if given.
+
+    Neither the caller's environment nor a developer's ``.env`` file can set it.
+    """
+    env = {k: v for k, v in os.environ.items() if k != "STEPBARRIER_RUN_ID"}
+    if run_id is not None:
+        env["STEPBARRIER_RUN_ID"] = run_id
     return subprocess.run(
         [str(COMPOSE), "--file", str(path), "--project-directory", str(path.parent),
-         "config", "--format", "json"],
-        capture_output=True, text=True, timeout=60, check=False,
+         "--env-file", os.devnull, "config", "--format", "json"],
+        capture_output=True, text=True, timeout=60, check=False, env=env,
     )  # fmt: skip
+
+
+def resolve(run_id: str | None = None) -> dict[str, Any]:
+    result = compose_config(COMPOSE_FILE, run_id)
+    assert result.returncode == 0, result.stderr
+    data: dict[str, Any] = json.loads(result.stdout)
+    return data
 
 
 @pytest.fixture(scope="module")
 def resolved() -> dict[str, Any]:
-    result = compose_config(COMPOSE_FILE)
-    assert result.returncode == 0, result.stderr
-    data: dict[str, Any] = json.loads(result.stdout)
-    return data
+    return resolve()
 
 
 def test_compose_binary_is_the_real_one() -> None:
@@ -103,6 +115,35 @@ def test_each_task_gets_a_valid_configuration_and_the_right_user(
     assert password is not None and config.redis_password == password.group(1)
     if step is not None:
         assert config.resolved_wait_until_step() == step
+
+
+BARRIER_TASKS = ("chief", "worker-1", "worker-2", "worker-3")
+
+
+def test_the_run_id_reaches_the_chief_and_every_worker() -> None:
+    run_id = "1767225600"  # what `STEPBARRIER_RUN_ID=$(date +%s)` gives
+    resolved = resolve(run_id)
+    for name in BARRIER_TASKS:
+        assert _barrier_config(resolved, name).run_id == run_id, name
+    tasks_with_a_run_id = {
+        name
+        for name, service in resolved["services"].items()
+        if "STEPBARRIER_RUN_ID" in (service.get("environment") or {})
+    }
+    assert tasks_with_a_run_id == set(BARRIER_TASKS)
+
+
+def test_without_a_run_id_the_file_is_valid_and_no_task_has_one(
+    resolved: dict[str, Any],
+) -> None:
+    for name in BARRIER_TASKS:
+        assert _barrier_config(resolved, name).run_id is None, name
+
+
+def test_the_header_says_how_to_give_each_run_its_own_id() -> None:
+    header = COMPOSE_FILE.read_text().split("\n\n", 1)[0]
+    assert "STEPBARRIER_RUN_ID=$(date +%s) docker compose up" in header
+    assert "STEPBARRIER_DONE_TTL" in header  # what happens without one
 
 
 def _copy_project(tmp_path: Path, text: str) -> Path:
