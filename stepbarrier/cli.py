@@ -12,6 +12,8 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
+import socket
 import sys
 import time
 from typing import Any
@@ -24,18 +26,19 @@ from stepbarrier import __version__
 from stepbarrier.cli_reporting import (
     DEMO_EXIT_CODES,
     EXIT_CODES,
+    EXIT_USAGE,
     connection_options,
     current_session,
     reporting,
     variable_option,
 )
-from stepbarrier.errors import (
-    RedisUnavailable,
-)
+from stepbarrier.config import BarrierConfig
+from stepbarrier.errors import RedisUnavailable
+from stepbarrier.live_chief import HAND_PUBLISHED, find_live_chief
 from stepbarrier.publisher import StepPublisher
 from stepbarrier.reset import reset_job
 from stepbarrier.status import read_status
-from stepbarrier.status_view import live_view, status_view
+from stepbarrier.status_view import describe_age, live_view, status_view
 from stepbarrier.waiter import StepWaiter
 
 
@@ -68,7 +71,8 @@ def status(as_json: bool) -> None:
     """
     job_status = read_status(current_session().config())
     if as_json:
-        click.echo(json.dumps(job_status.to_dict(), indent=2, sort_keys=True))
+        # allow_nan=False: whatever sits in the keys, the output stays valid JSON
+        click.echo(json.dumps(job_status.to_dict(), indent=2, sort_keys=True, allow_nan=False))
     else:
         Console(highlight=False).print(status_view(job_status))
 
@@ -156,24 +160,52 @@ def wait(**_: Any) -> None:
 @click.option(
     "--done", is_flag=True, help="Also mark the job finished (aborts workers still waiting)."
 )
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Publish even while a chief heartbeats: that chief is superseded for good.",
+)
 @reporting
-def publish(step: int, done: bool) -> None:
+def publish(step: int, done: bool, force: bool) -> None:
     """Set the job's step as a chief would.
 
     Each call acts as a new chief incarnation: the stored step is replaced, even
-    by a lower one.
+    by a lower one, and a running chief stops publishing for good. So it is
+    refused (exit 2) while a chief heartbeats, unless --force.
 
     \b
     Example:
       stepbarrier publish 1000 --done
     """
     config = current_session().config()
-    publisher = StepPublisher(config)
+    if not force:
+        _refuse_if_a_chief_is_live(config)
+    publisher = StepPublisher(
+        config, description=f"{HAND_PUBLISHED}{socket.gethostname()}:{os.getpid()}"
+    )
     publisher.publish(step)
     if not publisher.close(done=done):
         failure = publisher.last_failure
         raise failure or RedisUnavailable(f"could not publish step {step} to {config.safe_url}")
     click.echo(f"job {config.job}: step {step} published" + (", job marked done" if done else ""))
+
+
+class ChiefIsLive(click.ClickException):
+    """``publish`` refused: a chief still heartbeats the job."""
+
+    exit_code = EXIT_USAGE
+
+
+def _refuse_if_a_chief_is_live(config: BarrierConfig) -> None:
+    live = find_live_chief(config)
+    if live is None:
+        return
+    current, limit = live
+    raise ChiefIsLive(
+        f"job {config.job}: chief {current.chief or '(unnamed)'} is live (heartbeat "
+        f"{describe_age(current.heartbeat_age)}, under {limit:g} s); publishing would "
+        "supersede it for good. Stop it first, or pass --force"
+    )
 
 
 @cli.command(epilog=EXIT_CODES)

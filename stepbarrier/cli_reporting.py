@@ -42,7 +42,8 @@ EXIT_INTERRUPTED = 130
 EXIT_CODES = f"""\b
 Exit codes:
   {EXIT_OK}  success
-  {EXIT_USAGE}  usage, configuration, authentication or permission error
+  {EXIT_USAGE}  usage, configuration, authentication or permission error (also: publish
+     refused because a chief still heartbeats; --force overrides)
   {EXIT_TIMEOUT}  timeout (the overall timeout, or no chief heartbeat for the stall timeout)
   {EXIT_ABORTED}  aborted: the job finished or was reset before the step came
   {EXIT_UNAVAILABLE}  Redis unreachable after retries

@@ -261,7 +261,8 @@ def _check_url(url: str, variable: str) -> None:
             f"{variable} must be a redis://, rediss:// or unix:// URL, got {masked}",
             variable=variable,
         ) from None
-    if ("@" in url.partition("://")[2] and "@" not in parts.netloc) or parts.fragment:
+    stray_at = "@" in url.partition("://")[2] and "@" not in parts.netloc
+    if stray_at or "@" in parts.query or parts.fragment:
         raise ConfigurationError(
             f"{variable} is not a valid URL ({masked}): percent-encode special characters "
             "such as '#', '?', '/' and '@' in the password, or set "

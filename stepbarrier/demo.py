@@ -236,7 +236,7 @@ class _Demo:
             phase = f"{phase}; status unavailable: {exc}"
         else:
             for waiter in self.status.waiters:
-                if waiter.task_id is not None:
+                if waiter.task_id is not None and waiter.since is not None:
                     self.first_wait.setdefault(waiter.task_id, waiter.since)
         live.update(self._view(phase))
 
@@ -286,8 +286,8 @@ class _Demo:
             headers.append("note")
         for header in headers:
             table.add_column(header, justify="left" if header == "note" else "right", no_wrap=True)
-        for row in rows:
-            table.add_row(*row[: len(headers)])
+        for row in rows:  # the cells come from the tasks' record files: never markup
+            table.add_row(*(Text(cell) for cell in row[: len(headers)]))
         return Group(
             Text(""),
             table,

@@ -53,7 +53,8 @@ class JobKeys:
 
     @property
     def waiter_pattern(self) -> str:
-        """SCAN pattern matching every waiter of the job."""
+        """Glob pattern matching every waiter entry of the job (for redis-cli; the
+        library finds waiters through the targets index, never by scanning)."""
         return f"{self.waiter_prefix}*"
 
     def all_fixed(self) -> tuple[str, ...]:

@@ -66,6 +66,8 @@ class StepPublisher:
             parameter-server training every worker moves the global step, and
             the job goes on after the chief's session ends), never start a
             generation, never mark the job finished.
+        description: Who publishes, stored as the state's ``chief`` field for
+            operators; ``host:pid`` by default.
 
     Example:
         >>> with StepPublisher(BarrierConfig(job="demo")) as publisher:  # doctest: +SKIP
@@ -81,13 +83,14 @@ class StepPublisher:
         *,
         clock: Callable[[], float] = time.monotonic,
         contributor: bool = False,
+        description: str | None = None,
     ) -> None:
         self.config = config
         self.contributor = contributor
         self._owns_client = client is None
         self._client = client if client is not None else make_client(config)
         self._clock = clock
-        chief = f"{socket.gethostname()}:{os.getpid()}"[:200]
+        chief = (description or f"{socket.gethostname()}:{os.getpid()}")[:200]
         self._writer = StepWriter(self._client, config, chief, contributor=contributor)
         # Shared with the training thread: plain attribute reads and writes only.
         self._latest: int | None = None
@@ -188,6 +191,8 @@ class StepPublisher:
         waiters follow the real step rather than a stale maximum. A write already
         on its way under the old generation no longer counts for ``flush``.
         """
+        if self._ended is not None:
+            return  # superseded or reset: this publisher never writes again
         with self._lock:
             self._latest = None
             self._stored_step = -1

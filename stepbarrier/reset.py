@@ -1,4 +1,8 @@
-"""Ending a job by hand: delete its keys and abort whoever still waits."""
+"""Ending a job by hand: delete its keys and abort whoever still waits.
+
+The waiters' registry entries are found through the job's index (the targets
+sorted set), never by scanning the keyspace.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +13,14 @@ import redis
 from stepbarrier import scripts
 from stepbarrier.config import BarrierConfig
 from stepbarrier.connection import call_with_retries, make_client
+from stepbarrier.waiter_registry import indexed_keys
 
 RESET_MARKER_TTL = 24 * 3600
 """Seconds the reset marker stays, so waiters that reconnect later still abort."""
+RESET_BATCH = 1000
+"""Registry keys deleted per command (the last batch goes with the reset script)."""
+MAX_RESET_WAITERS = 100_000
+"""Most registry entries one reset deletes; any others expire by their TTL."""
 
 
 def reset_job(config: BarrierConfig, client: redis.Redis | None = None) -> int:
@@ -29,12 +38,16 @@ def reset_job(config: BarrierConfig, client: redis.Redis | None = None) -> int:
     script = active.register_script(scripts.RESET_JOB)
 
     def run() -> int:
-        waiters = list(active.scan_iter(match=keys.waiter_pattern, count=500))
+        entries = _indexed(active, config)
+        batches = [entries[i : i + RESET_BATCH] for i in range(0, len(entries), RESET_BATCH)]
+        last = batches.pop() if batches else []
+        removed = sum(int(active.delete(*batch)) for batch in batches)
+        removed += int(active.exists(*last)) if last else 0
         script(
-            keys=[keys.state, keys.targets, keys.registrations, keys.reset, *waiters],
+            keys=[keys.state, keys.targets, keys.registrations, keys.reset, *last],
             args=[keys.channel, RESET_MARKER_TTL],
         )
-        return len(waiters)
+        return removed
 
     try:
         return call_with_retries(
@@ -48,3 +61,12 @@ def reset_job(config: BarrierConfig, client: redis.Redis | None = None) -> int:
     finally:
         if own:
             active.close()
+
+
+def _indexed(client: redis.Redis, config: BarrierConfig) -> list[bytes]:
+    try:
+        return list(indexed_keys(client, config.keys, page=RESET_BATCH, limit=MAX_RESET_WAITERS))
+    except redis.exceptions.NoPermissionError:
+        raise
+    except redis.ResponseError:
+        return []  # not a sorted set: no index to follow, and the script deletes it

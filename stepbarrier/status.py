@@ -2,6 +2,8 @@
 
 ``read_status`` only reads (it works with the read-only ``monitor`` user) and
 never fails on malformed content: it reports it in ``JobStatus.problems``.
+Waiters are found through the job's own index (``stepbarrier.waiter_registry``),
+never by scanning the keyspace.
 """
 
 from __future__ import annotations
@@ -15,28 +17,21 @@ import redis
 from stepbarrier.config import BarrierConfig
 from stepbarrier.connection import call_with_retries, make_client
 from stepbarrier.protocol import parse_int, parse_state, preview
+from stepbarrier.waiter_registry import (
+    SINCE_LIMIT,
+    WaiterInfo,
+    parse_index,
+    printable,
+    queue_index_read,
+    read_entries,
+)
+
+__all__ = ["STATUS_RETRY_SECONDS", "JobStatus", "WaiterInfo", "read_status"]
 
 STATUS_RETRY_SECONDS = 5.0
 """How long ``read_status`` retries an unreachable Redis before giving up."""
-
-
-@dataclass(frozen=True)
-class WaiterInfo:
-    """One registered waiting worker.
-
-    Attributes:
-        task_id: Its task id (``None`` if it has none, e.g. a shell script).
-        wait_until_step: The step it waits for.
-        since: Unix time when it started waiting.
-        host: Its host name.
-        pid: Its process id.
-    """
-
-    task_id: int | None
-    wait_until_step: int
-    since: float
-    host: str
-    pid: int | None
+MAX_HEARTBEAT_PERIOD_MS = 3_600_000
+"""Longest heartbeat period (ms) a chief may state: the config's own limit."""
 
 
 @dataclass(frozen=True)
@@ -49,8 +44,13 @@ class JobStatus:
         generation: The chief generation that wrote it.
         heartbeat_age: Seconds since the chief's last write, by Redis's clock.
         done: True once the chief closed the job.
-        chief: ``host:pid`` of the chief.
+        chief: ``host:pid`` of the chief, with control characters escaped.
         reset_at: Unix time of the last reset, if the job was reset since.
+        run_id: The run id the chief stored (``None``: none, or malformed).
+        published_age: Seconds since the chief's training loop last handed over
+            a step, by Redis's clock (``None`` if the chief did not say).
+        heartbeat_period: The chief's own heartbeat period in seconds, if it
+            stored a plausible one.
         waiters: Registered waiters, lowest target first.
         problems: Malformed content found in the job's keys.
     """
@@ -62,11 +62,14 @@ class JobStatus:
     done: bool
     chief: str | None = None
     reset_at: float | None = None
+    run_id: str | None = None
+    published_age: float | None = None
+    heartbeat_period: float | None = None
     waiters: tuple[WaiterInfo, ...] = ()
     problems: tuple[str, ...] = field(default=())
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dictionary (the CLI's ``status --json``)."""
+        """A JSON-ready dictionary (the CLI's ``status --json``); every number is finite."""
         data = asdict(self)
         data["waiters"] = [asdict(w) for w in self.waiters]
         data["problems"] = list(self.problems)
@@ -106,7 +109,8 @@ def _read(config: BarrierConfig, client: redis.Redis) -> JobStatus:
     pipe.time()
     pipe.hgetall(keys.state)
     pipe.get(keys.reset)
-    now_raw, state_raw, reset_raw = pipe.execute(raise_on_error=False)
+    queue_index_read(pipe, keys)
+    now_raw, state_raw, reset_raw, index_raw = pipe.execute(raise_on_error=False)
     if isinstance(now_raw, Exception):
         raise now_raw
     for raw in (state_raw, reset_raw):  # permission problems are not "malformed"
@@ -117,60 +121,43 @@ def _read(config: BarrierConfig, client: redis.Redis) -> JobStatus:
     state = parse_state(state_raw)
     if state.problem:
         problems.append(state.problem)
-    age = None if state.heartbeat_ms is None else max(0.0, (now_ms - state.heartbeat_ms) / 1000)
-    reset_ms = None if isinstance(reset_raw, Exception) else parse_int(reset_raw)
-    waiters = _read_waiters(client, keys.waiter_pattern, problems)
+    reset_ms = _reset_ms(reset_raw, problems)
+    if isinstance(index_raw, redis.exceptions.NoPermissionError):
+        # a user that may read the state but not the index still sees the step
+        problems.append(f"waiters not shown: {' '.join(str(index_raw).split())[:160]}")
+        index_raw = []
+    waiters = read_entries(client, keys, parse_index(index_raw, problems), problems)
     return JobStatus(
         job=config.job,
         step=state.step,
         generation=state.generation,
-        heartbeat_age=age,
+        heartbeat_age=_age(now_ms, state.heartbeat_ms),
         done=state.done,
-        chief=state.chief,
+        chief=None if state.chief is None else printable(state.chief),
         reset_at=None if reset_ms is None else reset_ms / 1000,
+        run_id=state.run_id,
+        published_age=_age(now_ms, state.published_ms),
+        heartbeat_period=_period(state.heartbeat_period_ms),
         waiters=tuple(sorted(waiters, key=lambda w: (w.wait_until_step, w.task_id or 0))),
         problems=tuple(problems),
     )
 
 
-def _read_waiters(client: redis.Redis, pattern: str, problems: list[str]) -> list[WaiterInfo]:
-    names = sorted(set(client.scan_iter(match=pattern, count=500)))[:10_000]
-    if not names:
-        return []
-    pipe = client.pipeline(transaction=False)
-    for name in names:
-        pipe.hgetall(name)
-    waiters = []
-    for name, raw in zip(names, pipe.execute(raise_on_error=False), strict=True):
-        if isinstance(raw, redis.exceptions.NoPermissionError):
-            raise raw
-        entry = _waiter(raw)
-        if entry is None:
-            problems.append(f"malformed waiter entry {preview(name)}")
-        else:
-            waiters.append(entry)
-    return waiters
+def _reset_ms(raw: object, problems: list[str]) -> int | None:
+    if isinstance(raw, Exception):
+        problems.append(f"reset marker unreadable: {' '.join(str(raw).split())[:120]}")
+        return None
+    reset_ms = parse_int(raw, high=int(SINCE_LIMIT * 1000))  # a plausible time, like a since
+    if raw is not None and reset_ms is None:
+        problems.append(f"malformed reset marker: {preview(raw)}")
+    return reset_ms
 
 
-def _waiter(raw: object) -> WaiterInfo | None:
-    if not isinstance(raw, dict) or not raw:
+def _age(now_ms: int, then_ms: int | None) -> float | None:
+    return None if then_ms is None else max(0.0, (now_ms - then_ms) / 1000)
+
+
+def _period(period_ms: int | None) -> float | None:
+    if period_ms is None or period_ms > MAX_HEARTBEAT_PERIOD_MS:
         return None
-    fields = {
-        k.decode("utf-8", "replace") if isinstance(k, bytes) else str(k): v for k, v in raw.items()
-    }
-    target = parse_int(fields.get("wait_until_step"), low=1)
-    since_raw = fields.get("since", b"")
-    try:
-        since = float(since_raw.decode() if isinstance(since_raw, bytes) else str(since_raw))
-    except (ValueError, UnicodeDecodeError):
-        return None
-    host = fields.get("host", b"")
-    if target is None:
-        return None
-    return WaiterInfo(
-        task_id=parse_int(fields.get("task_id"), high=1_000_000),
-        wait_until_step=target,
-        since=since,
-        host=host.decode("utf-8", "replace") if isinstance(host, bytes) else str(host),
-        pid=parse_int(fields.get("pid"), high=2**31),
-    )
+    return period_ms / 1000

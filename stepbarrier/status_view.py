@@ -2,10 +2,14 @@
 
 Shared by the ``stepbarrier`` command (``status``, ``watch``) and the demo. Only
 renders a ``JobStatus``; reading it is ``stepbarrier.status.read_status``'s job.
+Everything a worker or a chief wrote (host names, the chief's name, problems)
+goes in as ``Text``, never as a markup string: ``[bold]`` in a host name is
+shown as written, and ``[/x]`` cannot break the view.
 """
 
 from __future__ import annotations
 
+import math
 import time
 
 from rich.console import Group, RenderableType
@@ -15,10 +19,13 @@ from rich.text import Text
 
 from stepbarrier.status import JobStatus, WaiterInfo
 
+UNKNOWN = "?"
+"""Shown for a time a waiter's entry does not hold plausibly."""
+
 
 def describe_age(seconds: float | None) -> str:
     """``"0.4 s ago"``, ``"3 min ago"`` or ``"never"``."""
-    if seconds is None:
+    if seconds is None or not math.isfinite(seconds):
         return "never"
     if seconds < 120:
         return f"{seconds:.1f} s ago"
@@ -27,19 +34,30 @@ def describe_age(seconds: float | None) -> str:
     return f"{seconds / 3600:.1f} h ago"
 
 
-def _clock_time(unix: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(unix))
+def _clock_time(unix: float | None) -> str:
+    if unix is None:
+        return UNKNOWN
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(unix))
+    except (OverflowError, OSError, ValueError):  # read_status keeps times plausible
+        return UNKNOWN
 
 
 def _summary(status: JobStatus) -> Table:
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
-    grid.add_row("job", status.job)
+    grid.add_row("job", Text(status.job))
+    if status.run_id is not None:
+        grid.add_row("run", Text(status.run_id))
     grid.add_row("step", "none yet" if status.step is None else str(status.step))
     grid.add_row("generation", "-" if status.generation is None else str(status.generation))
-    chief = f" (chief {status.chief})" if status.chief else ""
-    grid.add_row("heartbeat", describe_age(status.heartbeat_age) + chief)
+    heartbeat = Text(describe_age(status.heartbeat_age))
+    if status.chief:
+        heartbeat.append(f" (chief {status.chief})")
+    grid.add_row("heartbeat", heartbeat)
+    if status.published_age is not None:
+        grid.add_row("last publish", describe_age(status.published_age))
     grid.add_row("done", "yes" if status.done else "no")
     if status.reset_at is not None:
         grid.add_row("reset", f"at {_clock_time(status.reset_at)}")
@@ -50,6 +68,8 @@ def _summary(status: JobStatus) -> Table:
 
 
 def _waited(waiter: WaiterInfo, now: float) -> str:
+    if waiter.since is None:
+        return UNKNOWN
     return f"{max(0.0, now - waiter.since):.1f} s"
 
 
@@ -75,11 +95,8 @@ def waiters_table(status: JobStatus, *, progress: bool, now: float | None = None
             done = min(step, waiter.wait_until_step)
             cells.append(ProgressBar(total=waiter.wait_until_step, completed=done, width=30))
             cells.append(f"{done}/{waiter.wait_until_step}")
-        cells += [
-            _clock_time(waiter.since),
-            _waited(waiter, now),
-            f"{waiter.host}:{waiter.pid}" if waiter.pid is not None else waiter.host,
-        ]
+        host = waiter.host if waiter.pid is None else f"{waiter.host}:{waiter.pid}"
+        cells += [_clock_time(waiter.since), _waited(waiter, now), Text(host)]
         table.add_row(*cells)
     return table
 

@@ -10,11 +10,25 @@ from typing import Any
 
 import pytest
 import redis
+from hypothesis import settings
 
 from stepbarrier import BarrierConfig
 from tests.redis_harness import RedisServer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# CI runs the same examples every time (a red build is a real, reproducible
+# failure: rerun it and see it again); a developer's run keeps exploring new ones.
+# Per-test @settings keep their own example counts and inherit the rest. Both
+# start from Hypothesis's defaults: it loads a "ci" profile of its own whenever a
+# CI variable exists at all, even CI=false.
+_DEFAULTS = settings.get_profile("default")
+settings.register_profile("ci", parent=_DEFAULTS, derandomize=True, database=None, print_blob=True)
+settings.register_profile("dev", parent=_DEFAULTS)
+HYPOTHESIS_PROFILE = (
+    "ci" if os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no") else "dev"
+)
+settings.load_profile(HYPOTHESIS_PROFILE)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,76 @@
+"""Whether a chief still heartbeats a job: a hand-run ``publish`` must not supersede it.
+
+Each ``publish`` starts a new chief generation, and a newer generation wins for
+good: the running chief would stop publishing and its workers would follow the
+hand-set step. So ``stepbarrier publish`` first asks ``find_live_chief``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import redis
+
+from stepbarrier.config import BarrierConfig
+from stepbarrier.connection import call_with_retries, make_client
+from stepbarrier.freshness import fresh_heartbeat_limit
+from stepbarrier.status import STATUS_RETRY_SECONDS, JobStatus, read_status
+
+HAND_PUBLISHED = "cli:"
+"""Prefix of the ``chief`` field written by ``stepbarrier publish``: it wrote once
+and left, so it is no running chief that a later ``publish`` would supersede."""
+
+_MAY_WRITE = "return 1"
+"""A script that does nothing: Redis's ACL checks the keys it declares before running it."""
+
+
+def live_chief_limit(status: JobStatus, default_heartbeat: float) -> float | None:
+    """The heartbeat age under which ``status``'s chief counts as live, if it does.
+
+    The chief is live while its heartbeat is younger than three of its own
+    heartbeat periods (at least five seconds); the period is the one the chief
+    stored, or ``default_heartbeat`` if it stored none. A chief that marked
+    the job done is finished, however recent its last write, and an earlier
+    ``stepbarrier publish`` is no running chief.
+
+    Returns:
+        That age limit in seconds while the chief is live, else ``None``.
+    """
+    if status.done or status.heartbeat_age is None:
+        return None
+    if status.chief is not None and status.chief.startswith(HAND_PUBLISHED):
+        return None
+    period = status.heartbeat_period if status.heartbeat_period is not None else default_heartbeat
+    limit = fresh_heartbeat_limit(period)
+    return limit if status.heartbeat_age < limit else None
+
+
+def find_live_chief(
+    config: BarrierConfig, client: redis.Redis | None = None
+) -> tuple[JobStatus, float] | None:
+    """The job's status and its live-chief limit while a chief heartbeats, else ``None``.
+
+    A user that may not publish at all learns that first (a chief's liveness is
+    beside the point for it): the job's state must be writable for this user.
+
+    Raises:
+        RedisRefused: The user may not write the job's state (or read it).
+        RedisUnavailable: Redis was unreachable for ``STATUS_RETRY_SECONDS``.
+    """
+    own = client is None
+    active = client if client is not None else make_client(config)
+    try:
+        call_with_retries(
+            lambda: active.eval(_MAY_WRITE, 1, config.keys.state),
+            config,
+            action="publish the step",
+            deadline=time.monotonic() + STATUS_RETRY_SECONDS,
+            clock=time.monotonic,
+            sleep=time.sleep,
+        )
+        status = read_status(config, active)
+    finally:
+        if own:
+            active.close()
+    limit = live_chief_limit(status, config.heartbeat)
+    return None if limit is None else (status, limit)
