@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
-EXTRAS ?= dev,tensorflow,fast
+EXTRAS ?= dev,tensorflow,jax,fast
 PYTEST_ARGS ?=
 
 .PHONY: all demo test test-core lint venv redis-server bench bench-quick clean

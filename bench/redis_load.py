@@ -168,37 +168,40 @@ def idle_waiter(seconds: float) -> dict[str, Any]:
 
 
 def capacity(requests: int) -> dict[str, Any]:
-    """What one Redis core can serve: our two scripts, next to PING.
+    """What one Redis core can serve: our functions, next to PING.
 
     ``redis-benchmark`` (C, 16 connections, no pipelining) drives the server to
     one full core; commandstats give the server time inside each script.
     """
-    from stepbarrier import BarrierConfig, scripts
+    from stepbarrier import BarrierConfig
+    from stepbarrier.redis_code import function_name, install_functions
     from stepbarrier.waiter_link import REGISTRY_TTL
 
     config = BarrierConfig(job="capacity", redis_url="redis://127.0.0.1:1/0")
     keys = config.keys
     chief_write = [
-        "EVALSHA", "", "3", keys.state, keys.targets, keys.reset,
+        "FCALL", function_name("publish_step"), "3", keys.state, keys.targets, keys.reset,
         str(2**40), "1000", "0", str(config.key_ttl), keys.channel, "bench:1", "256",
-        keys.waiter_prefix,
+        keys.waiter_prefix, "", "0", "1000", "5000", "300", str(2**40), "chief",
     ]
+    # a waiter's sync is two calls in one round trip: register (write), read (FCALL_RO)
     waiter_sync = [
-        "EVALSHA", "", "3", keys.waiter("w1"), keys.targets, keys.registrations,
-        keys.state, keys.reset, str(REGISTRY_TTL), str(config.key_ttl), "w1", str(2**50),
+        "FCALL", function_name("waiter_register"), "3", keys.waiter("w1"), keys.targets,
+        keys.registrations, str(REGISTRY_TTL), str(config.key_ttl), "w1", str(2**50),
         "task_id", "1", "wait_until_step", str(2**50), "since", "0", "host", "h", "pid", "1",
     ]
+    waiter_read = ["FCALL_RO", function_name("waiter_read"), "2", keys.state, keys.reset]
     out: dict[str, Any] = {"requests": requests, "clients": 16}
     with RedisServer() as server:
         client = server.client()
-        for name, command, source in (
-            ("chief_write", chief_write, scripts.PUBLISH_STEP),
-            ("waiter_sync", waiter_sync, scripts.WAITER_SYNC),
-            ("ping", ["PING"], None),
+        install_functions(client)
+        for name, command in (
+            ("chief_write", chief_write),
+            ("waiter_sync", waiter_sync),
+            ("waiter_read", waiter_read),
+            ("ping", ["PING"]),
         ):
-            if source is not None:
-                command[1] = client.script_load(source)
-                client.execute_command(*command)  # the first call registers the waiter
+            client.execute_command(*command)  # the first call registers the waiter
             client.config_resetstat()
             run = subprocess.run(
                 ["redis-benchmark", "-h", "127.0.0.1", "-p", str(server.port), "-n",

@@ -215,7 +215,9 @@ def scale_section(load_result: dict[str, Any] | None, fanout: dict[str, Any] | N
     chief_rate = max(beats, 1) / slowest["seconds"]
     idle = max(load_result["idle_waiter"]["waiter_sent_per_s"], 1e-9)
     write_cost = 1.0 / cap["chief_write"]["requests_per_s"]
-    sync_cost = 1.0 / cap["waiter_sync"]["requests_per_s"]
+    sync_cost = sum(
+        1.0 / cap[part]["requests_per_s"] for part in ("waiter_sync", "waiter_read") if part in cap
+    )
     budget = SHARE_OF_CORE
     chief_core = chief_rate * write_cost
     waiter_core = idle * sync_cost

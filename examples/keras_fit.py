@@ -3,8 +3,9 @@
 The chief's ``fit`` publishes ``model.optimizer.iterations`` after every batch
 (``StepPublisherCallback``); each worker's ``fit`` waits, before its first
 batch, until the chief's step reaches the worker's step (``StepWaiterCallback``).
-The only stepbarrier line is ``callbacks_from_env()``. Each process trains its
-own tiny regression model on synthetic data: the barrier is what they share.
+The only stepbarrier line is ``callbacks_from_env(last_step=...)``. Each process
+trains its own tiny regression model on synthetic data: the barrier is what
+they share.
 
 Environment variables (this script reads no command-line arguments):
     STEPBARRIER_JOB             required: the job's name, the same on every host.
@@ -89,7 +90,10 @@ def main() -> int:
         "first_global_step": None,
         "step_times": [],
     }
-    callbacks = callbacks_from_env()  # the publisher on the chief, the waiter on a worker
+    # the publisher on the chief, the waiter on a worker; the chief's fit is the
+    # whole job: reaching its last step finishes it, and a worker still waiting
+    # for a later step is aborted instead of waiting on
+    callbacks = callbacks_from_env(last_step=train_steps)
     waiter = next((c for c in callbacks if isinstance(c, StepWaiterCallback)), None)
     if waiter is not None:
         record["wait_until_step"] = waiter.wait_until_step

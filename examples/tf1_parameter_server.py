@@ -4,8 +4,8 @@ Each task is its own process: one or more ps tasks serve the variables, the
 chief trains and publishes its global step (``GlobalStepPublisherHook``), and
 every worker starts training once the global step reaches its
 ``wait_until_step`` (``GlobalStepWaiterHook``, a drop-in for TensorFlow's hook).
-The only stepbarrier line is ``hooks = hooks_from_env()``. The model is a tiny
-linear regression on synthetic data.
+The only stepbarrier line is ``hooks = hooks_from_env(last_step=...)``. The model
+is a tiny linear regression on synthetic data.
 
 Environment variables (this script reads no command-line arguments):
     TF_CONFIG                   required: the cluster ("ps", "chief", "worker"
@@ -14,17 +14,21 @@ Environment variables (this script reads no command-line arguments):
                                              "chief": ["localhost:2223"],
                                              "worker": ["localhost:2224"]},
                                  "task": {"type": "worker", "index": 0}}
-                                The chief is task id 0, worker i is task id i + 1.
+                                The chief (or a TF1 "master") is task id 0,
+                                worker i is task id i + 1; without a chief job
+                                worker 0 is the chief, as in TensorFlow.
     STEPBARRIER_JOB             required (chief and workers): the job's name.
     STEPBARRIER_REDIS_URL       Redis, e.g. redis://redis:6379/0 (default localhost).
     STEPBARRIER_WAIT_UNTIL_STEP a worker's step to wait for, or
     STEPBARRIER_SCHEDULE        a ramp such as "log:20": int(20 * log(task_id + 1)).
     STEPBARRIER_ROLE, STEPBARRIER_TASK_ID
                                 override the barrier role and task id that
-                                TF_CONFIG gives (every other STEPBARRIER_*
+                                TF_CONFIG gives; the barrier's chief is also
+                                the session's chief (every other STEPBARRIER_*
                                 variable of the README works too).
     TRAIN_STEPS                 every task stops once the global step reaches it
-                                (default 200).
+                                (default 200); the chief's session ending there
+                                finishes the job (workers still waiting abort).
     STEP_SLEEP                  extra seconds of sleep after each training step of
                                 every training task (default 0): slows the job down
                                 so that the ramp is visible.
@@ -47,6 +51,10 @@ A ps task serves until it is killed. The chief prints "chief ready at global
 step N" once its session exists; starting the workers after that spares them
 TensorFlow's 30 s re-check (they also tolerate an earlier start: they poll the
 ps every 0.1 s until the chief has initialised the variables).
+
+Exit status: 0 when the task trained to the end; 1 when a worker's wait ended
+without its step (BarrierAborted: the chief finished below it; BarrierTimeout),
+so that Kubernetes does not count that worker as done; 2 without TF_CONFIG.
 """
 
 from __future__ import annotations
@@ -62,7 +70,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf
 
-from stepbarrier import BarrierAborted, BarrierConfig, read_status
+from stepbarrier import BarrierAborted, BarrierConfig, BarrierTimeout, read_status
 from stepbarrier.tf_hooks import GlobalStepWaiterHook, hooks_from_env
 
 BATCH = 32
@@ -123,10 +131,11 @@ def main() -> int:
 
     train_steps = int(os.environ.get("TRAIN_STEPS", "200"))
     step_sleep = float(os.environ.get("STEP_SLEEP", "0"))
-    is_chief = task_type == "chief"
+    config = BarrierConfig.from_env()
+    # TensorFlow's rule: chief, master, or worker 0 of a cluster without a chief job
+    is_chief = config.role == "chief"
     device = f"/job:{task_type}/task:{task_index}"
     session_config = tf.compat.v1.ConfigProto(device_filters=["/job:ps", device])
-    config = BarrierConfig.from_env()
     record: dict[str, Any] = {
         "task_type": task_type,
         "task_index": task_index,
@@ -139,9 +148,13 @@ def main() -> int:
         "first_global_step": None,
         "step_times": [],
     }
+    gave_up: str | None = None  # why a worker's wait ended without its step
     with tf.Graph().as_default():
         global_step, train_op = build_model(cluster, device)
-        hooks = hooks_from_env()  # the publisher on the chief, the waiter on a worker
+        # the publisher on the chief, the waiter on a worker; the chief's session
+        # ends at train_steps, which finishes the job: a worker still waiting for
+        # a later step is aborted instead of waiting on
+        hooks = hooks_from_env(last_step=train_steps)
         waiter = next((h for h in hooks if isinstance(h, GlobalStepWaiterHook)), None)
         if waiter is not None:
             record["wait_until_step"] = waiter.wait_until_step
@@ -173,18 +186,25 @@ def main() -> int:
                     if is_chief:
                         record["step_times"].append([step, now])
                     time.sleep(step_sleep)
-        except BarrierAborted as exc:
-            print(f"{task_type} {task_index}: {exc}; nothing to train", flush=True)
+        except (BarrierAborted, BarrierTimeout) as exc:
+            gave_up = f"{type(exc).__name__}: {exc}"
         if waiter is not None:
             record["released_at_step"] = waiter.released_at_step
             record["released_at"] = waiter.released_at
     print(f"{task_type} {task_index}: trained {record['steps_trained']} steps", flush=True)
+    write_record(record)
+    if gave_up is not None:
+        print(f"{task_type} {task_index}: gave up waiting: {gave_up}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+def write_record(record: dict[str, Any]) -> None:
     path = os.environ.get("RECORD_FILE")
     if path:
         with open(path + ".tmp", "w", encoding="utf-8") as handle:
             json.dump(record, handle)
         os.replace(path + ".tmp", path)
-    return 0
 
 
 if __name__ == "__main__":

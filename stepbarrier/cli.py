@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.live import Live
 
 from stepbarrier import __version__
+from stepbarrier.cli_functions import functions
 from stepbarrier.cli_reporting import (
     DEMO_EXIT_CODES,
     EXIT_CODES,
@@ -275,6 +276,9 @@ def demo(**options: Any) -> None:
     from stepbarrier.demo import run_demo  # the demo's imports are only paid for here
 
     sys.exit(run_demo(**options))
+
+
+cli.add_command(functions)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -68,6 +68,7 @@ ENVIRONMENT_VARIABLES: tuple[str, ...] = (
     "STEPBARRIER_RUN_ID",
     "STEPBARRIER_DONE_TTL",
     "STEPBARRIER_PROGRESS_TIMEOUT",
+    "STEPBARRIER_USE_EVAL",
 )
 
 
@@ -150,6 +151,7 @@ class BarrierConfig:
     run_id: str | None = None
     done_ttl: int = DEFAULT_DONE_TTL
     progress_timeout: float | None = None
+    use_eval: bool = False
 
     def __post_init__(self) -> None:
         validate_job(self.job, variable="job")
@@ -158,6 +160,10 @@ class BarrierConfig:
         _check_int(self.done_ttl, "done_ttl", low=1, high=10 * 365 * 24 * 3600)
         if self.progress_timeout is not None:
             _check_seconds(self.progress_timeout, "progress_timeout")
+        if not isinstance(self.use_eval, bool):
+            raise ConfigurationError(
+                f"use_eval must be True or False, got {self.use_eval!r}", variable="use_eval"
+            )
         _check_url(self.redis_url, "redis_url")
         if self.role not in (None, "chief", "worker"):
             raise ConfigurationError(

@@ -1,6 +1,7 @@
 """The one place that reads ``STEPBARRIER_*`` variables and ``TF_CONFIG``.
 
-``BarrierConfig.from_env`` calls ``config_from_env``; nothing else in the
+``BarrierConfig.from_env`` calls ``config_from_env``, and ``hooks_from_env`` and
+``callbacks_from_env`` first ask ``barrier_role_from_env``; nothing else in the
 library looks at the environment. Each variable is parsed here and checked
 again by ``BarrierConfig``; an error names the variable and what was expected,
 and never contains a secret.
@@ -14,6 +15,7 @@ import re
 from collections.abc import Mapping
 
 from stepbarrier.config import (
+    DEFAULT_DONE_TTL,
     DEFAULT_HEARTBEAT,
     DEFAULT_KEY_TTL,
     DEFAULT_REDIS_URL,
@@ -24,10 +26,11 @@ from stepbarrier.config import (
     _check_url,
     mask_url,
     validate_job,
+    validate_run_id,
 )
 from stepbarrier.errors import ConfigurationError
 from stepbarrier.schedule import MAX_STEP, validate_schedule
-from stepbarrier.tf_config import role_from_tf_config
+from stepbarrier.tf_config import MAX_TASK_ID, NO_ROLE_TASK_TYPES, task_from_tf_config
 
 
 def _get(env: Mapping[str, str], name: str) -> str | None:
@@ -35,6 +38,78 @@ def _get(env: Mapping[str, str], name: str) -> str | None:
     if value is None or value.strip() == "":
         return None
     return value.strip()
+
+
+def barrier_role_from_env(environ: Mapping[str, str] | None = None) -> Role | None:
+    """This host's barrier role, before anything else is read or checked.
+
+    ``hooks_from_env`` and ``callbacks_from_env`` ask this first, so that a ps or
+    evaluator task needs no ``STEPBARRIER_*`` variable at all.
+
+    Args:
+        environ: The variables to read; ``os.environ`` when ``None``.
+
+    Returns:
+        ``"chief"`` or ``"worker"``; ``None`` for a ps or evaluator task of
+        ``TF_CONFIG`` (unless ``STEPBARRIER_ROLE`` gives it a role).
+
+    Raises:
+        ConfigurationError: No role can be found (neither ``STEPBARRIER_ROLE``
+            nor a chief or worker task in ``TF_CONFIG``), or a variable the role
+            comes from is invalid.
+    """
+    role, _, tf_type = _host_task(os.environ if environ is None else environ)
+    if role is not None or tf_type in NO_ROLE_TASK_TYPES:
+        return role
+    how = (
+        "set STEPBARRIER_ROLE=chief on the chief, and STEPBARRIER_ROLE=worker with "
+        "STEPBARRIER_TASK_ID=N (N >= 1, the chief being task 0) on each worker"
+    )
+    if tf_type is not None:
+        raise ConfigurationError(
+            f"TF_CONFIG gives this host the task type {tf_type[:40]!r}, which has no barrier "
+            f"role (chief, master and worker have one; ps and evaluator need none): {how}",
+            variable="TF_CONFIG",
+        )
+    raise ConfigurationError(
+        "this host has no barrier role: neither STEPBARRIER_ROLE nor TF_CONFIG says "
+        "whether it is the chief or a worker (launchers that pass --job_name/--task_index "
+        f"flags set neither): {how}, or set TF_CONFIG to the cluster and this task",
+        variable="STEPBARRIER_ROLE",
+    )
+
+
+def _host_task(env: Mapping[str, str]) -> tuple[Role | None, int | None, str | None]:
+    """Role, task id, and the task type of ``TF_CONFIG`` if it had to be read.
+
+    ``STEPBARRIER_ROLE`` and ``STEPBARRIER_TASK_ID`` win; ``TF_CONFIG`` is read
+    only for what they leave open, so that a ``TF_CONFIG`` this library cannot
+    use never blocks them.
+    """
+    role = _env_role(env)
+    task_id = _env_int(env, "STEPBARRIER_TASK_ID", low=0, high=MAX_TASK_ID)
+    if role == "chief" and task_id is None:
+        task_id = 0
+    if role is not None and task_id is not None:
+        return role, task_id, None
+    tf_task = task_from_tf_config(env.get("TF_CONFIG"))
+    if task_id is None:
+        task_id = tf_task.task_id
+    return role or tf_task.role, task_id, tf_task.type
+
+
+def _env_role(env: Mapping[str, str]) -> Role | None:
+    text = _get(env, "STEPBARRIER_ROLE")
+    if text is None:
+        return None
+    if text.lower() == "chief":
+        return "chief"
+    if text.lower() == "worker":
+        return "worker"
+    raise ConfigurationError(
+        f"STEPBARRIER_ROLE must be 'chief' or 'worker', got {text[:40]!r}",
+        variable="STEPBARRIER_ROLE",
+    )
 
 
 def config_from_env(env: Mapping[str, str]) -> BarrierConfig:
@@ -52,23 +127,7 @@ def config_from_env(env: Mapping[str, str]) -> BarrierConfig:
     validate_job(job)
     url = _get(env, "STEPBARRIER_REDIS_URL") or DEFAULT_REDIS_URL
     _check_url(url, "STEPBARRIER_REDIS_URL")
-    tf_role, tf_task = role_from_tf_config(env.get("TF_CONFIG"))
-    role_text = _get(env, "STEPBARRIER_ROLE")
-    role: Role | None
-    if role_text is None:
-        role = tf_role
-    elif role_text.lower() in ("chief", "worker"):
-        role = "chief" if role_text.lower() == "chief" else "worker"
-    else:
-        raise ConfigurationError(
-            f"STEPBARRIER_ROLE must be 'chief' or 'worker', got {role_text!r}",
-            variable="STEPBARRIER_ROLE",
-        )
-    task_id = _env_int(env, "STEPBARRIER_TASK_ID", low=0, high=1_000_000)
-    if task_id is None:
-        task_id = tf_task
-    if task_id is None and role == "chief":
-        task_id = 0
+    role, task_id, _ = _host_task(env)
     schedule = _get(env, "STEPBARRIER_SCHEDULE")
     if schedule is not None:
         schedule = validate_schedule(schedule, variable="STEPBARRIER_SCHEDULE")
@@ -103,12 +162,17 @@ def config_from_env(env: Mapping[str, str]) -> BarrierConfig:
     ca = _env_file(env, "STEPBARRIER_TLS_CA_FILE")
     if (ca or cert) and not url.startswith("rediss://"):
         # never let a TLS setting be silently ignored on a plain connection
+        variable = "STEPBARRIER_TLS_CA_FILE" if ca else "STEPBARRIER_TLS_CERT_FILE"
         raise ConfigurationError(
-            "STEPBARRIER_TLS_* files are set but STEPBARRIER_REDIS_URL is not a rediss:// "
-            f"URL ({mask_url(url)}); use rediss:// for TLS",
-            variable="STEPBARRIER_TLS_CA_FILE" if ca else "STEPBARRIER_TLS_CERT_FILE",
+            f"{variable} is set but STEPBARRIER_REDIS_URL is not a rediss:// URL "
+            f"({mask_url(url)}); use rediss:// for TLS",
+            variable=variable,
         )
     ttl = _env_int(env, "STEPBARRIER_KEY_TTL", low=60, high=10 * 365 * 24 * 3600)
+    done_ttl = _env_int(env, "STEPBARRIER_DONE_TTL", low=1, high=10 * 365 * 24 * 3600)
+    run_id = _get(env, "STEPBARRIER_RUN_ID")
+    if run_id is not None:
+        validate_run_id(run_id)
     return BarrierConfig(
         job=job,
         redis_url=url,
@@ -128,6 +192,10 @@ def config_from_env(env: Mapping[str, str]) -> BarrierConfig:
         on_timeout="proceed" if on_timeout == "proceed" else "raise",
         heartbeat=heartbeat if heartbeat is not None else DEFAULT_HEARTBEAT,
         key_ttl=ttl if ttl is not None else DEFAULT_KEY_TTL,
+        run_id=run_id,
+        done_ttl=done_ttl if done_ttl is not None else DEFAULT_DONE_TTL,
+        progress_timeout=_env_seconds(env, "STEPBARRIER_PROGRESS_TIMEOUT"),
+        use_eval=_env_flag(env, "STEPBARRIER_USE_EVAL"),
     )
 
 
@@ -145,6 +213,15 @@ def _env_int(env: Mapping[str, str], name: str, *, low: int, high: int) -> int |
             variable=name,
         )
     return value
+
+
+def _env_flag(env: Mapping[str, str], name: str) -> bool:
+    text = _get(env, name)
+    if text is None or text.lower() in ("0", "false", "no", "off"):
+        return False
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    raise ConfigurationError(f"{name} must be 1 or 0, got {text[:80]!r}", variable=name)
 
 
 def _env_seconds(env: Mapping[str, str], name: str, *, high: float = 1e9) -> float | None:

@@ -8,7 +8,14 @@ right one for the host it runs on::
 
     model.fit(x, y, callbacks=stepbarrier.keras_callbacks.callbacks_from_env())
 
-Written for Keras 3 (``tf.keras`` in TensorFlow 2.16 and later).
+A "step" is an optimizer update, ``model.optimizer.iterations``: with
+``gradient_accumulation_steps=N`` it advances once every N batches. Keras calls
+the batch callbacks once per execution, so with ``steps_per_execution=N`` in
+``compile`` the chief publishes once every N batches (a worker waiting for a
+step in between is released at the end of that execution).
+
+Written for Keras 3 (``tf.keras`` in TensorFlow 2.16 and later) on any backend
+that can train (TensorFlow, JAX; the NumPy backend cannot ``fit``).
 """
 
 from __future__ import annotations
@@ -22,13 +29,24 @@ from typing import Any
 try:
     import keras
 except ImportError as exc:  # pragma: no cover - depends on the installation
+    if exc.name == "keras":
+        raise ImportError(
+            "stepbarrier.keras_callbacks needs Keras 3 (it comes with TensorFlow): "
+            "pip install 'stepbarrier[tensorflow]', or 'stepbarrier[jax]' for Keras "
+            f"on JAX ({exc})",
+            name=exc.name,
+        ) from exc
+    # Keras is there but its backend (KERAS_BACKEND) or a dependency is not
     raise ImportError(
-        "stepbarrier.keras_callbacks needs Keras 3 (it comes with TensorFlow): "
-        "pip install 'stepbarrier[tensorflow]'"
+        f"stepbarrier.keras_callbacks could not import Keras: {exc} (is the backend "
+        "that KERAS_BACKEND or ~/.keras/keras.json names installed?)",
+        name=exc.name,
     ) from exc
 
 from stepbarrier.config import BarrierConfig
+from stepbarrier.environment import barrier_role_from_env
 from stepbarrier.publisher import StepPublisher
+from stepbarrier.target_step import target_step
 from stepbarrier.waiter import StepWaiter
 
 log = logging.getLogger("stepbarrier.keras_callbacks")
@@ -37,24 +55,33 @@ log = logging.getLogger("stepbarrier.keras_callbacks")
 class StepPublisherCallback(keras.callbacks.Callback):  # type: ignore[misc]
     """Publishes the chief's training step (``model.optimizer.iterations``).
 
-    The step is handed to a ``StepPublisher`` after every training batch (no
-    I/O on the training thread); its thread writes to Redis once per heartbeat
-    and whenever a worker's step is reached. Each ``fit`` starts a new chief
+    The step is handed to a ``StepPublisher`` at the end of every execution
+    (every ``steps_per_execution`` batches; no I/O on the training thread); its
+    thread writes to Redis once per heartbeat and whenever a worker's step is
+    reached. Each ``fit`` starts a new chief
     generation, so a model restored from a checkpoint publishes its real step.
-    At the end of training the job is marked finished: workers still waiting
-    for a step that will not come are aborted.
+
+    How a job ends: the end of a ``fit`` does not finish the job by itself, so
+    a loop of ``fit`` calls (one per epoch, or staged training) keeps its
+    waiting workers waiting. Give ``last_step`` (the optimizer step at which
+    training is over) and the ``fit`` that ends at or above it finishes the
+    job: workers still waiting for a later step are aborted. Or finish it
+    explicitly with ``stepbarrier publish STEP --done``.
 
     Args:
         config: The job's settings; ``None`` reads ``BarrierConfig.from_env()``
             when training begins.
+        last_step: The job is finished when a ``fit`` ends at or above it.
 
     Example:
-        >>> model.fit(x, y, epochs=3, callbacks=[StepPublisherCallback()])  # doctest: +SKIP
+        >>> for epoch in range(3):  # doctest: +SKIP
+        ...     model.fit(x, y, callbacks=[StepPublisherCallback(last_step=3 * steps)])
     """
 
-    def __init__(self, config: BarrierConfig | None = None) -> None:
+    def __init__(self, config: BarrierConfig | None = None, *, last_step: int | None = None):
         super().__init__()
         self._config = config
+        self._last_step = None if last_step is None else operator.index(last_step)
         self._publisher: StepPublisher | None = None
 
     @property
@@ -76,11 +103,20 @@ class StepPublisherCallback(keras.callbacks.Callback):  # type: ignore[misc]
 
     def on_train_end(self, logs: Mapping[str, Any] | None = None) -> None:
         publisher, self._publisher = self._publisher, None
-        if publisher is not None:
-            publisher.close(done=True)  # it warns if the final step did not get through
+        if publisher is None:
+            return
+        final = self._iterations()
+        publisher.publish(final)
+        done = self._last_step is not None and final >= self._last_step
+        publisher.close(done=done)  # it warns if the final step did not get through
 
     def _iterations(self) -> int:
-        return int(self.model.optimizer.iterations.numpy())
+        # optimizer updates; with gradient accumulation ``iterations`` is a
+        # backend array (a jax Array has no .numpy()), not a variable
+        iterations = self.model.optimizer.iterations
+        if hasattr(iterations, "numpy"):  # a variable: the fast path, on every batch
+            return int(iterations.numpy())
+        return int(keras.ops.convert_to_numpy(iterations))
 
 
 class StepWaiterCallback(keras.callbacks.Callback):  # type: ignore[misc]
@@ -90,11 +126,16 @@ class StepWaiterCallback(keras.callbacks.Callback):  # type: ignore[misc]
     (a later ``fit`` with the same callback does not wait again). It ends with
     ``BarrierTimeout`` after the configured timeouts (unless
     ``STEPBARRIER_ON_TIMEOUT=proceed``), or ``BarrierAborted`` when the chief
-    finished below the step; either stops ``fit``.
+    finished below the step; either stops ``fit``. The chief's step counts its
+    optimizer updates (``model.optimizer.iterations``, one per
+    ``gradient_accumulation_steps`` batches) and is published once per
+    execution (every ``steps_per_execution`` batches).
 
     Args:
         wait_until_step: The chief's step to wait for; ``<= 0`` starts at once
-            without touching Redis.
+            without touching Redis. As in ``GlobalStepWaiterHook``, a float *t*
+            waits for step ``math.ceil(t)``, the first step ``>= t``; NaN and
+            ``+inf`` raise ``ConfigurationError``, a ``bool`` ``TypeError``.
         config: The job's settings; ``None`` reads ``BarrierConfig.from_env()``
             when training begins (only if there is something to wait for).
 
@@ -108,9 +149,9 @@ class StepWaiterCallback(keras.callbacks.Callback):  # type: ignore[misc]
         >>> model.fit(x, y, epochs=3, callbacks=[waiter])  # doctest: +SKIP
     """
 
-    def __init__(self, wait_until_step: int, config: BarrierConfig | None = None) -> None:
+    def __init__(self, wait_until_step: float, config: BarrierConfig | None = None) -> None:
         super().__init__()
-        self._wait_until_step = operator.index(wait_until_step)
+        self._wait_until_step = target_step(wait_until_step)
         self._config = config
         self._started = self._wait_until_step <= 0
         self.released_at_step: int | None = None
@@ -118,7 +159,7 @@ class StepWaiterCallback(keras.callbacks.Callback):  # type: ignore[misc]
 
     @property
     def wait_until_step(self) -> int:
-        """The chief's step this callback waits for."""
+        """The chief's step this callback waits for (a float argument rounded up)."""
         return self._wait_until_step
 
     def on_train_begin(self, logs: Mapping[str, Any] | None = None) -> None:
@@ -138,27 +179,34 @@ class StepWaiterCallback(keras.callbacks.Callback):  # type: ignore[misc]
         self._started = True
 
 
-def callbacks_from_env(environ: Mapping[str, str] | None = None) -> list[Any]:
+def callbacks_from_env(
+    environ: Mapping[str, str] | None = None, *, last_step: int | None = None
+) -> list[Any]:
     """The stepbarrier callbacks this host needs, from its environment.
 
     The chief gets a ``StepPublisherCallback``; a worker gets a
     ``StepWaiterCallback`` for ``STEPBARRIER_WAIT_UNTIL_STEP`` or its
-    ``STEPBARRIER_SCHEDULE`` step; any other task gets none. The role and task
-    id come from ``STEPBARRIER_ROLE``/``STEPBARRIER_TASK_ID``, else from
-    ``TF_CONFIG``. No connection is made until training starts.
+    ``STEPBARRIER_SCHEDULE`` step; a ps or evaluator task of ``TF_CONFIG`` gets
+    none (and needs no ``STEPBARRIER_*`` variable). The role and task id come
+    from ``STEPBARRIER_ROLE``/``STEPBARRIER_TASK_ID``, else from ``TF_CONFIG``.
+    No connection is made until training starts.
 
     Args:
         environ: The variables to read; ``os.environ`` when ``None``.
+        last_step: For the chief: the job is finished when a ``fit`` ends at or
+            above this step (see ``StepPublisherCallback``).
 
     Raises:
-        ConfigurationError: A variable is missing or invalid.
+        ConfigurationError: A variable is missing or invalid: no role at all
+            (neither ``STEPBARRIER_ROLE`` nor ``TF_CONFIG``), or for a worker
+            neither a wait step nor a schedule.
 
     Example:
         >>> model.fit(x, y, callbacks=callbacks_from_env())  # doctest: +SKIP
     """
+    if barrier_role_from_env(environ) is None:
+        return []  # a ps or evaluator task takes no part in the barrier
     config = BarrierConfig.from_env(environ)
     if config.role == "chief":
-        return [StepPublisherCallback(config)]
-    if config.role == "worker":
-        return [StepWaiterCallback(config.resolved_wait_until_step(), config)]
-    return []
+        return [StepPublisherCallback(config, last_step=last_step)]
+    return [StepWaiterCallback(config.resolved_wait_until_step(), config)]

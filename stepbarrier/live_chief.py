@@ -14,14 +14,12 @@ import redis
 from stepbarrier.config import BarrierConfig
 from stepbarrier.connection import call_with_retries, make_client
 from stepbarrier.freshness import fresh_heartbeat_limit
+from stepbarrier.redis_code import RedisCode
 from stepbarrier.status import STATUS_RETRY_SECONDS, JobStatus, read_status
 
 HAND_PUBLISHED = "cli:"
 """Prefix of the ``chief`` field written by ``stepbarrier publish``: it wrote once
 and left, so it is no running chief that a later ``publish`` would supersede."""
-
-_MAY_WRITE = "return 1"
-"""A script that does nothing: Redis's ACL checks the keys it declares before running it."""
 
 
 def live_chief_limit(status: JobStatus, default_heartbeat: float) -> float | None:
@@ -61,7 +59,7 @@ def find_live_chief(
     active = client if client is not None else make_client(config)
     try:
         call_with_retries(
-            lambda: active.eval(_MAY_WRITE, 1, config.keys.state),
+            lambda: RedisCode(active, config).call("may_write", [config.keys.state], []),
             config,
             action="publish the step",
             deadline=time.monotonic() + STATUS_RETRY_SECONDS,

@@ -39,7 +39,7 @@ from stepbarrier.connection import (
     make_client,
     translate,
 )
-from stepbarrier.errors import StepBarrierError
+from stepbarrier.errors import RedisUnavailable, StepBarrierError
 from stepbarrier.freshness import confirm_window
 from stepbarrier.protocol import MAX_STEP
 from stepbarrier.registrations import RegistrationListener
@@ -317,7 +317,7 @@ class StepPublisher:
 
     def _note_failure(self, exc: BaseException) -> bool:
         """Record why a write failed; True if a retry may cure it."""
-        if not isinstance(exc, (redis.RedisError, OSError)):
+        if not isinstance(exc, (redis.RedisError, OSError, StepBarrierError)):
             # our own bug, not Redis: say so, with the traceback, and keep training
             log.error("job %s: internal error while publishing", self.config.job, exc_info=exc)
             self.last_failure = None
@@ -326,7 +326,7 @@ class StepPublisher:
         else:
             error = translate(exc, self.config, action="publish the step")
             self.last_failure, self.last_error = error, str(error)
-            transient = is_transient(exc)
+            transient = is_transient(exc) or isinstance(exc, RedisUnavailable)
         if not transient:
             with self._stored:
                 self._refusals += 1

@@ -89,7 +89,8 @@ class RegistrationListener:
                         last_log = time.monotonic()
                         error = translate(exc, self._config, action="hear new waiters")
                         log.warning(
-                            "%s; new waiters are heard at the chief's next write instead", error
+                            "%s; new waiters are heard at the chief's next write instead",
+                            str(error).rstrip("."),
                         )
                     # a refusal (ACL, password) will not pass by retrying soon
                     transient = is_transient(exc)

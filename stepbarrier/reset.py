@@ -10,9 +10,9 @@ import time
 
 import redis
 
-from stepbarrier import scripts
 from stepbarrier.config import BarrierConfig
 from stepbarrier.connection import call_with_retries, make_client
+from stepbarrier.redis_code import RedisCode
 from stepbarrier.waiter_registry import indexed_keys
 
 RESET_MARKER_TTL = 24 * 3600
@@ -26,8 +26,9 @@ MAX_RESET_WAITERS = 100_000
 def reset_job(config: BarrierConfig, client: redis.Redis | None = None) -> int:
     """Delete the job's keys; waiting workers get ``BarrierAborted`` at once.
 
-    A marker with the reset's time stays (and is removed by the next chief), so
-    a waiter that missed the announcement aborts on its next read.
+    A marker with the reset's time stays for ``RESET_MARKER_TTL``: a waiter that
+    began before it and missed the announcement aborts on its next read, and a
+    chief that began before it stops publishing instead of bringing the job back.
 
     Returns:
         The number of waiter entries removed.
@@ -35,7 +36,7 @@ def reset_job(config: BarrierConfig, client: redis.Redis | None = None) -> int:
     own = client is None
     active = client if client is not None else make_client(config)
     keys = config.keys
-    script = active.register_script(scripts.RESET_JOB)
+    code = RedisCode(active, config)
 
     def run() -> int:
         entries = _indexed(active, config)
@@ -43,9 +44,10 @@ def reset_job(config: BarrierConfig, client: redis.Redis | None = None) -> int:
         last = batches.pop() if batches else []
         removed = sum(int(active.delete(*batch)) for batch in batches)
         removed += int(active.exists(*last)) if last else 0
-        script(
-            keys=[keys.state, keys.targets, keys.registrations, keys.reset, *last],
-            args=[keys.channel, RESET_MARKER_TTL],
+        code.call(
+            "reset_job",
+            [keys.state, keys.targets, keys.registrations, keys.reset, *last],
+            [keys.channel, RESET_MARKER_TTL],
         )
         return removed
 

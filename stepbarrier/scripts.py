@@ -1,14 +1,19 @@
-"""The Lua scripts that keep a job's state consistent.
+"""The Lua code that keeps a job's state consistent.
 
-Each script runs atomically in Redis, so a store and its announcement can never
+Each piece runs atomically in Redis, so a store and its announcement can never
 be seen apart. All keys share the job's hash tag and are passed in ``KEYS``.
 Numbers are formatted with ``%.0f`` because Lua numbers are doubles: steps and
 generations stay below 2**53, where doubles are exact.
+
+``BODIES`` holds each piece once. ``stepbarrier.redis_code`` registers them as
+the functions of a versioned Redis Functions library (the default: no role
+needs to run code of its own), or runs them as ``EVAL`` scripts when a server
+has no Functions; the constants below are those scripts.
 """
 
 from __future__ import annotations
 
-_WHOLE = """
+HELPERS = """
 local function whole(text)
   -- One definition of a stored number, the same as Python's protocol.parse_int:
   -- 1 to 16 ASCII digits (no sign, space, exponent or hex), at most 2^53.
@@ -23,9 +28,7 @@ local function now_ms()
 end
 """
 
-BEGIN_GENERATION = (
-    _WHOLE
-    + """
+_BEGIN_GENERATION = """
 -- KEYS[1] state hash
 -- Returns a generation number above every one this job has used: the Redis
 -- clock in microseconds, or the stored generation + 1 if that is higher (the
@@ -38,7 +41,6 @@ if redis.call('TYPE', KEYS[1]).ok == 'hash' then
 end
 return string.format('%.0f', generation)
 """
-)
 
 ACCEPTED = 1
 """PUBLISH_STEP reply status: the write was applied."""
@@ -51,9 +53,7 @@ NOTHING_TO_JOIN = 3
 REJOIN = 4
 """PUBLISH_STEP reply status (contributor): the state has another generation now."""
 
-PUBLISH_STEP = (
-    _WHOLE
-    + """
+_PUBLISH_STEP = """
 -- KEYS[1] state hash, KEYS[2] targets zset, KEYS[3] reset marker
 -- ARGV[1] generation, ARGV[2] step, ARGV[3] done (0/1), ARGV[4] key TTL (s),
 -- ARGV[5] channel, ARGV[6] chief description, ARGV[7] max targets to return,
@@ -178,9 +178,8 @@ for i = 2, #pending, 2 do
 end
 return result
 """
-)
 
-RESET_JOB = """
+_RESET_JOB = """
 -- KEYS[1] state, KEYS[2] targets, KEYS[3] registrations, KEYS[4] reset marker,
 -- KEYS[5..] waiter registry keys; ARGV[1] channel, ARGV[2] marker TTL (s)
 -- Deletes the job's keys, leaves a marker holding the Redis time (ms) of the
@@ -194,56 +193,80 @@ redis.call('PUBLISH', ARGV[1], '{"reset":true,"time_ms":' .. now_ms .. '}')
 return now_ms
 """
 
-WAITER_SYNC = """
+_WAITER_REGISTER = """
 -- KEYS[1] this waiter's registry hash, KEYS[2] targets zset, KEYS[3] registrations list
--- ARGV[1] state key, ARGV[2] reset marker key (same hash tag), ARGV[3] registry
--- TTL (s), ARGV[4] key TTL (s), ARGV[5] waiter id, ARGV[6] target,
--- ARGV[7..] registry fields and values
--- KEYS holds only what a waiter writes: Redis's ACL demands read AND write
--- permission on every key an EVALSHA declares, so the two keys it only reads
--- travel in ARGV, and the ACL's worker user can read, never write, them.
--- A waiter's one command per fallback interval: (re-)registers it if its entry
--- is gone (first call, expiry, or a Redis restarted empty) or refreshes the
--- entry's TTL, puts its target back in the targets zset (the job's index of
--- waiters, which the chief relearns from even if the zset was lost), then
--- returns the Redis time, the reset marker and the state:
---   {now_ms, reset marker or false, state type, state field/value pairs...}
-local fresh_entry = redis.call('EXPIRE', KEYS[1], ARGV[3]) == 0
+-- ARGV[1] registry TTL (s), ARGV[2] key TTL (s), ARGV[3] waiter id, ARGV[4] target,
+-- ARGV[5..] registry fields and values
+-- (Re-)registers the waiter if its entry is gone (first call, expiry, or a Redis
+-- restarted empty) or refreshes the entry's TTL, and puts its target back in the
+-- targets zset (the job's index of waiters, which the chief relearns from even
+-- if the zset was lost). Only what a waiter writes is declared: Redis's ACL
+-- demands read AND write permission on every key that FCALL/EVAL declares.
+local fresh_entry = redis.call('EXPIRE', KEYS[1], ARGV[1]) == 0
 if fresh_entry then
   local entry = {}
-  for i = 7, #ARGV do entry[#entry + 1] = ARGV[i] end
+  for i = 5, #ARGV do entry[#entry + 1] = ARGV[i] end
   redis.call('DEL', KEYS[1])
   redis.call('HSET', KEYS[1], unpack(entry))
-  redis.call('EXPIRE', KEYS[1], ARGV[3])
+  redis.call('EXPIRE', KEYS[1], ARGV[1])
 end
 -- the targets and the list only guide the chief: a malformed one is skipped
-if pcall(redis.call, 'ZADD', KEYS[2], ARGV[6], ARGV[5]) then
-  redis.call('EXPIRE', KEYS[2], ARGV[4])
+if pcall(redis.call, 'ZADD', KEYS[2], ARGV[4], ARGV[3]) then
+  redis.call('EXPIRE', KEYS[2], ARGV[2])
 end
-if fresh_entry and pcall(redis.call, 'RPUSH', KEYS[3], ARGV[6]) then
+if fresh_entry and pcall(redis.call, 'RPUSH', KEYS[3], ARGV[4]) then
   redis.call('LTRIM', KEYS[3], -1000, -1)
-  redis.call('EXPIRE', KEYS[3], ARGV[4])
+  redis.call('EXPIRE', KEYS[3], ARGV[2])
 end
-local now = redis.call('TIME')
-local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-local result = {string.format('%.0f', now_ms)}
-if redis.call('TYPE', ARGV[2]).ok == 'string' then
-  result[2] = redis.call('GET', ARGV[2])
+return 1
+"""
+
+_WAITER_READ = """
+-- KEYS[1] state hash, KEYS[2] reset marker (read only: FCALL_RO, no write permission needed)
+-- Returns the Redis time, the reset marker and the state:
+--   {now_ms, reset marker or false, state type, state field/value pairs...}
+local result = {string.format('%.0f', now_ms())}
+if redis.call('TYPE', KEYS[2]).ok == 'string' then
+  result[2] = redis.call('GET', KEYS[2])
 else
   result[2] = false
 end
-local kind = redis.call('TYPE', ARGV[1]).ok
+local kind = redis.call('TYPE', KEYS[1]).ok
 result[3] = kind
 if kind == 'hash' then
-  local fields = redis.call('HGETALL', ARGV[1])
+  local fields = redis.call('HGETALL', KEYS[1])
   for i = 1, #fields do result[#result + 1] = fields[i] end
 end
 return result
 """
 
-WAITER_LEAVE = """
+_WAITER_LEAVE = """
 -- KEYS[1] this waiter's registry hash, KEYS[2] targets zset; ARGV[1] waiter id
 redis.call('DEL', KEYS[1])
 if redis.call('TYPE', KEYS[2]).ok == 'zset' then redis.call('ZREM', KEYS[2], ARGV[1]) end
 return 1
 """
+
+_MAY_WRITE = """
+-- KEYS: the keys a caller means to write. Does nothing: Redis's ACL checks the
+-- declared keys before running it, so it tells whether this user may write them.
+return 1
+"""
+
+BODIES: dict[str, tuple[str, bool]] = {
+    "begin_generation": (_BEGIN_GENERATION, False),
+    "publish_step": (_PUBLISH_STEP, False),
+    "reset_job": (_RESET_JOB, False),
+    "waiter_register": (_WAITER_REGISTER, False),
+    "waiter_read": (_WAITER_READ, True),
+    "waiter_leave": (_WAITER_LEAVE, False),
+    "may_write": (_MAY_WRITE, False),
+}
+"""Each piece of code by name: its Lua body and whether it only reads."""
+
+BEGIN_GENERATION = HELPERS + _BEGIN_GENERATION
+PUBLISH_STEP = HELPERS + _PUBLISH_STEP
+RESET_JOB = HELPERS + _RESET_JOB
+WAITER_REGISTER = HELPERS + _WAITER_REGISTER
+WAITER_READ = HELPERS + _WAITER_READ
+WAITER_LEAVE = HELPERS + _WAITER_LEAVE

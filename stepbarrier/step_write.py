@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import redis
 
-from stepbarrier import scripts
 from stepbarrier.config import BarrierConfig
 from stepbarrier.protocol import parse_int
+from stepbarrier.redis_code import RedisCode
 
 MAX_TARGETS = 256
 """How many pending targets (lowest first) each write brings back to the writer."""
@@ -62,7 +62,7 @@ class StepWrite:
 
 
 class StepWriter:
-    """Sends a job's step writes through the ``PUBLISH_STEP`` script.
+    """Sends a job's step writes through the ``publish_step`` code.
 
     Args:
         client: The writer's redis-py client.
@@ -78,19 +78,19 @@ class StepWriter:
         self._config = config
         self._chief = chief
         self._mode = "contributor" if contributor else "chief"
-        self._publish = client.register_script(scripts.PUBLISH_STEP)
-        self._begin = client.register_script(scripts.BEGIN_GENERATION)
+        self._code = RedisCode(client, config)
 
     def begin_generation(self) -> int:
         """A new generation number above every one the job has used."""
-        return int(self._begin(keys=[self._config.keys.state]))
+        return int(self._code.call("begin_generation", [self._config.keys.state], []))
 
     def write(self, values: StepWrite) -> WriteResult:
-        """Run the script once (one try; the caller retries)."""
+        """Run the publishing code once (one try; the caller retries)."""
         keys, config = self._config.keys, self._config
-        reply = self._publish(
-            keys=[keys.state, keys.targets, keys.reset],
-            args=[
+        reply = self._code.call(
+            "publish_step",
+            [keys.state, keys.targets, keys.reset],
+            [
                 values.generation,
                 values.step,
                 1 if values.done else 0,

@@ -35,15 +35,27 @@ from typing import Any
 try:
     import tensorflow as tf
 except ImportError as exc:  # pragma: no cover - depends on the installation
+    if exc.name == "tensorflow":
+        raise ImportError(
+            f"stepbarrier.tf_hooks needs TensorFlow: pip install 'stepbarrier[tensorflow]' ({exc})",
+            name=exc.name,
+        ) from exc
+    # TensorFlow is there but something it imports is not: name that, not TensorFlow
     raise ImportError(
-        "stepbarrier.tf_hooks needs TensorFlow: pip install 'stepbarrier[tensorflow]'"
+        f"stepbarrier.tf_hooks could not import TensorFlow: {exc}", name=exc.name
     ) from exc
 
 from stepbarrier.config import BarrierConfig
+from stepbarrier.environment import barrier_role_from_env
 from stepbarrier.publisher import StepPublisher
+from stepbarrier.target_step import target_step
 from stepbarrier.waiter import StepWaiter
 
 log = logging.getLogger("stepbarrier.tf_hooks")
+
+REPORT_EVERY = 10
+"""A started worker reports the global step with every this many runs (a fetch
+through ``SessionRunArgs`` costs about 0.25 ms, so 0.025 ms a run on average)."""
 
 
 def _global_step_or_raise(hook_name: str) -> Any:
@@ -64,9 +76,27 @@ class GlobalStepWaiterHook(tf.compat.v1.train.SessionRunHook):  # type: ignore[m
     Args:
         wait_until_step: The global step to wait for; ``<= 0`` starts at once
             without touching Redis. TensorFlow's ramp is
-            ``int(K * math.log(task_id + 1))``, the chief being task 0.
+            ``int(K * math.log(task_id + 1))``, the chief being task 0. Like
+            TensorFlow's hook, which releases once ``global_step >=
+            wait_until_step``, it takes any real number: a float *t* waits for
+            step ``math.ceil(t)`` (``20 * math.log(2)``, 13.86, waits for 14).
+            NaN and ``+inf`` (which TensorFlow's hook would wait for forever)
+            raise ``ConfigurationError``, a ``bool`` ``TypeError``.
         config: The job's settings; ``None`` reads ``BarrierConfig.from_env()``
             in ``begin()`` (only when there is something to wait for).
+        report_every: Once started, the worker fetches the global step with
+            every ``report_every``-th run and adds it to the job's published
+            step (``None`` or 0: never). In asynchronous parameter-server
+            training every worker moves the global step, and training goes on
+            after the chief's session ends; TensorFlow's hook, which reads the
+            step on the parameter server, then still releases waiting workers,
+            and so does this one, through the steps the started workers report.
+            A report only raises the step of the chief's current generation
+            (never above what the worker read), and never finishes the job.
+            Reporting needs a config: given here, or read in ``begin()``, which
+            happens only when there is something to wait for (so
+            ``GlobalStepWaiterHook(0)`` without a config, like TensorFlow's,
+            never touches Redis; ``hooks_from_env`` always passes one).
 
     Attributes:
         released_at_step: The chief's step that released this worker (``None``
@@ -83,9 +113,21 @@ class GlobalStepWaiterHook(tf.compat.v1.train.SessionRunHook):  # type: ignore[m
         ...         sess.run(train_op)
     """
 
-    def __init__(self, wait_until_step: int, config: BarrierConfig | None = None) -> None:
-        self._wait_until_step = operator.index(wait_until_step)
+    def __init__(
+        self,
+        wait_until_step: float,
+        config: BarrierConfig | None = None,
+        *,
+        report_every: int | None = REPORT_EVERY,
+    ) -> None:
+        self._wait_until_step = target_step(wait_until_step)
         self._config = config
+        self._report_every = operator.index(report_every or 0)
+        if self._report_every < 0:
+            raise ValueError(f"report_every must be 0 or more, got {report_every}")
+        self._reporter: StepPublisher | None = None
+        self._global_step: Any = None
+        self._runs = 0
         self._worker_is_started = False
         self._waiter: StepWaiter | None = None
         self.released_at_step: int | None = None
@@ -93,21 +135,22 @@ class GlobalStepWaiterHook(tf.compat.v1.train.SessionRunHook):  # type: ignore[m
 
     @property
     def wait_until_step(self) -> int:
-        """The global step this hook waits for."""
+        """The global step this hook waits for (a float argument rounded up)."""
         return self._wait_until_step
 
     def begin(self) -> None:
         self._worker_is_started = False
-        _global_step_or_raise("GlobalStepWaiterHook")
+        self._global_step = _global_step_or_raise("GlobalStepWaiterHook")
         if self._wait_until_step > 0 and self._config is None:
             self._config = BarrierConfig.from_env()  # a bad setting fails before the session
 
-    def before_run(self, run_context: Any) -> None:
+    def before_run(self, run_context: Any) -> Any:
         if self._worker_is_started:
-            return None
+            return self._report_request()
         if self._wait_until_step <= 0:
             self._worker_is_started = True
-            return None
+            self._start_reporting()
+            return self._report_request()
         if self._config is None:
             self._config = BarrierConfig.from_env()
         log.info("Waiting for global step %d before starting training.", self._wait_until_step)
@@ -119,10 +162,31 @@ class GlobalStepWaiterHook(tf.compat.v1.train.SessionRunHook):  # type: ignore[m
         self.released_at = time.time()
         self.released_at_step = step
         self._worker_is_started = True
-        return None
+        self._start_reporting()
+        return self._report_request()
+
+    def after_run(self, run_context: Any, run_values: Any) -> None:
+        reporter = self._reporter
+        if reporter is not None and run_values.results is not None:
+            reporter.publish(int(run_values.results))
 
     def end(self, session: Any) -> None:
         self._close_waiter()
+        reporter, self._reporter = self._reporter, None
+        if reporter is not None:
+            reporter.close(done=False, timeout=2.0)
+
+    def _start_reporting(self) -> None:
+        if self._report_every and self._config is not None and self._reporter is None:
+            self._reporter = StepPublisher(self._config, contributor=True)
+
+    def _report_request(self) -> Any:
+        if self._reporter is None:
+            return None
+        self._runs += 1
+        if self._runs % self._report_every:
+            return None
+        return tf.compat.v1.train.SessionRunArgs(self._global_step)
 
     def _close_waiter(self) -> None:
         # The wait itself unregisters when it ends; this releases the connection.
@@ -139,21 +203,33 @@ class GlobalStepPublisherHook(tf.compat.v1.train.SessionRunHook):  # type: ignor
     thread writes to Redis once per heartbeat and whenever the step crosses a
     step some worker waits for. Redis being down never stops training.
 
-    The fetched value may be the one from before the run's own increment. It is
-    published as is (a published step must never be ahead of the truth), except
-    when one more step would reach a waiting worker's step: then one extra read
-    (about 1.7 ms, once per crossed target) confirms the true step, so that
-    worker wakes when the chief's run that reached its step returns.
+    The fetched value is the one from before the run's own increment, and in
+    asynchronous parameter-server training other workers move the step during
+    the run too. It is published as is (a published step must never be ahead
+    of the truth), except when the step plus the largest recent move per run
+    would reach a waiting worker's step: then one extra read (about 1.7 ms,
+    about once per crossed target) confirms the true step, so that worker wakes
+    when the chief's run that crossed its step returns, whatever the step's
+    increment per run.
 
     ``after_create_session`` starts a new chief generation and publishes the
     session's step, so a chief restored from a checkpoint (or re-initialised by
-    a recovering ``MonitoredSession``) publishes its real, lower step. ``end()``
-    marks the job finished: workers still waiting for a step that will not come
-    are aborted. ``end()`` reads the final step once more, so it is exact.
+    a recovering ``MonitoredSession``) publishes its real, lower step.
+
+    How a job ends: ``end()`` publishes the exact final step but does not, by
+    itself, finish the job, because TensorFlow also calls it when a crashed
+    chief's ``try/finally`` closes its session, and at the end of each session
+    of a chief that trains in several. Waiting workers go on waiting: in
+    asynchronous training the released workers keep the step moving (see
+    ``GlobalStepWaiterHook``). Give ``last_step`` (the step at which your
+    ``StopAtStepHook`` or loop ends) and ``end()`` finishes the job once the
+    step reached it: workers still waiting for a later step are aborted. Or
+    finish it explicitly: ``stepbarrier publish STEP --done``.
 
     Args:
         config: The job's settings; ``None`` reads ``BarrierConfig.from_env()``
             in ``begin()``.
+        last_step: The job is finished when a session ends at or above it.
 
     Attributes:
         verifications: Extra global-step reads done so far (for tests and
@@ -163,16 +239,18 @@ class GlobalStepPublisherHook(tf.compat.v1.train.SessionRunHook):  # type: ignor
         >>> with tf.compat.v1.train.MonitoredTrainingSession(  # doctest: +SKIP
         ...     master=server.target,
         ...     is_chief=True,
-        ...     chief_only_hooks=[GlobalStepPublisherHook()],
+        ...     chief_only_hooks=[GlobalStepPublisherHook(last_step=10_000)],
         ... ) as sess:
         ...     while not sess.should_stop():
         ...         sess.run(train_op)
     """
 
-    def __init__(self, config: BarrierConfig | None = None) -> None:
+    def __init__(self, config: BarrierConfig | None = None, *, last_step: int | None = None):
         self._config = config
+        self._last_step = None if last_step is None else operator.index(last_step)
         self._publisher: StepPublisher | None = None
         self._global_step: Any = None
+        self._lead = StepLead()
         self.verifications = 0
 
     @property
@@ -191,6 +269,7 @@ class GlobalStepPublisherHook(tf.compat.v1.train.SessionRunHook):  # type: ignor
             self._publisher = StepPublisher(self._config)
         self._publisher.new_generation()
         step = int(session.run(self._global_step))
+        self._lead.restart(step)
         self._publisher.publish(step)
         log.info("job %s: chief session starts at global step %d", self._publisher.config.job, step)
 
@@ -202,8 +281,12 @@ class GlobalStepPublisherHook(tf.compat.v1.train.SessionRunHook):  # type: ignor
         if publisher is None:
             return
         step = int(run_values.results)
-        if step + 1 >= publisher.next_threshold:
-            # The fetched value may predate this run's increment: read the truth.
+        lead = self._lead.observe(step)
+        threshold = publisher.next_threshold
+        # -1: the generation's first write is still to come (Redis may be down);
+        # it goes out with any step, so there is nothing to confirm yet
+        if 0 <= threshold <= step + lead:
+            # The fetched value predates this run's own move: read the truth.
             step = int(run_context.session.run(self._global_step))
             self.verifications += 1
         publisher.publish(step)
@@ -212,30 +295,66 @@ class GlobalStepPublisherHook(tf.compat.v1.train.SessionRunHook):  # type: ignor
         publisher, self._publisher = self._publisher, None
         if publisher is None:
             return
+        final: int | None = None
         try:
             # The last fetched value may lag by one run; the final step must not,
-            # or a worker waiting for exactly that step would be aborted.
-            publisher.publish(int(session.run(self._global_step)))
+            # or a worker waiting for exactly that step would wait on.
+            final = int(session.run(self._global_step))
+            publisher.publish(final)
         except Exception as exc:  # the session may be unusable; the lower bound stands
             log.warning("could not read the final global step: %s", exc)
-        publisher.close(done=True)  # it warns if the final step did not get through
+        done = self._last_step is not None and final is not None and final >= self._last_step
+        publisher.close(done=done)  # it warns if the final step did not get through
 
 
-def hooks_from_env(environ: Mapping[str, str] | None = None) -> list[Any]:
+class StepLead:
+    """How far the global step may move during one run: the largest recent move.
+
+    In asynchronous training the step moves by more than one per chief run (the
+    other workers push it too). The lead decays slowly, so a burst is not
+    forgotten at once and a slow-down is learnt within tens of runs.
+    """
+
+    DECAY = 0.95
+
+    def __init__(self) -> None:
+        self._previous: int | None = None
+        self._lead = 1.0
+
+    def restart(self, step: int) -> None:
+        """A new session starts at ``step``."""
+        self._previous = step
+
+    def observe(self, step: int) -> float:
+        """Take in a fetched step; return the lead to expect from the run in flight."""
+        if self._previous is not None and step > self._previous:
+            self._lead = max(float(step - self._previous), self._lead * self.DECAY, 1.0)
+        self._previous = step
+        return self._lead
+
+
+def hooks_from_env(
+    environ: Mapping[str, str] | None = None, *, last_step: int | None = None
+) -> list[Any]:
     """The stepbarrier hooks this host needs, from its environment.
 
     The chief gets a ``GlobalStepPublisherHook``; a worker gets a
     ``GlobalStepWaiterHook`` for ``STEPBARRIER_WAIT_UNTIL_STEP`` or its
-    ``STEPBARRIER_SCHEDULE`` step; a ps or evaluator task gets none. The role
-    and task id come from ``STEPBARRIER_ROLE``/``STEPBARRIER_TASK_ID``, else
-    from ``TF_CONFIG``. No connection is made until the session starts.
+    ``STEPBARRIER_SCHEDULE`` step; a ps or evaluator task of ``TF_CONFIG`` gets
+    none (and needs no ``STEPBARRIER_*`` variable). The role and task id come
+    from ``STEPBARRIER_ROLE``/``STEPBARRIER_TASK_ID``, else from ``TF_CONFIG``.
+    No connection is made until the session starts.
 
     Args:
         environ: The variables to read; ``os.environ`` when ``None``.
+        last_step: For the chief: the job is finished when a session ends at or
+            above this step (see ``GlobalStepPublisherHook``).
 
     Raises:
-        ConfigurationError: A variable is missing or invalid (for a worker:
-            neither a wait step nor a schedule is set).
+        ConfigurationError: A variable is missing or invalid: no role at all
+            (neither ``STEPBARRIER_ROLE`` nor ``TF_CONFIG``, as with launchers
+            that pass ``--job_name``/``--task_index`` flags), or for a worker
+            neither a wait step nor a schedule.
 
     Example:
         >>> hooks = hooks_from_env()  # doctest: +SKIP
@@ -243,9 +362,9 @@ def hooks_from_env(environ: Mapping[str, str] | None = None) -> list[Any]:
         ...     master=server.target, hooks=hooks
         ... )
     """
+    if barrier_role_from_env(environ) is None:
+        return []  # a ps or evaluator task takes no part in the barrier
     config = BarrierConfig.from_env(environ)
     if config.role == "chief":
-        return [GlobalStepPublisherHook(config)]
-    if config.role == "worker":
-        return [GlobalStepWaiterHook(config.resolved_wait_until_step(), config)]
-    return []
+        return [GlobalStepPublisherHook(config, last_step=last_step)]
+    return [GlobalStepWaiterHook(config.resolved_wait_until_step(), config)]

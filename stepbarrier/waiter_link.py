@@ -19,10 +19,10 @@ from typing import Any
 import redis
 from redis.client import PubSub
 
-from stepbarrier import scripts
 from stepbarrier.config import BarrierConfig
 from stepbarrier.connection import CONNECT_TIMEOUT
 from stepbarrier.protocol import ChiefState, parse_int, parse_state
+from stepbarrier.redis_code import RedisCode
 
 REGISTRY_TTL = 30
 """Seconds a waiter's registry entry outlives its last refresh (so dead ones go)."""
@@ -62,8 +62,7 @@ class WaiterLink:
         self.id = f"{task}-{uuid.uuid4().hex[:8]}"
         self.target = target
         self.registered = False
-        self._sync = client.register_script(scripts.WAITER_SYNC)
-        self._leave = client.register_script(scripts.WAITER_LEAVE)
+        self._code = RedisCode(client, config)
         self._entry = {
             "task_id": "" if config.task_id is None else str(config.task_id),
             "wait_until_step": str(target),
@@ -90,22 +89,28 @@ class WaiterLink:
             raise
 
     def sync(self) -> Snapshot:
-        """Register (or refresh the entry's TTL) and read the state, in one command."""
+        """Register (or refresh the entry), then read the state: one round trip.
+
+        Two calls in one pipeline, in this order: the registering one declares
+        only what a waiter writes, the reading one (``FCALL_RO``) what it only
+        reads, so the worker role needs no write permission on the state.
+        """
         keys = self._keys
-        args: list[Any] = [
-            keys.state,
-            keys.reset,
-            REGISTRY_TTL,
-            self._config.key_ttl,
-            self.id,
-            self.target,
-        ]
+        args: list[Any] = [REGISTRY_TTL, self._config.key_ttl, self.id, self.target]
         for name, value in self._entry.items():
             args += [name, value]
-        reply = list(
-            self._sync(keys=[keys.waiter(self.id), keys.targets, keys.registrations], args=args)
+        _registered, reply = self._code.pipeline(
+            [
+                (
+                    "waiter_register",
+                    [keys.waiter(self.id), keys.targets, keys.registrations],
+                    args,
+                ),
+                ("waiter_read", [keys.state, keys.reset], []),
+            ]
         )
         self.registered = True
+        reply = list(reply)
         kind = reply[2].decode() if isinstance(reply[2], bytes) else str(reply[2])
         if kind == "hash":
             flat = reply[3:]
@@ -124,7 +129,7 @@ class WaiterLink:
         """Remove the registry entry and its target (one try; raises on failure)."""
         if self.registered:
             keys = self._keys
-            self._leave(keys=[keys.waiter(self.id), keys.targets], args=[self.id])
+            self._code.call("waiter_leave", [keys.waiter(self.id), keys.targets], [self.id])
 
 
 def close_quietly(pubsub: PubSub | None) -> None:

@@ -9,6 +9,7 @@ import pytest
 
 from stepbarrier import BarrierConfig, ConfigurationError
 from stepbarrier.config import ENVIRONMENT_VARIABLES, mask_url
+from stepbarrier.environment import barrier_role_from_env
 
 BASE = {"STEPBARRIER_JOB": "mnist-42"}
 
@@ -288,23 +289,127 @@ def test_stepbarrier_variables_override_tf_config() -> None:
     assert (cfg.role, cfg.task_id) == ("worker", 9)
 
 
-@pytest.mark.parametrize(
-    "text",
-    [
-        "{",
-        "[]",
-        '{"task": {"type": "worker"}}x',
-        '{"cluster": {}, "task": {"type": "gpu", "index": 0}}',
-        '{"cluster": {}, "task": {"type": "worker", "index": "one"}}',
-        '{"cluster": {}, "task": {"type": "worker", "index": -2}}',
-        '{"cluster": [], "task": {"type": "worker", "index": 0}}',
-        '{"cluster": {}}',
-    ],
-)
-def test_malformed_tf_config(text: str) -> None:
+UNUSABLE_TF_CONFIGS = [
+    "{",
+    "[]",
+    '"worker"',
+    '{"task": {"type": "worker"}}x',
+    '{"cluster": {}, "task": {"type": "worker", "index": "one"}}',
+    '{"cluster": {}, "task": {"type": "worker", "index": "1.5"}}',
+    '{"cluster": {}, "task": {"type": "worker", "index": null}}',
+    '{"cluster": {}, "task": {"type": "worker", "index": -2}}',
+    '{"cluster": [], "task": {"type": "worker", "index": 0}}',
+    '{"cluster": {"chief": "h:0"}, "task": {"type": "worker", "index": 0}}',
+]
+"""Texts that give no usable role: not a JSON object, an index that is not a whole
+number from 0 up (TensorFlow's resolver calls ``int()`` on it), or a cluster whose
+chief job TensorFlow's ``ClusterSpec`` refuses."""
+
+
+@pytest.mark.parametrize("text", UNUSABLE_TF_CONFIGS)
+def test_an_unusable_tf_config_is_an_error_when_the_role_comes_from_it(text: str) -> None:
     with pytest.raises(ConfigurationError) as info:
         BarrierConfig.from_env({**BASE, "TF_CONFIG": text})
     assert info.value.variable == "TF_CONFIG"
+
+
+@pytest.mark.parametrize("text", UNUSABLE_TF_CONFIGS)
+def test_a_worker_without_a_task_id_needs_a_usable_tf_config(text: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        BarrierConfig.from_env({**BASE, "TF_CONFIG": text, "STEPBARRIER_ROLE": "worker"})
+    assert info.value.variable == "TF_CONFIG"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        *UNUSABLE_TF_CONFIGS,
+        '{"cluster": {"worker": ["h:1"]}, "task": {"type": "client", "index": 0}}',
+        '{"cluster": {"worker": ["h:1"]}}',
+    ],
+)
+def test_explicit_role_and_task_id_win_over_any_tf_config(text: str) -> None:
+    worker = BarrierConfig.from_env(
+        {**BASE, "TF_CONFIG": text, "STEPBARRIER_ROLE": "worker", "STEPBARRIER_TASK_ID": "3"}
+    )
+    assert (worker.role, worker.task_id) == ("worker", 3)
+    chief = BarrierConfig.from_env({**BASE, "TF_CONFIG": text, "STEPBARRIER_ROLE": "chief"})
+    assert (chief.role, chief.task_id) == ("chief", 0)
+
+
+@pytest.mark.parametrize(
+    ("task", "role", "task_id"),
+    [
+        ({"type": "worker", "index": "1"}, "worker", 2),  # TensorFlow: int(index)
+        ({"type": "worker", "index": " 2 "}, "worker", 3),
+        ({"type": "worker"}, "worker", 1),  # no index: 0
+        ({"type": "chief", "index": "not used"}, "chief", 0),
+        ({"type": "client", "index": 0}, None, None),  # a type TensorFlow does not train with
+        ({"type": "ps", "index": "x"}, None, None),  # a ps's index is never needed
+        ({"index": 0}, None, None),
+        (None, None, None),  # no task at all
+    ],
+)
+def test_tf_config_is_read_as_tensorflows_resolver_reads_it(
+    task: dict[str, object] | None, role: str | None, task_id: int | None
+) -> None:
+    spec: dict[str, object] = {"cluster": {"chief": ["h:0"], "worker": ["h:1", "h:2", "h:3"]}}
+    if task is not None:
+        spec["task"] = task
+    cfg = BarrierConfig.from_env({**BASE, "TF_CONFIG": json.dumps(spec)})
+    assert (cfg.role, cfg.task_id) == (role, task_id)
+
+
+@pytest.mark.parametrize("chief_job", ["chief", "master"])
+def test_an_empty_chief_job_still_keeps_worker_0_from_being_the_chief(chief_job: str) -> None:
+    """As ``multi_worker_util.is_chief``: only a cluster without a chief job has worker 0 lead."""
+    spec = {"cluster": {chief_job: [], "worker": ["h:1", "h:2"]}, "task": {"type": "worker"}}
+    cfg = BarrierConfig.from_env({**BASE, "TF_CONFIG": json.dumps(spec)})
+    assert (cfg.role, cfg.task_id) == ("worker", 0)
+
+
+def test_a_host_with_no_role_anywhere_is_told_which_variables_to_set() -> None:
+    env = {**BASE, "STEPBARRIER_WAIT_UNTIL_STEP": "5"}
+    with pytest.raises(ConfigurationError) as info:
+        barrier_role_from_env(env)
+    assert info.value.variable == "STEPBARRIER_ROLE"
+    for name in ("STEPBARRIER_ROLE", "STEPBARRIER_TASK_ID", "TF_CONFIG", "--job_name"):
+        assert name in str(info.value)
+
+
+def test_an_unknown_tf_config_task_type_has_no_role_unless_one_is_set() -> None:
+    text = '{"cluster": {"client": ["h:1"]}, "task": {"type": "client", "index": 0}}'
+    with pytest.raises(ConfigurationError) as info:
+        barrier_role_from_env({"TF_CONFIG": text})
+    assert info.value.variable == "TF_CONFIG"
+    assert "'client'" in str(info.value) and "STEPBARRIER_ROLE" in str(info.value)
+    assert barrier_role_from_env({"TF_CONFIG": text, "STEPBARRIER_ROLE": "worker"}) == "worker"
+
+
+@pytest.mark.parametrize("kind", ["ps", "evaluator"])
+def test_ps_and_evaluator_tasks_have_no_role_and_need_no_other_variable(kind: str) -> None:
+    text = json.dumps({"cluster": {"ps": ["h:1"], "worker": ["h:2"]}, "task": {"type": kind}})
+    assert barrier_role_from_env({"TF_CONFIG": text}) is None
+    assert barrier_role_from_env({"TF_CONFIG": text, "STEPBARRIER_ROLE": "worker"}) == "worker"
+
+
+@pytest.mark.parametrize(
+    ("env", "role"),
+    [
+        ({"STEPBARRIER_ROLE": "Chief"}, "chief"),
+        ({"STEPBARRIER_ROLE": "worker"}, "worker"),
+        ({"TF_CONFIG": tf_config("master", 0)}, "chief"),
+        ({"TF_CONFIG": tf_config("worker", 1)}, "worker"),
+    ],
+)
+def test_barrier_role_from_env_needs_only_the_role(env: dict[str, str], role: str) -> None:
+    assert barrier_role_from_env(env) == role  # no STEPBARRIER_JOB
+
+
+def test_barrier_role_from_env_refuses_a_bad_role() -> None:
+    with pytest.raises(ConfigurationError) as info:
+        barrier_role_from_env({"STEPBARRIER_ROLE": "ps"})
+    assert info.value.variable == "STEPBARRIER_ROLE"
 
 
 def test_every_documented_variable_is_read() -> None:
@@ -327,3 +432,47 @@ def test_direct_construction_validates() -> None:
         BarrierConfig(job="j", heartbeat=-1)
     with pytest.raises(ConfigurationError):
         BarrierConfig(job="j", on_timeout="maybe")  # type: ignore[arg-type]
+
+
+def test_run_id_done_ttl_and_progress_timeout_come_from_the_environment() -> None:
+    config = BarrierConfig.from_env(
+        {
+            "STEPBARRIER_JOB": "j",
+            "STEPBARRIER_RUN_ID": "run-2026.11_30",
+            "STEPBARRIER_DONE_TTL": "60",
+            "STEPBARRIER_PROGRESS_TIMEOUT": "900",
+        }
+    )
+    assert (config.run_id, config.done_ttl, config.progress_timeout) == (
+        "run-2026.11_30",
+        60,
+        900.0,
+    )
+    defaults = BarrierConfig.from_env({"STEPBARRIER_JOB": "j"})
+    assert (defaults.run_id, defaults.done_ttl, defaults.progress_timeout) == (None, 300, None)
+
+
+@pytest.mark.parametrize("run_id", ["a b", "x" * 65, "{tag}", "r*", "ü"])
+def test_a_bad_run_id_names_the_variable(run_id: str) -> None:
+    with pytest.raises(ConfigurationError, match="STEPBARRIER_RUN_ID must be 1 to 64"):
+        BarrierConfig.from_env({"STEPBARRIER_JOB": "j", "STEPBARRIER_RUN_ID": run_id})
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "1e3", "soon"])
+def test_a_bad_done_ttl_names_the_variable(value: str) -> None:
+    with pytest.raises(ConfigurationError, match="STEPBARRIER_DONE_TTL"):
+        BarrierConfig.from_env({"STEPBARRIER_JOB": "j", "STEPBARRIER_DONE_TTL": value})
+
+
+def test_repr_never_shows_a_password() -> None:
+    config = BarrierConfig(
+        job="j", redis_url="redis://chief:s3cret@redis:6379/0", redis_password="other-secret"
+    )
+    shown = repr(config)
+    assert "s3cret" not in shown and "other-secret" not in shown
+    assert "redis://chief:***@redis:6379/0" in shown and "redis_password='***'" in shown
+
+
+def test_a_password_with_question_mark_and_at_is_not_read_as_a_query() -> None:
+    with pytest.raises(ConfigurationError, match="percent-encode"):
+        BarrierConfig(job="j", redis_url="redis://u:@0?@h:99999/0")

@@ -316,6 +316,7 @@ def test_flush_without_timeout_returns_under_a_permanent_refusal(
         "+@all",
         "-evalsha",
         "-eval",
+        "-fcall",
         "-blpop",
     )
     url = redis_server.url.replace("redis://", f"redis://nope-{job}:pw@")

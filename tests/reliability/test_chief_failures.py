@@ -4,9 +4,9 @@ Guarantees:
 - a SIGKILLed chief: workers give up after the stall timeout with ``BarrierTimeout``
   (CLI exit 3) naming the last step and the heartbeat's age, or start with a
   warning under ``on_timeout="proceed"``; none hangs;
-- a chief that finishes (``close``, or a TensorFlow session whose
-  ``GlobalStepPublisherHook.end()`` runs) before a worker's step: that worker is
-  aborted at once (``BarrierAborted``, CLI exit 4), not after a timeout;
+- a chief that finishes (``close``, or a TensorFlow session that reaches the
+  ``last_step`` of its ``GlobalStepPublisherHook``) before a worker's step: that
+  worker is aborted at once (``BarrierAborted``, CLI exit 4), not after a timeout;
 - a chief restarted from an older checkpoint: waiters follow its real, lower step;
   neither the dead chief's stale higher step nor the writes of the old chief,
   still running as a zombie, release anyone.

@@ -1,12 +1,13 @@
-"""A TensorFlow chief whose training ends early: its publisher hook's ``end()`` ends the job.
+"""A TensorFlow chief whose training ends early: reaching ``last_step`` ends the job.
 
     python -m tests.reliability.tf_chief RECORDS LAST_STEP
 
 A local ``MonitoredTrainingSession`` (graph mode, no cluster) with the
-``GlobalStepPublisherHook`` (configured from ``STEPBARRIER_*``) trains until
-``StopAtStepHook`` stops it at LAST_STEP; closing the session runs the hook's
-``end()``. Records, one JSON object a line: ``trained`` (the final global step)
-and ``ended`` (after the session closed).
+``GlobalStepPublisherHook`` (configured from ``STEPBARRIER_*``, told
+``last_step=LAST_STEP``) trains until ``StopAtStepHook`` stops it at LAST_STEP;
+closing the session runs the hook's ``end()``, which finishes the job.
+Records, one JSON object a line: ``trained`` (the final global step) and
+``ended`` (after the session closed).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def main(records_path: str, last_step: int) -> int:
         train_op = tf.compat.v1.assign_add(global_step, 1)
         with tf.compat.v1.train.MonitoredTrainingSession(
             is_chief=True,
-            chief_only_hooks=[GlobalStepPublisherHook()],
+            chief_only_hooks=[GlobalStepPublisherHook(last_step=last_step)],
             hooks=[tf.compat.v1.train.StopAtStepHook(last_step=last_step)],
             checkpoint_dir=None,
             save_checkpoint_secs=None,

@@ -47,13 +47,21 @@ class ExampleProcesses:
     def finish(self, *names: str) -> dict[str, dict[str, Any]]:
         """Wait for the named processes; return their records (fail with their logs)."""
         for name in names:
-            try:
-                code = self.processes[name].wait(FINISH_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                self.close()
-                raise AssertionError(f"{name} did not finish:\n{self.all_logs()}") from None
+            code = self.exit_code(name)
             assert code == 0, f"{name} exited with {code}:\n{self.log(name)}"
-        return {name: json.loads(self.record_path(name).read_text()) for name in names}
+        return {name: self.record(name) for name in names}
+
+    def exit_code(self, name: str) -> int:
+        """Wait for the named process and return its exit status (fail if it hangs)."""
+        try:
+            return self.processes[name].wait(FINISH_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.close()
+            raise AssertionError(f"{name} did not finish:\n{self.all_logs()}") from None
+
+    def record(self, name: str) -> dict[str, Any]:
+        result: dict[str, Any] = json.loads(self.record_path(name).read_text())
+        return result
 
     def all_logs(self) -> str:
         return "\n".join(f"--- {name}\n{self.log(name)}" for name in self.processes)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import threading
+from typing import Any
 
 import pytest
 import tensorflow as tf
@@ -38,8 +39,15 @@ def job_only(job: str, url: str = UNREACHABLE) -> dict[str, str]:
     return {"STEPBARRIER_JOB": job, "STEPBARRIER_REDIS_URL": url}
 
 
-def test_tf_config_alone_makes_the_chief_a_publisher(job: str) -> None:
-    hooks = hooks_from_env({**job_only(job), "TF_CONFIG": tf_config("chief", 0)})
+FROM_ENV = [
+    pytest.param(hooks_from_env, id="hooks_from_env"),
+    pytest.param(callbacks_from_env, id="callbacks_from_env"),
+]
+
+
+@pytest.mark.parametrize("kind", ["chief", "master"])
+def test_tf_config_alone_makes_the_chief_a_publisher(job: str, kind: str) -> None:
+    hooks = hooks_from_env({**job_only(job), "TF_CONFIG": tf_config(kind, 0)})
     assert [type(hook) for hook in hooks] == [GlobalStepPublisherHook]
 
 
@@ -53,6 +61,43 @@ def test_tf_config_alone_gives_a_worker_its_scheduled_step(job: str) -> None:
 @pytest.mark.parametrize("kind", ["ps", "evaluator"])
 def test_tf_config_alone_gives_other_tasks_no_hooks(job: str, kind: str) -> None:
     assert hooks_from_env({**job_only(job), "TF_CONFIG": tf_config(kind, 0)}) == []
+
+
+@pytest.mark.parametrize("from_env", FROM_ENV)
+@pytest.mark.parametrize("kind", ["ps", "evaluator"])
+def test_ps_and_evaluator_tasks_need_no_stepbarrier_variable(from_env: Any, kind: str) -> None:
+    assert from_env({"TF_CONFIG": tf_config(kind, 0)}) == []
+
+
+@pytest.mark.parametrize("from_env", FROM_ENV)
+def test_a_host_with_no_role_anywhere_is_a_configuration_error(from_env: Any, job: str) -> None:
+    """As on every host of a TF1 job launched with --job_name/--task_index flags."""
+    with pytest.raises(ConfigurationError) as info:
+        from_env({**job_only(job), "STEPBARRIER_WAIT_UNTIL_STEP": "5"})
+    for name in ("STEPBARRIER_ROLE", "STEPBARRIER_TASK_ID", "TF_CONFIG"):
+        assert name in str(info.value)
+
+
+@pytest.mark.parametrize("from_env", FROM_ENV)
+def test_a_task_type_with_no_role_is_an_error_until_the_role_is_set(
+    from_env: Any, job: str
+) -> None:
+    text = json.dumps({"cluster": {"client": ["h:1"]}, "task": {"type": "client", "index": "0"}})
+    env = {**job_only(job), "TF_CONFIG": text, "STEPBARRIER_WAIT_UNTIL_STEP": "5"}
+    with pytest.raises(ConfigurationError, match="'client'"):
+        from_env(env)
+    [waiter] = from_env({**env, "STEPBARRIER_ROLE": "worker", "STEPBARRIER_TASK_ID": "4"})
+    assert waiter.wait_until_step == 5
+
+
+@pytest.mark.parametrize("from_env", FROM_ENV)
+def test_a_string_index_in_tf_config_is_read_as_tensorflow_reads_it(
+    from_env: Any, job: str
+) -> None:
+    text = json.dumps({"cluster": CLUSTER, "task": {"type": "worker", "index": "1"}})
+    env = {**job_only(job), "STEPBARRIER_SCHEDULE": "log:10", "TF_CONFIG": text}
+    [waiter] = from_env(env)
+    assert waiter.wait_until_step == int(10 * math.log(2 + 1))  # worker 1 is task 2
 
 
 def test_stepbarrier_variables_alone_make_the_chief_a_publisher(job: str) -> None:
@@ -107,7 +152,8 @@ def test_the_hooks_from_the_environment_work_together(redis_server: RedisServer,
     thread.join(30)
     assert released.is_set()
     assert waiter.released_at_step is not None and waiter.released_at_step >= 3
-    assert read_status(BarrierConfig(job=job, redis_url=redis_server.url)).done
+    # hooks_from_env gives the chief no last_step: its session's end does not end the job
+    assert not read_status(BarrierConfig(job=job, redis_url=redis_server.url)).done
 
 
 def test_callbacks_from_the_environment_follow_the_same_rules(job: str) -> None:

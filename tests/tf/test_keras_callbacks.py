@@ -13,12 +13,14 @@ import keras
 import numpy as np
 import pytest
 
-from stepbarrier import BarrierConfig, StepPublisher, read_status
+from stepbarrier import BarrierAborted, BarrierConfig, StepPublisher, StepWaiter, read_status
 from stepbarrier import keras_callbacks as callbacks
 from stepbarrier.keras_callbacks import StepPublisherCallback, StepWaiterCallback
+from stepbarrier.local_cluster import free_port
 from tests.conftest import subprocess_env
-from tests.redis_harness import RedisServer, free_port
+from tests.redis_harness import RedisServer
 from tests.tf.example_processes import ExampleProcesses
+from tests.tf.tf_graphs import Waiting, wait_registered
 
 pytestmark = pytest.mark.tensorflow
 
@@ -54,14 +56,48 @@ def no_redis_client(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(callbacks, "StepWaiter", refuse)
 
 
-def test_the_publisher_callback_publishes_the_iterations_and_finishes_the_job(
+def test_the_publisher_callback_publishes_the_iterations_without_finishing_the_job(
     config: BarrierConfig,
 ) -> None:
     publisher = StepPublisherCallback(config)
     fit(6, publisher)
     status = read_status(config)
-    assert (status.step, status.done) == (6, True)
+    assert (status.step, status.done) == (6, False)  # no last_step: more fits may follow
     assert publisher.publisher is None
+
+
+def fit_three_times(chief: StepPublisherCallback, config: BarrierConfig) -> list[bool]:
+    """Three one-epoch ``fit`` calls of 4 batches (steps 4, 8, 12); ``done`` after each."""
+    model = keras.Sequential([keras.Input(shape=(2,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    x = np.zeros((16, 2), dtype="float32")
+    done = []
+    for _ in range(3):
+        model.fit(x, x[:, :1], batch_size=4, epochs=1, verbose=0, callbacks=[chief])
+        done.append(read_status(config).done)
+    assert read_status(config).step == 12
+    return done
+
+
+def test_a_loop_of_fits_keeps_a_worker_waiting_for_a_step_of_the_last_fit(
+    config: BarrierConfig,
+) -> None:
+    worker = Waiting(lambda: StepWaiter(config).wait(10, timeout=60))
+    wait_registered(config)
+    assert fit_three_times(StepPublisherCallback(config), config) == [False, False, False]
+    assert 10 <= (worker.join() or 0) <= 12
+
+
+def test_the_fit_that_reaches_last_step_finishes_the_job(config: BarrierConfig) -> None:
+    in_time = Waiting(lambda: StepWaiter(config).wait(10, timeout=60))
+    too_late = Waiting(lambda: StepWaiter(config).wait(15, timeout=60))
+    wait_registered(config, 2)
+    chief = StepPublisherCallback(config, last_step=12)
+    assert fit_three_times(chief, config) == [False, False, True]
+    assert 10 <= (in_time.join() or 0) <= 12
+    aborted = too_late.outcome()
+    assert isinstance(aborted, BarrierAborted), repr(aborted)
+    assert (aborted.reason, aborted.last_step) == ("done", 12)
 
 
 def test_the_waiter_callback_waits_before_the_first_batch(config: BarrierConfig) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -12,47 +11,11 @@ import pytest
 import tensorflow as tf
 
 from stepbarrier import BarrierAborted, BarrierConfig, StepPublisher, StepWaiter, read_status
+from stepbarrier.local_cluster import free_port
 from stepbarrier.tf_hooks import GlobalStepPublisherHook, GlobalStepWaiterHook
-from tests.tf.tf_graphs import CrashOnce, context
+from tests.tf.tf_graphs import NO_EXTRAS, CrashOnce, Waiting, context, wait_registered
 
 pytestmark = pytest.mark.tensorflow
-
-NO_EXTRAS: dict[str, Any] = {
-    "save_checkpoint_secs": None,
-    "save_checkpoint_steps": None,
-    "save_summaries_steps": None,
-    "save_summaries_secs": None,
-    "log_step_count_steps": None,
-}
-
-
-class Waiting:
-    """A worker's wait for ``step`` in a thread (a StepWaiter or our hook)."""
-
-    def __init__(self, wait: Callable[[], int | None]) -> None:
-        self.result: int | None = None
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, args=(wait,), daemon=True)
-        self.thread.start()
-
-    def _run(self, wait: Callable[[], int | None]) -> None:
-        try:
-            self.result = wait()
-        except BaseException as exc:
-            self.error = exc
-
-    def join(self) -> int | None:
-        self.thread.join(30)
-        assert not self.thread.is_alive(), "the worker is still waiting"
-        assert self.error is None, repr(self.error)
-        return self.result
-
-
-def wait_registered(config: BarrierConfig, count: int = 1) -> None:
-    deadline = time.monotonic() + 30
-    while len(read_status(config).waiters) < count:
-        assert time.monotonic() < deadline, "the worker never registered"
-        time.sleep(0.01)
 
 
 @pytest.fixture
@@ -68,7 +31,7 @@ def test_begin_without_a_global_step_raises_runtime_error(config: BarrierConfig)
         GlobalStepPublisherHook(config).begin()
 
 
-def test_the_chief_publishes_its_step_and_finishes_the_job_at_the_end(
+def test_the_chief_publishes_its_exact_final_step_at_the_end_without_finishing_the_job(
     config: BarrierConfig, graph: tuple[Any, Any]
 ) -> None:
     _, increment = graph
@@ -81,7 +44,8 @@ def test_the_chief_publishes_its_step_and_finishes_the_job_at_the_end(
         # the step fetched with a run may predate its increment: never ahead
         assert status.step in (4, 5) and not status.done
     status = read_status(config)
-    assert (status.step, status.done) == (5, True)
+    # no last_step: a session's end is not the job's (test_chief_lifecycle.py)
+    assert (status.step, status.done) == (5, False)
     assert hook.publisher is None
 
 
@@ -106,20 +70,39 @@ def test_a_worker_wakes_with_the_run_that_reached_its_step_and_never_earlier(
     assert hook.verifications <= 3
 
 
+def test_with_redis_down_the_hook_reads_no_extra_global_step(
+    job: str, graph: tuple[Any, Any]
+) -> None:
+    """Until a generation's first write gets through, ``next_threshold`` is -1:
+    an extra ``session.run(global_step)`` per step would confirm nothing."""
+    _, increment = graph
+    config = BarrierConfig(job=job, redis_url=f"redis://127.0.0.1:{free_port()}/0")
+    hook = GlobalStepPublisherHook(config)
+    with tf.compat.v1.train.MonitoredTrainingSession(hooks=[hook], **NO_EXTRAS) as session:
+        for _ in range(2000):
+            session.run(increment)
+        publisher = hook.publisher
+        assert publisher is not None and publisher.next_threshold == -1  # nothing got through
+        publisher.close(done=False, timeout=0.1)  # spares end() its 10 s of retries
+    assert hook.verifications == 0
+
+
 def test_a_new_session_publishes_its_step_without_waiting_for_a_heartbeat(
     make_config: Callable[..., BarrierConfig], graph: tuple[Any, Any]
 ) -> None:
+    _, increment = graph
     config = make_config(heartbeat=60.0, stall_timeout=120.0)
     worker = Waiting(lambda: StepWaiter(config).wait(1000, timeout=60))
     wait_registered(config)  # the chief hears of this worker before its first write
-    hook = GlobalStepPublisherHook(config)
-    with tf.compat.v1.train.MonitoredTrainingSession(hooks=[hook], **NO_EXTRAS):
+    hook = GlobalStepPublisherHook(config, last_step=3)
+    with tf.compat.v1.train.MonitoredTrainingSession(hooks=[hook], **NO_EXTRAS) as session:
         deadline = time.monotonic() + 20  # far below the 60 s heartbeat
         while read_status(config).step is None:
             assert time.monotonic() < deadline, "the session's step waits for a heartbeat"
             time.sleep(0.01)
-    worker.thread.join(30)
-    assert isinstance(worker.error, BarrierAborted)  # the job ended below 1000
+        for _ in range(3):
+            session.run(increment)
+    assert isinstance(worker.outcome(), BarrierAborted)  # the job ended at 3, below 1000
 
 
 def test_the_first_publish_writes_at_once_even_when_a_registration_came_first(
@@ -141,8 +124,7 @@ def test_the_first_publish_writes_at_once_even_when_a_registration_came_first(
         while read_status(config).step != 3:
             assert time.monotonic() < deadline, "the first write waits for a heartbeat"
             time.sleep(0.01)
-    worker.thread.join(30)
-    assert isinstance(worker.error, BarrierAborted)
+    assert isinstance(worker.outcome(), BarrierAborted)
 
 
 def test_a_chief_restored_from_a_checkpoint_makes_workers_wait_for_the_real_step(

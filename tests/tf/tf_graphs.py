@@ -1,16 +1,26 @@
-"""Small in-process TensorFlow fixtures: a chief that advances the global step."""
+"""Small in-process TensorFlow fixtures: a chief that advances the global step, waits in threads."""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import tensorflow as tf
 
-from stepbarrier import StepPublisher
+from stepbarrier import BarrierConfig, StepPublisher, read_status
+
+NO_EXTRAS: dict[str, Any] = {
+    "save_checkpoint_secs": None,
+    "save_checkpoint_steps": None,
+    "save_summaries_steps": None,
+    "save_summaries_secs": None,
+    "log_step_count_steps": None,
+}
+"""``MonitoredTrainingSession`` arguments that turn off its checkpoints, summaries and logs."""
 
 
 class ForbiddenSession:
@@ -63,6 +73,42 @@ class AdvancingChief:
         self.thread.join(60)
         assert not self.thread.is_alive(), "the chief thread hangs"
         assert self.error is None, repr(self.error)
+
+
+class Waiting:
+    """A worker's wait in a thread (a StepWaiter or our hook)."""
+
+    def __init__(self, wait: Callable[[], int | None]) -> None:
+        self.result: int | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(wait,), daemon=True)
+        self.thread.start()
+
+    def _run(self, wait: Callable[[], int | None]) -> None:
+        try:
+            self.result = wait()
+        except BaseException as exc:
+            self.error = exc
+
+    def join(self) -> int | None:
+        self.thread.join(30)
+        assert not self.thread.is_alive(), "the worker is still waiting"
+        assert self.error is None, repr(self.error)
+        return self.result
+
+    def outcome(self) -> BaseException | None:
+        """The error that ended the wait (``None`` if it was released)."""
+        self.thread.join(30)
+        assert not self.thread.is_alive(), "the worker is still waiting"
+        return self.error
+
+
+def wait_registered(config: BarrierConfig, count: int = 1) -> None:
+    """Return once ``count`` workers wait (fails after 30 s)."""
+    deadline = time.monotonic() + 30
+    while len(read_status(config).waiters) < count:
+        assert time.monotonic() < deadline, "the worker never registered"
+        time.sleep(0.01)
 
 
 def waits_logged(caplog: pytest.LogCaptureFixture) -> int:

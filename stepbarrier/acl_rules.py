@@ -1,0 +1,192 @@
+"""The Redis ACL rules of stepbarrier's roles, for the jobs whose names match a pattern.
+
+``ops/redis/users.acl`` is these rules for the jobs ``*``; ``stepbarrier acl``
+prints them for one team's jobs (``team-a-*``), so that a worker host's
+password opens only its own team's keys and channels. No role may run Lua of
+its own (no ``EVAL``, ``EVALSHA``, ``SCRIPT LOAD`` or ``FUNCTION LOAD``): the
+roles call the shipped Functions library (``FCALL``/``FCALL_RO``), whose inner
+commands run as the calling user, so a role also holds those commands and the
+key permissions they need. Each command below is there because an operation
+of the role runs it; ``tests/security`` runs every operation under the rules.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+from stepbarrier.errors import ConfigurationError
+from stepbarrier.keys import JobKeys
+
+JOB_ROLES = ("chief", "worker", "monitor")
+"""Roles confined to the jobs of a pattern."""
+ADMIN_ROLES = ("emergency", "installer")
+"""Roles that touch no job: ending a runaway function, loading the library."""
+ROLES = JOB_ROLES + ADMIN_ROLES
+"""Every role ``acl_line`` knows."""
+
+_JOBS_PATTERN = re.compile(r"[A-Za-z0-9._*?-]{1,64}")
+_USER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+_RESET = "resetkeys resetchannels -@all"
+# SELECT: a URL may name another database than 0 (redis-py selects it on connect).
+_CONNECT = "+select"
+# What `status` reads: the Redis clock, the state, the reset marker, the targets
+# index and the entries it names. Also run by `watch` and before `publish`.
+_STATUS = "+time +hgetall +get +zrangebyscore"
+
+_COMMANDS = {
+    # +fcall: begin_generation, publish_step, reset_job, may_write (the declared
+    # keys need read and write). Inside them: TIME, TYPE, HGET, EXISTS, GET,
+    # HSET, DEL, SET, EXPIRE, ZRANGEBYSCORE, ZREMRANGEBYSCORE, PUBLISH. Outside:
+    # BLPOP on the registrations (hears new waiters at once), the status reads,
+    # and `reset` (DEL of waiter entries by batches, EXISTS).
+    # +function|list: a missing or other library version is named in the error.
+    "chief": f"{_CONNECT} +fcall +function|list {_STATUS} +type +hget +exists +hset +del +set "
+    "+expire +zremrangebyscore +publish +blpop",
+    # +fcall: waiter_register (EXPIRE, DEL, HSET, ZADD, RPUSH, LTRIM) and
+    # waiter_leave (DEL, TYPE, ZREM), which declare only what a waiter writes;
+    # +fcall_ro: waiter_read (TIME, TYPE, GET, HGETALL), which declares the state
+    # and the reset marker read-only. SUBSCRIBE/UNSUBSCRIBE: the job's channel.
+    "worker": f"{_CONNECT} +fcall +fcall_ro +function|list {_STATUS} +type +hset +del +expire "
+    "+zadd +zrem +rpush +ltrim +subscribe +unsubscribe",
+    # The status reads only; PING for health checks and ZRANGE for redis-cli
+    # (README, "Monitoring through Redis keys"). No FCALL: status runs no code.
+    "monitor": f"{_CONNECT} +ping {_STATUS} +zrange",
+}
+
+EMERGENCY_COMMANDS = "+function|kill +script|kill +function|stats +ping"
+"""While code runs past ``busy-reply-threshold`` Redis answers BUSY to every
+command but these (and SHUTDOWN NOSAVE): FUNCTION STATS names what runs,
+FUNCTION KILL ends a function (SCRIPT KILL an EVAL script, for servers on the
+``STEPBARRIER_USE_EVAL`` fallback) as long as it has written nothing, and PING
+shows that Redis answers again. INFO and CLIENT LIST get BUSY too."""
+
+INSTALLER_COMMANDS = "+function|load +function|list +function|delete +function|stats +ping"
+"""``stepbarrier functions install`` (FUNCTION LOAD REPLACE), ``functions status``
+and health checks (FUNCTION LIST), retiring an old version (FUNCTION DELETE),
+seeing what runs (FUNCTION STATS), and PING while Redis starts."""
+
+
+def validate_jobs_pattern(pattern: str) -> str:
+    """Return ``pattern`` if it is a valid jobs pattern, else raise ``ConfigurationError``.
+
+    A pattern is a job name in which ``*`` matches any characters and ``?`` one
+    character (Redis's glob). Brackets and backslashes are refused: job names
+    cannot hold them, and in a key pattern they would mean something else.
+    """
+    if not isinstance(pattern, str) or _JOBS_PATTERN.fullmatch(pattern) is None:
+        raise ConfigurationError(
+            "the jobs pattern must be 1 to 64 characters from letters, digits, '.', '_', "
+            f"'-', '*' (any characters) and '?' (one character), got {pattern!r}",
+            variable="jobs",
+        )
+    return pattern
+
+
+def validate_user(user: str) -> str:
+    """Return ``user`` if it is a valid ACL user name, else raise ``ConfigurationError``.
+
+    ``default`` is refused: Redis gives its rights to every client that has not
+    authenticated.
+    """
+    if not isinstance(user, str) or _USER.fullmatch(user) is None:
+        raise ConfigurationError(
+            "the user name must be 1 to 64 characters from letters, digits, '.', '_' and "
+            f"'-', starting with a letter or digit, got {user!r}",
+            variable="user",
+        )
+    if user == "default":
+        raise ConfigurationError(
+            "the user 'default' is every client that has not authenticated: give the role "
+            "to a user of its own, and keep 'user default off'",
+            variable="user",
+        )
+    return user
+
+
+def role_rules(role: str, jobs_pattern: str) -> str:
+    """The ACL rules of a job role for the jobs whose names match ``jobs_pattern``.
+
+    Args:
+        role: ``chief``, ``worker`` or ``monitor``.
+        jobs_pattern: A job name, or a glob such as ``team-a-*`` (``*`` for all jobs).
+
+    Returns:
+        The rules that follow ``user NAME on #<hash>`` in users.acl.
+
+    Raises:
+        ConfigurationError: Unknown role, or an invalid pattern.
+
+    Example:
+        >>> role_rules("monitor", "team-a-*").split()[3]
+        '%R~stepbarrier:{team-a-*}:state'
+    """
+    if role not in JOB_ROLES:
+        raise ConfigurationError(
+            f"the role must be one of {', '.join(JOB_ROLES)}, got {role!r}", variable="role"
+        )
+    keys = JobKeys.for_job(validate_jobs_pattern(jobs_pattern))
+    if role == "chief":
+        access = [f"~{key}" for key in (*keys.all_fixed(), keys.waiter_pattern)]
+    elif role == "worker":
+        # read-only: the state and the reset marker are the chief's alone
+        access = [f"%R~{keys.state}", f"%R~{keys.reset}", f"%RW~{keys.waiter_pattern}"]
+        access += [f"%RW~{keys.targets}", f"%RW~{keys.registrations}"]
+    else:
+        access = [f"%R~{key}" for key in (keys.state, keys.reset, keys.targets)]
+        access.append(f"%R~{keys.waiter_pattern}")
+    channel = [] if role == "monitor" else [f"&{keys.channel}"]
+    return " ".join([_RESET, *access, *channel, _COMMANDS[role]])
+
+
+def emergency_rules() -> str:
+    """The ACL rules of the emergency role: end runaway code, touch no key or channel."""
+    return f"{_RESET} {EMERGENCY_COMMANDS}"
+
+
+def installer_rules() -> str:
+    """The ACL rules of the installer role: manage Functions libraries, touch no key."""
+    return f"{_RESET} {INSTALLER_COMMANDS}"
+
+
+def rules_for(role: str, jobs_pattern: str | None) -> str:
+    """The ACL rules of any role; the admin roles ignore ``jobs_pattern``."""
+    if role not in ROLES:
+        raise ConfigurationError(
+            f"the role must be one of {', '.join(ROLES)}, got {role!r}", variable="role"
+        )
+    if role == "emergency":
+        return emergency_rules()
+    if role == "installer":
+        return installer_rules()
+    if jobs_pattern is None:
+        raise ConfigurationError(f"the {role} role needs a jobs pattern", variable="jobs")
+    return role_rules(role, jobs_pattern)
+
+
+def password_hash(password: str) -> str:
+    """The SHA-256 (hex) that users.acl's ``#<hash>`` takes for ``password``."""
+    return hashlib.sha256(password.encode("utf-8")).hexdigest()
+
+
+def acl_line(user: str, role: str, jobs_pattern: str | None, password_sha256: str) -> str:
+    """One users.acl line: ``user NAME on #<sha256> <rules>``.
+
+    Args:
+        user: The ACL user name.
+        role: One of ``ROLES``.
+        jobs_pattern: The jobs a job role may touch (ignored by the admin roles).
+        password_sha256: The password's SHA-256 in hex (``password_hash()``):
+            Redis stores only the hash, and the line never holds the password.
+
+    Raises:
+        ConfigurationError: An invalid user, role, pattern or hash.
+    """
+    if not isinstance(password_sha256, str) or _SHA256.fullmatch(password_sha256) is None:
+        raise ConfigurationError(
+            "the password hash must be 64 lowercase hexadecimal digits (a SHA-256)",
+            variable="password",
+        )
+    return f"user {validate_user(user)} on #{password_sha256} {rules_for(role, jobs_pattern)}"

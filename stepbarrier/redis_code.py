@@ -1,0 +1,204 @@
+"""Our Lua code in Redis: a versioned Functions library, or EVAL scripts by opt-in.
+
+No role of a shared Redis needs ``EVAL`` (which would let any holder of a
+worker's password run a loop that blocks Redis for every job): the code is
+loaded once as the Redis Functions library ``stepbarrier_v<LIBRARY_VERSION>``
+and called with ``FCALL``/``FCALL_RO``. A new version of the code is a new
+library name, so clients of two stepbarrier versions can share one Redis while
+it is upgraded.
+
+Loading it is an administrator's job (``stepbarrier functions install``). A
+client that finds the library missing loads it itself when its user may
+(``FUNCTION LOAD``: a private Redis, the tests, the demo), and otherwise raises
+``RedisRefused`` naming the command to run. Servers without Functions (Redis
+6, some managed services) work with ``STEPBARRIER_USE_EVAL=1``, at the price of
+granting ``+eval``/``+evalsha`` to the roles.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+from redis import exceptions as rex
+from redis.commands.core import Script
+
+from stepbarrier import scripts
+from stepbarrier.config import BarrierConfig
+from stepbarrier.errors import RedisRefused
+
+LIBRARY_VERSION = 1
+"""Version of the Functions library; raise it whenever ``scripts.BODIES`` change
+(a test compares ``LIBRARY_SHA256`` with the code)."""
+LIBRARY_NAME = f"stepbarrier_v{LIBRARY_VERSION}"
+"""Name of the library in Redis (``FUNCTION LIST LIBRARYNAME stepbarrier``)."""
+
+Call = tuple[str, Sequence[Any], Sequence[Any]]
+"""One call: the code's name in ``scripts.BODIES``, its keys and its arguments."""
+
+
+def function_name(name: str) -> str:
+    """The Redis function that runs ``scripts.BODIES[name]``."""
+    return f"{LIBRARY_NAME}_{name}"
+
+
+def library_source() -> str:
+    """The library's Lua source, as ``FUNCTION LOAD`` takes it."""
+    parts = [f"#!lua name={LIBRARY_NAME}", scripts.HELPERS]
+    for name, (body, read_only) in scripts.BODIES.items():
+        flags = "{'no-writes'}" if read_only else "{}"
+        parts.append(
+            f"local function {name}(KEYS, ARGV)\n{body.strip()}\nend\n"
+            f"redis.register_function{{function_name='{function_name(name)}', "
+            f"callback={name}, flags={flags}}}"
+        )
+    parts.append(
+        f"redis.register_function{{function_name='{function_name('version')}', "
+        f"callback=function() return {LIBRARY_VERSION} end, flags={{'no-writes'}}}}"
+    )
+    return "\n".join(parts) + "\n"
+
+
+def library_sha256() -> str:
+    """Fingerprint of the library's source."""
+    return hashlib.sha256(library_source().encode()).hexdigest()
+
+
+def install_functions(client: redis.Redis, *, replace: bool = True) -> str:
+    """Load (or with ``replace``, upgrade in place) this version's library.
+
+    Idempotent. Older versions' libraries stay for older clients.
+
+    Returns:
+        The library's name.
+    """
+    client.function_load(library_source(), replace=replace)
+    return LIBRARY_NAME
+
+
+def loaded_versions(client: redis.Redis) -> list[int] | None:
+    """Versions of stepbarrier libraries loaded on the server (``None``: cannot tell)."""
+    try:
+        listed = client.function_list(library="stepbarrier_v*")
+    except rex.RedisError:
+        return None
+    versions = []
+    for entry in listed if isinstance(listed, list) else []:
+        name = _library_name(entry)
+        if name and name.startswith("stepbarrier_v") and name[13:].isdigit():
+            versions.append(int(name[13:]))
+    return sorted(versions)
+
+
+def _library_name(entry: Any) -> str | None:
+    if isinstance(entry, dict):
+        raw = entry.get(b"library_name", entry.get("library_name"))
+    elif isinstance(entry, list):  # RESP2: a flat list of names and values
+        pairs = dict(zip(entry[0::2], entry[1::2], strict=False))
+        raw = pairs.get(b"library_name", pairs.get("library_name"))
+    else:
+        return None
+    return raw.decode() if isinstance(raw, bytes) else raw if isinstance(raw, str) else None
+
+
+def is_missing_function(exc: BaseException) -> bool:
+    """True if ``exc`` says the function (or FCALL itself) is not there."""
+    text = str(exc).lower()
+    return isinstance(exc, rex.ResponseError) and (
+        "function not found" in text or ("unknown command" in text and "fcall" in text)
+    )
+
+
+class RedisCode:
+    """Runs stepbarrier's Lua code on one client, as functions or as scripts.
+
+    Args:
+        client: The redis-py client to run it on.
+        config: The job's settings (``use_eval``, and the URL for messages).
+    """
+
+    def __init__(self, client: redis.Redis, config: BarrierConfig) -> None:
+        self._client = client
+        self._config = config
+        self._scripts: dict[str, Script] = {}
+        self._lock = threading.Lock()
+        if config.use_eval:
+            for name, (body, _read_only) in scripts.BODIES.items():
+                self._scripts[name] = client.register_script(scripts.HELPERS + body)
+
+    def call(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        """Run one piece of code (one try; the caller retries transient errors)."""
+        return self.pipeline([(name, keys, args)])[0]
+
+    def pipeline(self, calls: Sequence[Call]) -> list[Any]:
+        """Run several pieces in one round trip, in order (not as a transaction).
+
+        Raises:
+            RedisRefused: The library is missing and this user may not load it,
+                or the server has no Functions.
+            redis.RedisError: Whatever else a call raised (the first error).
+        """
+        replies = self._run(calls)
+        if not self._config.use_eval and any(
+            isinstance(r, Exception) and is_missing_function(r) for r in replies
+        ):
+            self._load_or_explain(next(r for r in replies if isinstance(r, Exception)))
+            replies = self._run(calls)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return replies
+
+    def _run(self, calls: Sequence[Call]) -> list[Any]:
+        pipe = self._client.pipeline(transaction=False)
+        for name, keys, args in calls:
+            if self._config.use_eval:
+                self._scripts[name](keys=list(keys), args=list(args), client=pipe)
+            else:
+                command = "FCALL_RO" if scripts.BODIES[name][1] else "FCALL"
+                pipe.execute_command(  # type: ignore[no-untyped-call]
+                    command, function_name(name), len(keys), *keys, *args
+                )
+        return list(pipe.execute(raise_on_error=False))
+
+    def _load_or_explain(self, missing: BaseException) -> None:
+        if "unknown command" in str(missing).lower():
+            raise self._explain(missing, missing) from missing  # no Functions at all
+        with self._lock:
+            try:
+                install_functions(self._client, replace=False)
+                return
+            except rex.ResponseError as exc:
+                if "already exists" in str(exc):
+                    return  # another client loaded it meanwhile
+                refusal: BaseException = exc
+            except rex.RedisError as exc:
+                refusal = exc
+        raise self._explain(missing, refusal) from refusal
+
+    def _explain(self, missing: BaseException, refusal: BaseException) -> RedisRefused:
+        where = f"Redis at {self._config.safe_url}"
+        if "unknown command" in str(missing).lower():
+            message = (
+                f"{where} has no Redis Functions (Redis 7 or later needed). On a server "
+                "without them set STEPBARRIER_USE_EVAL=1: the roles then need +eval and "
+                "+evalsha, which let any holder of their passwords run Lua of their own"
+            )
+        else:
+            versions = loaded_versions(self._client)
+            found = (
+                "cannot list its libraries"
+                if versions is None
+                else "has no stepbarrier Functions library"
+                if not versions
+                else "has stepbarrier Functions library version(s) " + ", ".join(map(str, versions))
+            )
+            message = (
+                f"{where} {found}, and this stepbarrier needs version {LIBRARY_VERSION} "
+                f"({LIBRARY_NAME}); this user may not load it. Run `stepbarrier functions "
+                "install` as an administrator (see ops/redis/users.acl)"
+            )
+        return RedisRefused(message, kind="functions", job=self._config.job)
