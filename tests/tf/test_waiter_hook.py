@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 
@@ -54,6 +55,8 @@ def test_on_timeout_proceed_starts_training_with_the_last_step_seen(
 
 
 def test_a_job_finished_below_the_step_aborts_the_worker(config: BarrierConfig) -> None:
+    # the run id says the finished job is this worker's own run, not an earlier one
+    config = dataclasses.replace(config, run_id="run-1")
     with StepPublisher(config) as publisher:
         publisher.publish(3)
     with tf.Graph().as_default():
