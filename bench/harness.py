@@ -130,6 +130,16 @@ def summarize(values: Iterable[float]) -> dict[str, float]:
     }
 
 
+def git(*args: str) -> str:
+    """Output of ``git ARGS`` in this checkout ("" if git is missing)."""
+    try:
+        return subprocess.run(
+            ["git", *args], cwd=ROOT, capture_output=True, text=True, check=False
+        ).stdout.strip()
+    except OSError:
+        return ""
+
+
 def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 

@@ -267,6 +267,71 @@ def scale_section(load_result: dict[str, Any] | None, fanout: dict[str, Any] | N
     return lines
 
 
+def lateness_section(late: dict[str, Any] | None) -> list[str]:
+    if not late:
+        return []
+    scenario, moves = late["scenario"], late["step_move_per_chief_run"]
+    lines = [
+        "## 7. Release lateness in asynchronous parameter-server training",
+        "",
+        f"The other workers move the global step while each chief run is in flight "
+        f"(chief runs of {late['chief_run_ms']['median']:.0f} ms, other workers pushing every "
+        f"{1000 * scenario['push_pause_s']:.0f} ms: the step moves by {moves['median']:.0f} "
+        f"per chief run at the median). Two publisher hooks on the same chief, the same runs "
+        f"and the same {late['targets']} targets, one waiting worker per hook and target: "
+        f"`GlobalStepPublisherHook` (confirms the step when `step + lead >= threshold`) and "
+        f"the previous release's rule (`step + 1 >= threshold`, emulated). In-process "
+        f"graph-mode TF session, other workers in a thread, `StepWaiter` threads as workers "
+        f"(`bench/async_lateness.py`). Lateness from the return of the chief's run that "
+        f"crossed the target to the worker's release:",
+        "",
+        STATS_HEADER,
+    ]
+    names = {
+        "previous": "previous rule (`step + 1`)",
+        "current": "current `GlobalStepPublisherHook` (`step + lead`)",
+    }
+    for kind, unit, digits in (
+        ("lateness_ms", "ms", 2),
+        ("lateness_steps", "steps", 1),
+        ("past_target_steps", "steps past the target", 1),
+    ):
+        for rule in ("previous", "current"):
+            lines.append(stats_row(f"{names[rule]}, {unit}", late[kind][rule], digits))
+    ratios = late["ratio_previous_over_current"]
+
+    def times(name: str) -> str:
+        value = ratios.get(name)
+        return "- (current: 0)" if value is None else f"{value:,.1f}x"
+
+    steps = late["lateness_steps"]
+    verifications = late["verifications"]
+    lines += [
+        "",
+        f"- previous / current, time: {times('lateness_ms_median')} at the median, "
+        f"{times('lateness_ms_p90')} at p90.",
+        f"- steps done by the other workers before the release: median "
+        f"{steps['previous']['median']:g} vs {steps['current']['median']:g}, p90 "
+        f"{steps['previous']['p90']:g} vs {steps['current']['p90']:g} "
+        f"(previous / current: {times('lateness_steps_p90')} at p90, "
+        f"{times('lateness_steps_mean')} in the mean).",
+        f"- released a whole chief run late (more than half a run after the crossing run): "
+        f"previous {len(late['released_a_run_late']['previous'])}, current "
+        f"{len(late['released_a_run_late']['current'])} of {steps['current']['n']}.",
+        f"- extra global-step reads: previous {verifications['previous']}, current "
+        f"{verifications['current']} (for {late['targets']} targets, {late['chief_runs']} "
+        f"chief runs).",
+        f"- dropped trials (registered too late): {late['dropped']}; releases below the "
+        f"target: {late['released_early']}.",
+        f"- run: commit {late['commit']}"
+        + (" with uncommitted changes in stepbarrier/" if late.get("dirty") else "")
+        + f", {late['seconds']:.0f} s, load average before {late['load_before']}, after "
+        f"{late['load_after']}.",
+        "",
+    ]
+    return lines
+
+
 def targets_section(
     tf: dict[str, Any] | None,
     floor: dict[str, Any] | None,
@@ -403,7 +468,7 @@ def machine_section(run: dict[str, Any] | None) -> list[str]:
 def main() -> None:
     tf, floor = load("tf_job"), load("wake_floor")
     fanout, publish, load_result = load("fanout"), load("publish_call"), load("redis_load")
-    run = load("run")
+    late, run = load("async_lateness"), load("run")
     if run is not None and tf is not None:
         run["tensorflow"] = tf.get("tensorflow")
     lines = ["# stepbarrier benchmark results", ""]
@@ -414,6 +479,7 @@ def main() -> None:
     lines += chief_section(tf, publish)
     lines += load_section(load_result)
     lines += scale_section(load_result, fanout)
+    lines += lateness_section(late)
     if not plot(tf, floor, RESULTS_DIR / "wake_latency.png"):
         lines.append("(no TF results: no plot)")
     (RESULTS_DIR / "results.md").write_text("\n".join(lines) + "\n")

@@ -15,18 +15,9 @@ import subprocess
 import sys
 import time
 
-from harness import BENCH_DIR, RESULTS_DIR, ROOT, child_env, load_average, machine, save
+from harness import BENCH_DIR, RESULTS_DIR, ROOT, child_env, git, load_average, machine, save
 
-BENCHMARKS = ("wake_floor", "fanout", "publish_call", "redis_load", "tf_job")
-
-
-def git(*args: str) -> str:
-    try:
-        return subprocess.run(
-            ["git", *args], cwd=ROOT, capture_output=True, text=True, check=False
-        ).stdout.strip()
-    except OSError:
-        return ""
+BENCHMARKS = ("wake_floor", "fanout", "publish_call", "redis_load", "tf_job", "async_lateness")
 
 
 def main() -> int:

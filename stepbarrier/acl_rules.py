@@ -30,30 +30,37 @@ _USER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 _RESET = "resetkeys resetchannels -@all"
-# SELECT: a URL may name another database than 0 (redis-py selects it on connect).
-_CONNECT = "+select"
-# What `status` reads: the Redis clock, the state, the reset marker, the targets
-# index and the entries it names. Also run by `watch` and before `publish`.
-_STATUS = "+time +hgetall +get +zrangebyscore"
+# SELECT: a URL may name another database than 0 (redis-py selects it on
+# connect). CLUSTER SLOTS and COMMAND: a Redis Cluster client reads the slot map
+# and the command table when it starts (metadata only; refused on a server
+# without cluster mode, harmless there).
+_CONNECT = "+select +cluster|slots +command"
+# What `status` runs (also `watch`, and `publish` before it writes): FCALL_RO
+# waiter_read (TIME, TYPE, GET, HGETALL: the state and reset marker, with the
+# clock of the node that holds them), then ZRANGEBYSCORE of the targets index
+# and HGETALL of the entries it names. FUNCTION LIST: a missing or other
+# library version is named in the error.
+_STATUS = "+fcall_ro +function|list +time +type +get +hgetall +zrangebyscore"
 
 _COMMANDS = {
     # +fcall: begin_generation, publish_step, reset_job, may_write (the declared
     # keys need read and write). Inside them: TIME, TYPE, HGET, EXISTS, GET,
-    # HSET, DEL, SET, EXPIRE, ZRANGEBYSCORE, ZREMRANGEBYSCORE, PUBLISH. Outside:
-    # BLPOP on the registrations (hears new waiters at once), the status reads,
-    # and `reset` (DEL of waiter entries by batches, EXISTS).
-    # +function|list: a missing or other library version is named in the error.
-    "chief": f"{_CONNECT} +fcall +function|list {_STATUS} +type +hget +exists +hset +del +set "
-    "+expire +zremrangebyscore +publish +blpop",
+    # HSET, DEL, SET, EXPIRE, ZRANGEBYSCORE, ZREMRANGEBYSCORE, PUBLISH (SPUBLISH
+    # on a Redis Cluster: a sharded channel, in the job's slot). Outside: BLPOP
+    # on the registrations (hears new waiters at once), and `reset` (DEL of
+    # waiter entries by batches, EXISTS).
+    "chief": f"{_CONNECT} +fcall {_STATUS} +hget +exists +hset +del +set +expire "
+    "+zremrangebyscore +publish +spublish +blpop",
     # +fcall: waiter_register (EXPIRE, DEL, HSET, ZADD, RPUSH, LTRIM) and
     # waiter_leave (DEL, TYPE, ZREM), which declare only what a waiter writes;
-    # +fcall_ro: waiter_read (TIME, TYPE, GET, HGETALL), which declares the state
-    # and the reset marker read-only. SUBSCRIBE/UNSUBSCRIBE: the job's channel.
-    "worker": f"{_CONNECT} +fcall +fcall_ro +function|list {_STATUS} +type +hset +del +expire "
-    "+zadd +zrem +rpush +ltrim +subscribe +unsubscribe",
-    # The status reads only; PING for health checks and ZRANGE for redis-cli
-    # (README, "Monitoring through Redis keys"). No FCALL: status runs no code.
-    "monitor": f"{_CONNECT} +ping {_STATUS} +zrange",
+    # the state and the reset marker it reads with waiter_read (FCALL_RO, which
+    # declares them read-only). SUBSCRIBE (SSUBSCRIBE on a Redis Cluster): the
+    # job's channel; a wait ends by closing its connection, never by UNSUBSCRIBE.
+    "worker": f"{_CONNECT} +fcall {_STATUS} +hset +del +expire +zadd +zrem +rpush +ltrim "
+    "+subscribe +ssubscribe",
+    # The status reads only (no FCALL: nothing that may write); PING for health
+    # checks and ZRANGE for redis-cli (README, "Monitoring through Redis keys").
+    "monitor": f"{_CONNECT} {_STATUS} +ping +zrange",
 }
 
 EMERGENCY_COMMANDS = "+function|kill +script|kill +function|stats +ping"

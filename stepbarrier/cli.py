@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.live import Live
 
 from stepbarrier import __version__
+from stepbarrier.cli_acl import acl
 from stepbarrier.cli_functions import functions
 from stepbarrier.cli_reporting import (
     DEMO_EXIT_CODES,
@@ -279,6 +280,7 @@ def demo(**options: Any) -> None:
 
 
 cli.add_command(functions)
+cli.add_command(acl)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -9,13 +9,12 @@ may not. See ``stepbarrier.redis_code``.
 from __future__ import annotations
 
 import os
-import time
 
 import click
 
 from stepbarrier.cli_reporting import EXIT_CODES, connection_options, current_session, reporting
 from stepbarrier.config import BarrierConfig
-from stepbarrier.connection import call_with_retries, make_client
+from stepbarrier.connection import with_client
 from stepbarrier.redis_code import (
     LIBRARY_NAME,
     LIBRARY_VERSION,
@@ -56,18 +55,13 @@ def install() -> None:
       stepbarrier functions install --username installer --password-file /run/secrets/installer
     """
     config = _config()
-    client = make_client(config)
-    try:
-        name = call_with_retries(
-            lambda: install_functions(client),
-            config,
-            action="load the stepbarrier Functions library",
-            deadline=time.monotonic() + RETRY_SECONDS,
-            clock=time.monotonic,
-            sleep=time.sleep,
-        )
-    finally:
-        client.close()
+    name = with_client(
+        config,
+        None,
+        install_functions,
+        action="load the stepbarrier Functions library",
+        retry_seconds=RETRY_SECONDS,
+    )
     click.echo(f"loaded {name} on Redis at {config.safe_url}")
 
 
@@ -80,18 +74,13 @@ def status() -> None:
     Exit 0 when the needed version is loaded, 2 when it is not.
     """
     config = _config()
-    client = make_client(config)
-    try:
-        versions = call_with_retries(
-            lambda: loaded_versions(client),
-            config,
-            action="list the Functions libraries",
-            deadline=time.monotonic() + RETRY_SECONDS,
-            clock=time.monotonic,
-            sleep=time.sleep,
-        )
-    finally:
-        client.close()
+    versions = with_client(
+        config,
+        None,
+        loaded_versions,
+        action="list the Functions libraries",
+        retry_seconds=RETRY_SECONDS,
+    )
     shown = (
         "cannot tell (may this user run FUNCTION LIST?)"
         if versions is None

@@ -67,6 +67,7 @@ OPTION_FOR_VARIABLE = {
     "STEPBARRIER_TIMEOUT": "--timeout",
     "STEPBARRIER_STALL_TIMEOUT": "--stall-timeout",
     "STEPBARRIER_TASK_ID": "--task-id",
+    "STEPBARRIER_REDIS_CLUSTER": "--cluster",
 }
 
 _URL_CREDENTIALS = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^:@/\s]*:)(?P<secret>\S*)@")
@@ -207,6 +208,14 @@ def connection_options(command: F) -> F:
             metavar="PATH",
             help="File holding the Redis password (never pass a password on the command "
             "line; STEPBARRIER_REDIS_PASSWORD works too).",
+        ),
+        variable_option(
+            "--cluster",
+            variable="STEPBARRIER_REDIS_CLUSTER",
+            is_flag=True,
+            flag_value="1",
+            default=None,
+            help="Redis is a Redis Cluster; --redis-url names one of its nodes.",
         ),
     ]
     for decorate in reversed(decorators):

@@ -69,6 +69,7 @@ ENVIRONMENT_VARIABLES: tuple[str, ...] = (
     "STEPBARRIER_DONE_TTL",
     "STEPBARRIER_PROGRESS_TIMEOUT",
     "STEPBARRIER_USE_EVAL",
+    "STEPBARRIER_REDIS_CLUSTER",
 )
 
 
@@ -152,6 +153,7 @@ class BarrierConfig:
     done_ttl: int = DEFAULT_DONE_TTL
     progress_timeout: float | None = None
     use_eval: bool = False
+    redis_cluster: bool = False
 
     def __post_init__(self) -> None:
         validate_job(self.job, variable="job")
@@ -164,6 +166,13 @@ class BarrierConfig:
             raise ConfigurationError(
                 f"use_eval must be True or False, got {self.use_eval!r}", variable="use_eval"
             )
+        if not isinstance(self.redis_cluster, bool):
+            raise ConfigurationError(
+                f"redis_cluster must be True or False, got {self.redis_cluster!r}",
+                variable="redis_cluster",
+            )
+        if self.redis_cluster:
+            _check_cluster(self)
         _check_url(self.redis_url, "redis_url")
         if self.role not in (None, "chief", "worker"):
             raise ConfigurationError(
@@ -301,6 +310,29 @@ def _check_url(url: str, variable: str) -> None:
         raise ConfigurationError(
             f"{variable}: the path must be a database number such as /0, got {masked}",
             variable=variable,
+        )
+
+
+def _check_cluster(config: BarrierConfig) -> None:
+    variable = "STEPBARRIER_REDIS_CLUSTER"
+    if config.sentinels:
+        raise ConfigurationError(
+            "STEPBARRIER_REDIS_CLUSTER and STEPBARRIER_SENTINELS do not go together: a "
+            "Redis Cluster fails over by itself; set one or the other",
+            variable=variable,
+        )
+    parts = urlsplit(config.redis_url)
+    if parts.scheme not in ("redis", "rediss"):
+        raise ConfigurationError(
+            "STEPBARRIER_REDIS_CLUSTER needs a redis:// or rediss:// STEPBARRIER_REDIS_URL "
+            f"naming one node of the cluster, got {mask_url(config.redis_url)}",
+            variable="STEPBARRIER_REDIS_URL",
+        )
+    if parts.path.lstrip("/") not in ("", "0"):
+        raise ConfigurationError(
+            "a Redis Cluster has only database 0: STEPBARRIER_REDIS_URL must end in /0 or "
+            f"name no database, got {mask_url(config.redis_url)}",
+            variable="STEPBARRIER_REDIS_URL",
         )
 
 

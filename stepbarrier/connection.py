@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import logging
 import ssl
+import time
 from collections.abc import Callable
 from types import SimpleNamespace
-from typing import Any, TypeVar, cast
+from typing import Any, TypeAlias, TypeVar, cast
 from urllib.parse import urlsplit
 
 import redis
 from redis import exceptions as rex
 from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster
 from redis.connection import parse_url
 from redis.retry import Retry
 from redis.sentinel import MasterNotFoundError, Sentinel
@@ -44,6 +46,12 @@ from stepbarrier.errors import (
 log = logging.getLogger("stepbarrier.connection")
 
 T = TypeVar("T")
+
+REDIS_ERRORS = (rex.RedisError, rex.RedisClusterException)
+"""What redis-py raises (its cluster client's own exception is no RedisError)."""
+
+RedisClient: TypeAlias = "redis.Redis | RedisCluster"
+"""A client of the job's Redis: one server (direct or through Sentinel) or a Cluster."""
 
 SOCKET_TIMEOUT = 10.0
 """Seconds a command may wait for its reply before the connection counts as dead."""
@@ -74,7 +82,7 @@ def backoff_attempt(number: int) -> RetryCallState:
 
 def make_client(
     config: BarrierConfig, *, socket_timeout: float | None = SOCKET_TIMEOUT
-) -> redis.Redis:
+) -> RedisClient:
     """A redis-py client for the job's Redis: ``config.redis_url``, or the master
     that ``config.sentinels`` name.
 
@@ -113,9 +121,32 @@ def make_client(
         options["password"] = config.redis_password
     if config.redis_url.startswith("rediss://"):
         options.update(_tls_options(config))
+    if config.redis_cluster:
+        return _cluster(config, options)
     client = redis.Redis.from_url(config.redis_url, **options)
     _check_settings(client.connection_pool)
     return client
+
+
+def _cluster(config: BarrierConfig, options: dict[str, Any]) -> RedisCluster:
+    # The cluster client follows MOVED, ASK and TRYAGAIN itself (its own retry
+    # object, with backoff, re-reading the slot map): a migration or a failover
+    # is never shown to the caller as such. The seed node is only where the
+    # slot map is first read; the client connects to every master it lists.
+    # It reads the map at once: an unreachable seed is a ConnectionError here,
+    # which the callers retry like any other.
+    del options["retry"]  # RedisCluster takes its retry object apart from the nodes'
+    return RedisCluster.from_url(config.redis_url, **options)
+
+
+def disconnect_all(client: RedisClient) -> None:
+    """Close every connection of ``client``, in use or not (cuts a blocked call short)."""
+    if isinstance(client, RedisCluster):
+        for node in client.get_nodes():  # type: ignore[no-untyped-call]
+            if node.redis_connection is not None:
+                node.redis_connection.connection_pool.disconnect(inuse_connections=True)
+    else:
+        client.connection_pool.disconnect(inuse_connections=True)
 
 
 def _tls_options(config: BarrierConfig) -> dict[str, Any]:
@@ -205,6 +236,13 @@ class _Sentinels(Sentinel):
 
 def is_transient(exc: BaseException) -> bool:
     """True for failures that a retry may cure."""
+    cause = _cluster_cause(exc)
+    if cause is not None:
+        return is_transient(cause)
+    if isinstance(exc, (rex.AskError, rex.SlotNotCoveredError, rex.ClusterError)):
+        # a slot on the move (MOVED is an AskError; TRYAGAIN ends as ClusterError
+        # "TTL exhausted" once redis-py's own retries ran out), or not yet covered
+        return True
     if isinstance(exc, (rex.AuthenticationError, rex.AuthorizationError)):
         return False
     if isinstance(exc, rex.ConnectionError) and _is_tls_failure(exc):
@@ -215,6 +253,16 @@ def is_transient(exc: BaseException) -> bool:
         text = str(exc)
         return text.startswith(("LOADING", "MASTERDOWN", "BUSY", "READONLY"))
     return isinstance(exc, (rex.ConnectionError, rex.TimeoutError, ConnectionError))
+
+
+def _cluster_cause(exc: BaseException) -> BaseException | None:
+    # a cluster client that reached no node folds the last node's error into
+    # "Redis Cluster cannot be connected": judge and report that error instead
+    if isinstance(exc, rex.RedisClusterException) and isinstance(
+        exc.__cause__, (rex.RedisError, OSError)
+    ):
+        return exc.__cause__
+    return None
 
 
 def _is_tls_failure(exc: BaseException) -> bool:
@@ -234,11 +282,22 @@ def translate(exc: BaseException, config: BarrierConfig, *, action: str) -> Step
     Anything that is neither a redis-py nor an OS error is a bug, not a Redis
     problem: it becomes a plain ``StepBarrierError`` that says so.
     """
+    cause = _cluster_cause(exc)
+    if cause is not None:
+        return translate(cause, config, action=action)
     where = describe_redis(config)
     user = config.redis_username or _url_username(config.redis_url) or "default"
     detail = _one_line(exc)
     if isinstance(exc, StepBarrierError):
         return exc
+    if isinstance(exc, rex.RedisClusterException):
+        return RedisRefused(
+            f"{where} cannot be used as a Redis Cluster while trying to {action}: {detail}. "
+            "Check that STEPBARRIER_REDIS_URL names a node of a cluster (or unset "
+            "STEPBARRIER_REDIS_CLUSTER), and that the user may run CLUSTER SLOTS and COMMAND",
+            kind="response",
+            job=config.job,
+        )
     if not isinstance(exc, (rex.RedisError, OSError)):
         return StepBarrierError(
             f"internal error while trying to {action} on {where}: {type(exc).__name__}: "
@@ -302,6 +361,8 @@ def translate(exc: BaseException, config: BarrierConfig, *, action: str) -> Step
 
 def describe_redis(config: BarrierConfig) -> str:
     """Where the job's Redis is, for messages: its masked URL, or its Sentinels."""
+    if config.redis_cluster:
+        return f"Redis Cluster at {config.safe_url}"
     if not config.sentinels:
         return f"Redis at {config.safe_url}"
     nodes = ",".join(f"{host}:{port}" for host, port in config.sentinels)
@@ -400,7 +461,47 @@ def call_with_retries(
     )
     try:
         return retrying(operation)
-    except rex.RedisError as exc:
+    except REDIS_ERRORS as exc:
         raise translate(exc, config, action=action) from exc
     except OSError as exc:  # a raw socket error that redis-py did not wrap
         raise translate(rex.ConnectionError(str(exc)), config, action=action) from exc
+
+
+def with_client(
+    config: BarrierConfig,
+    client: RedisClient | None,
+    operation: Callable[[RedisClient], T],
+    *,
+    action: str,
+    retry_seconds: float,
+) -> T:
+    """Run ``operation`` on ``client``, or on a client made (and closed) for it.
+
+    A made client is made within the retries: a cluster client reads the slot
+    map at once, so a Redis that is down fails there, as a transient error.
+
+    Raises:
+        RedisUnavailable: Redis stayed unreachable for ``retry_seconds``.
+        RedisRefused: Redis refused the operation (authentication, ACL, TLS).
+    """
+    made: list[RedisClient] = []
+
+    def run() -> T:
+        if client is not None:
+            return operation(client)
+        if not made:
+            made.append(make_client(config))
+        return operation(made[0])
+
+    try:
+        return call_with_retries(
+            run,
+            config,
+            action=action,
+            deadline=time.monotonic() + retry_seconds,
+            clock=time.monotonic,
+            sleep=time.sleep,
+        )
+    finally:
+        for own in made:
+            own.close()

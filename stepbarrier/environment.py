@@ -196,6 +196,7 @@ def config_from_env(env: Mapping[str, str]) -> BarrierConfig:
         done_ttl=done_ttl if done_ttl is not None else DEFAULT_DONE_TTL,
         progress_timeout=_env_seconds(env, "STEPBARRIER_PROGRESS_TIMEOUT"),
         use_eval=_env_flag(env, "STEPBARRIER_USE_EVAL"),
+        redis_cluster=_env_flag(env, "STEPBARRIER_REDIS_CLUSTER"),
     )
 
 

@@ -7,12 +7,8 @@ hand-set step. So ``stepbarrier publish`` first asks ``find_live_chief``.
 
 from __future__ import annotations
 
-import time
-
-import redis
-
 from stepbarrier.config import BarrierConfig
-from stepbarrier.connection import call_with_retries, make_client
+from stepbarrier.connection import RedisClient, with_client
 from stepbarrier.freshness import fresh_heartbeat_limit
 from stepbarrier.redis_code import RedisCode
 from stepbarrier.status import STATUS_RETRY_SECONDS, JobStatus, read_status
@@ -44,7 +40,7 @@ def live_chief_limit(status: JobStatus, default_heartbeat: float) -> float | Non
 
 
 def find_live_chief(
-    config: BarrierConfig, client: redis.Redis | None = None
+    config: BarrierConfig, client: RedisClient | None = None
 ) -> tuple[JobStatus, float] | None:
     """The job's status and its live-chief limit while a chief heartbeats, else ``None``.
 
@@ -55,20 +51,13 @@ def find_live_chief(
         RedisRefused: The user may not write the job's state (or read it).
         RedisUnavailable: Redis was unreachable for ``STATUS_RETRY_SECONDS``.
     """
-    own = client is None
-    active = client if client is not None else make_client(config)
-    try:
-        call_with_retries(
-            lambda: RedisCode(active, config).call("may_write", [config.keys.state], []),
-            config,
-            action="publish the step",
-            deadline=time.monotonic() + STATUS_RETRY_SECONDS,
-            clock=time.monotonic,
-            sleep=time.sleep,
-        )
-        status = read_status(config, active)
-    finally:
-        if own:
-            active.close()
+
+    def check(active: RedisClient) -> JobStatus:
+        RedisCode(active, config).call("may_write", [config.keys.state], [])
+        return read_status(config, active)
+
+    status = with_client(
+        config, client, check, action="publish the step", retry_seconds=STATUS_RETRY_SECONDS
+    )
     limit = live_chief_limit(status, config.heartbeat)
     return None if limit is None else (status, limit)

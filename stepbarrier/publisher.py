@@ -27,18 +27,18 @@ import time
 from collections.abc import Callable
 from types import TracebackType
 
-import redis
-
 from stepbarrier import scripts
 from stepbarrier.config import BarrierConfig
-from stepbarrier.connection import backoff as retry_backoff
 from stepbarrier.connection import (
+    REDIS_ERRORS,
+    RedisClient,
     backoff_attempt,
     call_with_retries,
     is_transient,
     make_client,
     translate,
 )
+from stepbarrier.connection import backoff as retry_backoff
 from stepbarrier.errors import RedisUnavailable, StepBarrierError
 from stepbarrier.freshness import confirm_window
 from stepbarrier.protocol import MAX_STEP
@@ -79,7 +79,7 @@ class StepPublisher:
     def __init__(
         self,
         config: BarrierConfig,
-        client: redis.Redis | None = None,
+        client: RedisClient | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
         contributor: bool = False,
@@ -88,10 +88,13 @@ class StepPublisher:
         self.config = config
         self.contributor = contributor
         self._owns_client = client is None
-        self._client = client if client is not None else make_client(config)
+        # made in the thread, at the first write (a cluster client reads the slot
+        # map at once: a Redis that is down must not fail the chief's start)
+        self._client: RedisClient | None = client
         self._clock = clock
         chief = (description or f"{socket.gethostname()}:{os.getpid()}")[:200]
-        self._writer = StepWriter(self._client, config, chief, contributor=contributor)
+        self._chief_name = chief
+        self._writer_of: StepWriter | None = None
         # Shared with the training thread: plain attribute reads and writes only.
         self._latest: int | None = None
         self._handed = 0
@@ -262,7 +265,7 @@ class StepPublisher:
                 self._latest,
                 self.last_error or "timed out",
             )
-        if self._owns_client:
+        if self._owns_client and self._client is not None:
             self._client.close()
         return ok or (self._latest is None and self._ended is None)
 
@@ -317,7 +320,7 @@ class StepPublisher:
 
     def _note_failure(self, exc: BaseException) -> bool:
         """Record why a write failed; True if a retry may cure it."""
-        if not isinstance(exc, (redis.RedisError, OSError, StepBarrierError)):
+        if not isinstance(exc, (*REDIS_ERRORS, OSError, StepBarrierError)):
             # our own bug, not Redis: say so, with the traceback, and keep training
             log.error("job %s: internal error while publishing", self.config.job, exc_info=exc)
             self.last_failure = None
@@ -365,7 +368,7 @@ class StepPublisher:
             wanted = self._generation_wanted
             needs_generation = not self.contributor and self._generation_begun != wanted
         if needs_generation:
-            generation = self._writer.begin_generation()
+            generation = self._writer().begin_generation()
             with self._lock:
                 if self._generation_wanted != wanted:
                     return False  # yet another generation was asked for meanwhile
@@ -384,7 +387,7 @@ class StepPublisher:
                 confirm_window=confirm_window(self.config.heartbeat, self._step_time),
                 epoch=self._epoch,
             )
-        result = self._writer.write(values)
+        result = self._writer().write(values)
         self.writes += 1
         self.last_error = None
         self.last_failure = None
@@ -397,6 +400,16 @@ class StepPublisher:
                 self._wake.set()
                 return False
             return self._apply(result, seq)
+
+    def _writer(self) -> StepWriter:
+        # only the background threads write: the publisher thread, then _finish
+        if self._writer_of is None:
+            if self._client is None:
+                self._client = make_client(self.config)
+            self._writer_of = StepWriter(
+                self._client, self.config, self._chief_name, contributor=self.contributor
+            )
+        return self._writer_of
 
     def _apply(self, result: WriteResult, seq: int) -> bool:
         """Take in a write's reply (holding the lock)."""

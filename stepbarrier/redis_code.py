@@ -22,12 +22,12 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-import redis
 from redis import exceptions as rex
 from redis.commands.core import Script
 
 from stepbarrier import scripts
 from stepbarrier.config import BarrierConfig
+from stepbarrier.connection import RedisClient
 from stepbarrier.errors import RedisRefused
 
 LIBRARY_VERSION = 1
@@ -38,6 +38,11 @@ LIBRARY_NAME = f"stepbarrier_v{LIBRARY_VERSION}"
 
 Call = tuple[str, Sequence[Any], Sequence[Any]]
 """One call: the code's name in ``scripts.BODIES``, its keys and its arguments."""
+
+
+def publish_command(config: BarrierConfig) -> str:
+    """How the code announces: ``SPUBLISH`` (sharded) on a Redis Cluster, else ``PUBLISH``."""
+    return "SPUBLISH" if config.redis_cluster else "PUBLISH"
 
 
 def function_name(name: str) -> str:
@@ -67,10 +72,11 @@ def library_sha256() -> str:
     return hashlib.sha256(library_source().encode()).hexdigest()
 
 
-def install_functions(client: redis.Redis, *, replace: bool = True) -> str:
+def install_functions(client: RedisClient, *, replace: bool = True) -> str:
     """Load (or with ``replace``, upgrade in place) this version's library.
 
-    Idempotent. Older versions' libraries stay for older clients.
+    Idempotent. Older versions' libraries stay for older clients. A cluster
+    client loads it on every master (redis-py sends ``FUNCTION LOAD`` to all).
 
     Returns:
         The library's name.
@@ -79,18 +85,25 @@ def install_functions(client: redis.Redis, *, replace: bool = True) -> str:
     return LIBRARY_NAME
 
 
-def loaded_versions(client: redis.Redis) -> list[int] | None:
+def loaded_versions(client: RedisClient) -> list[int] | None:
     """Versions of stepbarrier libraries loaded on the server (``None``: cannot tell)."""
     try:
-        listed = client.function_list(library="stepbarrier_v*")
+        listed: Any = client.function_list(library="stepbarrier_v*")
     except rex.RedisError:
         return None
-    versions = []
-    for entry in listed if isinstance(listed, list) else []:
+    # a cluster answers per master: a version counts only if every master has it
+    per_node = list(listed.values()) if isinstance(listed, dict) else [listed]
+    found = [_versions(entries) for entries in per_node]
+    return sorted(set.intersection(*found)) if found else []
+
+
+def _versions(entries: Any) -> set[int]:
+    versions = set()
+    for entry in entries if isinstance(entries, list) else []:
         name = _library_name(entry)
         if name and name.startswith("stepbarrier_v") and name[13:].isdigit():
-            versions.append(int(name[13:]))
-    return sorted(versions)
+            versions.add(int(name[13:]))
+    return versions
 
 
 def _library_name(entry: Any) -> str | None:
@@ -120,7 +133,7 @@ class RedisCode:
         config: The job's settings (``use_eval``, and the URL for messages).
     """
 
-    def __init__(self, client: redis.Redis, config: BarrierConfig) -> None:
+    def __init__(self, client: RedisClient, config: BarrierConfig) -> None:
         self._client = client
         self._config = config
         self._scripts: dict[str, Script] = {}
@@ -159,9 +172,7 @@ class RedisCode:
                 self._scripts[name](keys=list(keys), args=list(args), client=pipe)
             else:
                 command = "FCALL_RO" if scripts.BODIES[name][1] else "FCALL"
-                pipe.execute_command(  # type: ignore[no-untyped-call]
-                    command, function_name(name), len(keys), *keys, *args
-                )
+                pipe.execute_command(command, function_name(name), len(keys), *keys, *args)
         return list(pipe.execute(raise_on_error=False))
 
     def _load_or_explain(self, missing: BaseException) -> None:

@@ -16,10 +16,16 @@ import threading
 import time
 from collections.abc import Callable
 
-import redis
-
 from stepbarrier.config import BarrierConfig
-from stepbarrier.connection import backoff, backoff_attempt, is_transient, make_client, translate
+from stepbarrier.connection import (
+    RedisClient,
+    backoff,
+    backoff_attempt,
+    disconnect_all,
+    is_transient,
+    make_client,
+    translate,
+)
 from stepbarrier.protocol import parse_int
 
 log = logging.getLogger("stepbarrier.registrations")
@@ -41,8 +47,10 @@ class RegistrationListener:
     def __init__(self, config: BarrierConfig, on_target: Callable[[int], None]) -> None:
         self._config = config
         self._on_target = on_target
-        # made now (it connects lazily), so that stop() can always cut its BLPOP
-        self._client: redis.Redis = make_client(config, socket_timeout=REGISTRATION_BLOCK + 10)
+        # made in the thread (a cluster client reads the slot map at once, and
+        # Redis may be down); the lock lets stop() always find it to cut a BLPOP
+        self._client: RedisClient | None = None
+        self._client_lock = threading.Lock()
         self._stopping = threading.Event()
         self._thread = threading.Thread(
             target=self._run, name=f"stepbarrier-registrations-{config.job}", daemon=True
@@ -65,7 +73,9 @@ class RegistrationListener:
         self._stopping.set()
         deadline = time.monotonic() + timeout
         while True:
-            self._client.connection_pool.disconnect(inuse_connections=True)
+            with self._client_lock:
+                if self._client is not None:
+                    disconnect_all(self._client)
             remaining = deadline - time.monotonic()
             if not self._thread.is_alive() or remaining <= 0:
                 return
@@ -79,7 +89,7 @@ class RegistrationListener:
         try:
             while not self._stopping.is_set():
                 try:
-                    item = self._client.blpop([key], timeout=REGISTRATION_BLOCK)
+                    item = self._connected().blpop([key], timeout=REGISTRATION_BLOCK)
                     failures = 0
                 except Exception as exc:
                     if self._stopping.is_set():
@@ -105,4 +115,12 @@ class RegistrationListener:
                     continue
                 self._on_target(target)
         finally:
-            self._client.close()
+            with self._client_lock:
+                if self._client is not None:
+                    self._client.close()
+
+    def _connected(self) -> RedisClient:
+        with self._client_lock:
+            if self._client is None:
+                self._client = make_client(self._config, socket_timeout=REGISTRATION_BLOCK + 10)
+            return self._client

@@ -6,13 +6,11 @@ sorted set), never by scanning the keyspace.
 
 from __future__ import annotations
 
-import time
-
 import redis
 
 from stepbarrier.config import BarrierConfig
-from stepbarrier.connection import call_with_retries, make_client
-from stepbarrier.redis_code import RedisCode
+from stepbarrier.connection import RedisClient, with_client
+from stepbarrier.redis_code import RedisCode, publish_command
 from stepbarrier.waiter_registry import indexed_keys
 
 RESET_MARKER_TTL = 24 * 3600
@@ -23,7 +21,7 @@ MAX_RESET_WAITERS = 100_000
 """Most registry entries one reset deletes; any others expire by their TTL."""
 
 
-def reset_job(config: BarrierConfig, client: redis.Redis | None = None) -> int:
+def reset_job(config: BarrierConfig, client: RedisClient | None = None) -> int:
     """Delete the job's keys; waiting workers get ``BarrierAborted`` at once.
 
     A marker with the reset's time stays for ``RESET_MARKER_TTL``: a waiter that
@@ -33,39 +31,25 @@ def reset_job(config: BarrierConfig, client: redis.Redis | None = None) -> int:
     Returns:
         The number of waiter entries removed.
     """
-    own = client is None
-    active = client if client is not None else make_client(config)
     keys = config.keys
-    code = RedisCode(active, config)
 
-    def run() -> int:
+    def run(active: RedisClient) -> int:
         entries = _indexed(active, config)
         batches = [entries[i : i + RESET_BATCH] for i in range(0, len(entries), RESET_BATCH)]
         last = batches.pop() if batches else []
         removed = sum(int(active.delete(*batch)) for batch in batches)
         removed += int(active.exists(*last)) if last else 0
-        code.call(
+        RedisCode(active, config).call(
             "reset_job",
             [keys.state, keys.targets, keys.registrations, keys.reset, *last],
-            [keys.channel, RESET_MARKER_TTL],
+            [keys.channel, RESET_MARKER_TTL, publish_command(config)],
         )
         return removed
 
-    try:
-        return call_with_retries(
-            run,
-            config,
-            action="reset the job",
-            deadline=time.monotonic() + 5.0,
-            clock=time.monotonic,
-            sleep=time.sleep,
-        )
-    finally:
-        if own:
-            active.close()
+    return with_client(config, client, run, action="reset the job", retry_seconds=5.0)
 
 
-def _indexed(client: redis.Redis, config: BarrierConfig) -> list[bytes]:
+def _indexed(client: RedisClient, config: BarrierConfig) -> list[bytes]:
     try:
         return list(indexed_keys(client, config.keys, page=RESET_BATCH, limit=MAX_RESET_WAITERS))
     except redis.exceptions.NoPermissionError:

@@ -22,6 +22,11 @@ local function whole(text)
   if n and n <= 9007199254740992 then return n end
   return nil
 end
+local function publish_command(name)
+  -- announcements go out plain, or sharded on a Redis Cluster; nothing else
+  if name == 'SPUBLISH' then return 'SPUBLISH' end
+  return 'PUBLISH'
+end
 local function now_ms()
   local now = redis.call('TIME')
   return tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
@@ -57,12 +62,14 @@ _PUBLISH_STEP = """
 -- KEYS[1] state hash, KEYS[2] targets zset, KEYS[3] reset marker
 -- ARGV[1] generation, ARGV[2] step, ARGV[3] done (0/1), ARGV[4] key TTL (s),
 -- ARGV[5] channel, ARGV[6] chief description, ARGV[7] max targets to return,
--- ARGV[8] prefix of the waiters' registry keys (same hash tag), ARGV[9] run id
+-- ARGV[8] (unused: the waiters' registry prefix, no longer touched), ARGV[9] run id
 -- ('' for none), ARGV[10] ms since the training loop last handed over the step,
 -- ARGV[11] the writer's heartbeat period (ms), ARGV[12] how long (ms) a handed
 -- step vouches for itself, ARGV[13] TTL (s) of a finished job's keys,
 -- ARGV[14] the writer's first generation (a reset after it refuses the writer),
--- ARGV[15] 'chief' or 'contributor' (a training worker adding its step).
+-- ARGV[15] 'chief' or 'contributor' (a training worker adding its step),
+-- ARGV[16] 'PUBLISH', or 'SPUBLISH' on a Redis Cluster (sharded: the channel
+-- lives in the job's slot, so an announcement costs one shard).
 -- A chief stores the step if it is greater (same generation) or replaces it
 -- (newer generation); a contributor only raises the step of the generation it
 -- joined. Either refreshes the heartbeat and TTLs, announces a change, and
@@ -158,12 +165,11 @@ local step_text = string.format('%.0f', stored_step)
 local gen_text = string.format('%.0f', stored_gen > generation and stored_gen or generation)
 if changed then
   -- waiters at or below the stored step are released by this announcement:
-  -- their registry entries go here, so that a released worker need not
-  -- spend a round trip unregistering before it starts
-  local released = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', step_text)
-  for i = 1, #released do redis.call('DEL', ARGV[8] .. released[i]) end
+  -- they leave the index here, so that a released worker need not spend a
+  -- round trip unregistering before it starts (its entry expires by itself;
+  -- every key touched is declared, as a cluster and its proxies demand)
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', step_text)
-  redis.call('PUBLISH', ARGV[5], string.format(
+  redis.call(publish_command(ARGV[16]), ARGV[5], string.format(
     '{"step":%s,"generation":%s,"done":%s,"run_id":"%s"}', step_text, gen_text,
     was_done and 'true' or 'false', run_id))
 end
@@ -181,7 +187,8 @@ return result
 
 _RESET_JOB = """
 -- KEYS[1] state, KEYS[2] targets, KEYS[3] registrations, KEYS[4] reset marker,
--- KEYS[5..] waiter registry keys; ARGV[1] channel, ARGV[2] marker TTL (s)
+-- KEYS[5..] waiter registry keys; ARGV[1] channel, ARGV[2] marker TTL (s),
+-- ARGV[3] 'PUBLISH' or 'SPUBLISH' (see PUBLISH_STEP)
 -- Deletes the job's keys, leaves a marker holding the Redis time (ms) of the
 -- reset so that waiters who missed the announcement still abort, and announces it.
 for i = 5, #KEYS do redis.call('DEL', KEYS[i]) end
@@ -189,7 +196,7 @@ redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
 local now = redis.call('TIME')
 local now_ms = string.format('%.0f', tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000))
 redis.call('SET', KEYS[4], now_ms, 'EX', ARGV[2])
-redis.call('PUBLISH', ARGV[1], '{"reset":true,"time_ms":' .. now_ms .. '}')
+redis.call(publish_command(ARGV[3]), ARGV[1], '{"reset":true,"time_ms":' .. now_ms .. '}')
 return now_ms
 """
 

@@ -8,15 +8,15 @@ never by scanning the keyspace.
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import redis
 
 from stepbarrier.config import BarrierConfig
-from stepbarrier.connection import call_with_retries, make_client
+from stepbarrier.connection import RedisClient, with_client
 from stepbarrier.protocol import parse_int, parse_state, preview
+from stepbarrier.redis_code import RedisCode
 from stepbarrier.waiter_registry import (
     SINCE_LIMIT,
     WaiterInfo,
@@ -76,7 +76,7 @@ class JobStatus:
         return data
 
 
-def read_status(config: BarrierConfig, client: redis.Redis | None = None) -> JobStatus:
+def read_status(config: BarrierConfig, client: RedisClient | None = None) -> JobStatus:
     """Read the job's state and registry.
 
     Args:
@@ -87,36 +87,30 @@ def read_status(config: BarrierConfig, client: redis.Redis | None = None) -> Job
         RedisUnavailable: Redis was unreachable for ``STATUS_RETRY_SECONDS``.
         RedisRefused: Redis refused the read (authentication, ACL).
     """
-    own = client is None
-    active = client if client is not None else make_client(config)
-    try:
-        return call_with_retries(
-            lambda: _read(config, active),
-            config,
-            action="read the job's status",
-            deadline=time.monotonic() + STATUS_RETRY_SECONDS,
-            clock=time.monotonic,
-            sleep=time.sleep,
-        )
-    finally:
-        if own:
-            active.close()
+    return with_client(
+        config,
+        client,
+        lambda active: _read(config, active),
+        action="read the job's status",
+        retry_seconds=STATUS_RETRY_SECONDS,
+    )
 
 
-def _read(config: BarrierConfig, client: redis.Redis) -> JobStatus:
+def _read(config: BarrierConfig, client: RedisClient) -> JobStatus:
     keys = config.keys
+    # the state with the clock of the node that holds it (in a cluster, the
+    # slot's owner: another node's clock would skew the heartbeat's age)
+    snapshot = RedisCode(client, config).call("waiter_read", [keys.state, keys.reset], [])
     pipe = client.pipeline(transaction=False)
-    pipe.time()
-    pipe.hgetall(keys.state)
-    pipe.get(keys.reset)
     queue_index_read(pipe, keys)
-    now_raw, state_raw, reset_raw, index_raw = pipe.execute(raise_on_error=False)
-    if isinstance(now_raw, Exception):
-        raise now_raw
-    for raw in (state_raw, reset_raw):  # permission problems are not "malformed"
-        if isinstance(raw, redis.exceptions.NoPermissionError):
-            raise raw
-    now_ms = int(now_raw[0]) * 1000 + int(now_raw[1]) // 1000
+    (index_raw,) = pipe.execute(raise_on_error=False)
+    now_raw, reset_raw, kind_raw, *flat = list(snapshot)
+    now_ms = parse_int(now_raw) or 0
+    kind = kind_raw.decode() if isinstance(kind_raw, bytes) else str(kind_raw)
+    state_raw: object = dict(zip(flat[0::2], flat[1::2], strict=False)) if kind == "hash" else {}
+    if kind not in ("hash", "none"):
+        state_raw = redis.ResponseError(f"the state key holds a {kind}, not a hash")
+    reset_raw = reset_raw or None
     problems: list[str] = []
     state = parse_state(state_raw)
     if state.problem:

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import redis
-
 from stepbarrier.config import BarrierConfig
+from stepbarrier.connection import RedisClient
 from stepbarrier.protocol import parse_int
-from stepbarrier.redis_code import RedisCode
+from stepbarrier.redis_code import RedisCode, publish_command
 
 MAX_TARGETS = 256
 """How many pending targets (lowest first) each write brings back to the writer."""
@@ -73,7 +72,7 @@ class StepWriter:
     """
 
     def __init__(
-        self, client: redis.Redis, config: BarrierConfig, chief: str, *, contributor: bool
+        self, client: RedisClient, config: BarrierConfig, chief: str, *, contributor: bool
     ) -> None:
         self._config = config
         self._chief = chief
@@ -106,6 +105,7 @@ class StepWriter:
                 config.done_ttl,
                 values.epoch,
                 self._mode,
+                publish_command(config),
             ],
         )
         status, stored_step, stored_generation, repaired, *targets = reply

@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import operator
 import time
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
@@ -311,26 +312,27 @@ class StepLead:
     """How far the global step may move during one run: the largest recent move.
 
     In asynchronous training the step moves by more than one per chief run (the
-    other workers push it too). The lead decays slowly, so a burst is not
-    forgotten at once and a slow-down is learnt within tens of runs.
+    other workers push it too). The lead is the largest move of the last
+    ``WINDOW`` runs, so a burst is not forgotten at once and a slow-down is
+    learnt within that many runs.
     """
 
-    DECAY = 0.95
+    WINDOW = 16
 
     def __init__(self) -> None:
         self._previous: int | None = None
-        self._lead = 1.0
+        self._moves: deque[int] = deque(maxlen=self.WINDOW)
 
     def restart(self, step: int) -> None:
         """A new session starts at ``step``."""
         self._previous = step
 
-    def observe(self, step: int) -> float:
+    def observe(self, step: int) -> int:
         """Take in a fetched step; return the lead to expect from the run in flight."""
         if self._previous is not None and step > self._previous:
-            self._lead = max(float(step - self._previous), self._lead * self.DECAY, 1.0)
+            self._moves.append(step - self._previous)
         self._previous = step
-        return self._lead
+        return max(self._moves, default=1)
 
 
 def hooks_from_env(

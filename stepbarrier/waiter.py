@@ -18,16 +18,16 @@ from __future__ import annotations
 
 import logging
 import operator
+import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
 import redis
-from redis.client import PubSub
 
 from stepbarrier.config import BarrierConfig
-from stepbarrier.connection import call_with_retries, make_client
+from stepbarrier.connection import RedisClient, call_with_retries, make_client
 from stepbarrier.errors import (
     BarrierAborted,
     BarrierTimeout,
@@ -36,7 +36,8 @@ from stepbarrier.errors import (
 from stepbarrier.freshness import fresh_heartbeat_limit as _fresh_limit
 from stepbarrier.freshness import heartbeat_age, vouches_for_step
 from stepbarrier.protocol import ChiefState, parse_announcement, preview
-from stepbarrier.waiter_link import WaiterLink, close_quietly
+from stepbarrier.subscription import Subscription
+from stepbarrier.waiter_link import WaiterLink
 
 log = logging.getLogger("stepbarrier.waiter")
 
@@ -68,14 +69,17 @@ class StepWaiter:
     def __init__(
         self,
         config: BarrierConfig,
-        client: redis.Redis | None = None,
+        client: RedisClient | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.config = config
         self._owns_client = client is None
-        self._client = client if client is not None else make_client(config)
+        # made at the first wait, within its retries (a cluster client reads the
+        # slot map at once, and Redis may be down)
+        self._client: RedisClient | None = client
+        self._client_lock = threading.Lock()
         self._clock = clock
         self._sleep = sleep
 
@@ -121,8 +125,16 @@ class StepWaiter:
 
     def close(self) -> None:
         """Release the connection (only if the waiter made its own client)."""
-        if self._owns_client:
-            self._client.close()
+        with self._client_lock:
+            client, self._client = self._client, None
+        if self._owns_client and client is not None:
+            client.close()
+
+    def _connected(self) -> RedisClient:
+        with self._client_lock:
+            if self._client is None:
+                self._client = make_client(self.config)
+            return self._client
 
     def __enter__(self) -> StepWaiter:
         return self
@@ -147,8 +159,9 @@ class _Wait:
         self.target = target
         self.started = self.clock()
         self.deadline = None if timeout is None else self.started + timeout
-        self.link = WaiterLink(waiter._client, self.config, target, since=time.time())
-        self.pubsub: PubSub | None = None
+        self.link = WaiterLink(waiter._connected, self.config, target, since=time.time())
+        self.pubsub: Subscription | None = None
+        self.subscriptions = 0
         self.last_step: int | None = None
         self.generation = 0
         self.heartbeat_age: float | None = None
@@ -214,14 +227,15 @@ class _Wait:
                     timeout=max(0.001, min(stop - now, self.config.fallback_interval))
                 )
             except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+                # SubscriptionLost too: in a cluster, the job's slot moved
                 log.info("job %s: subscription lost (%s); reconnecting", self.config.job, exc)
                 result = self._reconnect()
                 if result is not None:
                     return result
                 next_read = self.clock() + self.config.fallback_interval
                 continue
-            if message is not None and message.get("type") == "message":
-                result = self._on_message(message.get("data"))
+            if message is not None:
+                result = self._on_message(message)
                 if result is not None:
                     return result
 
@@ -254,7 +268,7 @@ class _Wait:
         if announcement.step >= self.target:
             # the chief's script that announced it removed our registry entry
             self.link.registered = False
-            return self._released(announcement.step)
+            return self._released(announcement.step, by="an announcement")
         if announcement.done:
             raise self._aborted("done")
         return None
@@ -286,7 +300,7 @@ class _Wait:
         if self.heartbeat_age is not None:
             self.last_alive = max(self.last_alive, self.clock() - self.heartbeat_age)
         if state.step >= self.target and vouches_for_step(state, now_ms, self.config.heartbeat):
-            return self._released(state.step)
+            return self._released(state.step, by="a read of the state")
         if state.done and state.step < self.target:
             raise self._aborted("done")
         self._check_subscription(state.step)
@@ -339,14 +353,18 @@ class _Wait:
     def _reconnect(self) -> int | None:
         """Subscribe, read the confirmation, then read the state (in that order)."""
         self._close_pubsub()
+        # after a lost subscription, a cluster's slot map is read again: the
+        # job's slot may have moved, or its master failed over
+        refresh = self.subscriptions > 0
         self.pubsub = call_with_retries(
-            self.link.subscribe,
+            lambda: self.link.subscribe(refresh_topology=refresh),
             self.config,
             action=f"subscribe to {self.keys.channel}",
             deadline=self._retry_deadline(),
             clock=self.clock,
             sleep=self.waiter._sleep,
         )
+        self.subscriptions += 1
         self.reads_without_message = 0
         self.read_step = None
         self.resubscribe = False
@@ -416,13 +434,14 @@ class _Wait:
             age,
         )
 
-    def _released(self, step: int) -> int:
+    def _released(self, step: int, *, by: str) -> int:
         log.info(
-            "job %s: released at step %d (target %d) after %.3f s",
+            "job %s: released at step %d (target %d) after %.3f s, by %s",
             self.config.job,
             step,
             self.target,
             self.clock() - self.started,
+            by,
         )
         self.last_step = step
         return step
@@ -492,7 +511,8 @@ class _Wait:
 
     def _close_pubsub(self) -> None:
         pubsub, self.pubsub = self.pubsub, None
-        close_quietly(pubsub)
+        if pubsub is not None:
+            pubsub.close()
 
     def leave(self) -> None:
         """Unregister (one quick try: an entry left behind expires by itself)."""

@@ -8,21 +8,18 @@ Redis restarted empty) and returns the stored state with Redis's clock.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
-import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import redis
-from redis.client import PubSub
-
 from stepbarrier.config import BarrierConfig
-from stepbarrier.connection import CONNECT_TIMEOUT
+from stepbarrier.connection import RedisClient
 from stepbarrier.protocol import ChiefState, parse_int, parse_state
 from stepbarrier.redis_code import RedisCode
+from stepbarrier.subscription import Subscription
 
 REGISTRY_TTL = 30
 """Seconds a waiter's registry entry outlives its last refresh (so dead ones go)."""
@@ -48,21 +45,24 @@ class WaiterLink:
     """One wait's subscription and registry entry.
 
     Args:
-        client: The waiter's redis-py client.
+        connect: Returns the waiter's redis-py client (made on first use: a
+            cluster client reads the slot map at once, and Redis may be down).
         config: The job's settings.
         target: The step waited for.
         since: Unix time the wait began (shown by ``stepbarrier status``).
     """
 
-    def __init__(self, client: redis.Redis, config: BarrierConfig, target: int, since: float):
-        self._client = client
+    def __init__(
+        self, connect: Callable[[], RedisClient], config: BarrierConfig, target: int, since: float
+    ):
+        self._connect = connect
         self._config = config
         self._keys = config.keys
         task = "x" if config.task_id is None else str(config.task_id)
         self.id = f"{task}-{uuid.uuid4().hex[:8]}"
         self.target = target
         self.registered = False
-        self._code = RedisCode(client, config)
+        self._code_of: RedisCode | None = None
         self._entry = {
             "task_id": "" if config.task_id is None else str(config.task_id),
             "wait_until_step": str(target),
@@ -71,22 +71,17 @@ class WaiterLink:
             "pid": str(os.getpid()),
         }
 
-    def subscribe(self) -> PubSub:
+    @property
+    def _code(self) -> RedisCode:
+        if self._code_of is None:
+            self._code_of = RedisCode(self._connect(), self._config)
+        return self._code_of
+
+    def subscribe(self, *, refresh_topology: bool = False) -> Subscription:
         """A subscription to the job's channel, confirmed by Redis before it returns."""
-        pubsub: PubSub = self._client.pubsub(  # type: ignore[no-untyped-call]
-            ignore_subscribe_messages=False
+        return Subscription.open(
+            self._connect(), self._keys.channel, refresh_topology=refresh_topology
         )
-        try:
-            pubsub.subscribe(self._keys.channel)
-            until = time.monotonic() + CONNECT_TIMEOUT
-            while time.monotonic() < until:
-                message = pubsub.get_message(timeout=max(0.001, until - time.monotonic()))
-                if message is not None and message.get("type") == "subscribe":
-                    return pubsub
-            raise redis.TimeoutError("no subscription confirmation from Redis")
-        except BaseException:
-            pubsub.close()
-            raise
 
     def sync(self) -> Snapshot:
         """Register (or refresh the entry), then read the state: one round trip.
@@ -130,10 +125,3 @@ class WaiterLink:
         if self.registered:
             keys = self._keys
             self._code.call("waiter_leave", [keys.waiter(self.id), keys.targets], [self.id])
-
-
-def close_quietly(pubsub: PubSub | None) -> None:
-    """Close a subscription whose connection may already be dead."""
-    if pubsub is not None:
-        with contextlib.suppress(Exception):
-            pubsub.close()

@@ -17,6 +17,7 @@ from typing import Any
 
 import redis
 
+from stepbarrier.connection import RedisClient
 from stepbarrier.keys import JobKeys
 from stepbarrier.protocol import parse_int, preview
 
@@ -127,7 +128,7 @@ def entry_key(keys: JobKeys, waiter_id: bytes) -> bytes:
 
 
 def read_entries(
-    client: redis.Redis, keys: JobKeys, index: list[tuple[bytes, int]], problems: list[str]
+    client: RedisClient, keys: JobKeys, index: list[tuple[bytes, int]], problems: list[str]
 ) -> list[WaiterInfo]:
     """The registry entries of the indexed waiters, in one round trip.
 
@@ -199,7 +200,7 @@ def parse_since(raw: object) -> float | None:
     return value if value < SINCE_LIMIT else None
 
 
-def indexed_keys(client: redis.Redis, keys: JobKeys, *, page: int, limit: int) -> Iterator[bytes]:
+def indexed_keys(client: RedisClient, keys: JobKeys, *, page: int, limit: int) -> Iterator[bytes]:
     """Registry keys of every indexed waiter (at most ``limit``), read ``page`` at a time.
 
     Scores are not checked: whatever is indexed belongs to the job.

@@ -65,15 +65,27 @@ def test_pending_targets_come_back_and_crossed_ones_go(fake: fakeredis.FakeRedis
     assert fake.zrange(KEYS.targets, 0, -1) == [b"c"]
 
 
-def test_released_waiters_registry_entries_go_with_the_announcement(
+def test_released_waiters_leave_the_index_with_the_announcement_and_nothing_else(
     fake: fakeredis.FakeRedis,
 ) -> None:
     for waiter, target in (("a", 5), ("b", 20)):
         fake.hset(KEYS.waiter(waiter), mapping={"wait_until_step": str(target)})
         fake.zadd(KEYS.targets, {waiter: target})
     publish(fake, 1, 6)
-    assert not fake.exists(KEYS.waiter("a"))
-    assert fake.exists(KEYS.waiter("b"))
+    assert fake.zrange(KEYS.targets, 0, -1) == [b"b"]
+    # the entries are keys the script does not declare: they expire by themselves
+    assert fake.exists(KEYS.waiter("a")) and fake.exists(KEYS.waiter("b"))
+
+
+def test_sharded_announcements_on_request(fake: fakeredis.FakeRedis) -> None:
+    script = fake.register_script(scripts.PUBLISH_STEP)
+    args = [1, 4, 0, 3600, KEYS.channel, "host:1", 10, KEYS.waiter_prefix]
+    args += ["", 0, 1000, 5000, 300, 1, "chief", "SPUBLISH"]
+    pubsub = fake.pubsub()
+    pubsub.ssubscribe(KEYS.channel)
+    script(keys=[KEYS.state, KEYS.targets, KEYS.reset], args=args)
+    messages = [m for m in iter(lambda: pubsub.get_sharded_message(timeout=0.5), None)]
+    assert any(m["type"] == "smessage" for m in messages)
 
 
 def test_done_is_recorded(fake: fakeredis.FakeRedis) -> None:

@@ -176,14 +176,15 @@ def test_new_generation_during_a_write_in_flight_never_counts_the_old_write(
         chief.publish(100)
         assert chief.flush(5.0)
         gate, entered = threading.Event(), threading.Event()
-        real_write = chief._writer.write
+        writer = chief._writer()
+        real_write = writer.write
 
         def slow_write(values):  # type: ignore[no-untyped-def]
             entered.set()
             gate.wait(10)
             return real_write(values)
 
-        chief._writer.write = slow_write  # type: ignore[method-assign]
+        writer.write = slow_write  # type: ignore[method-assign]
         chief.publish(101)  # an old-generation write goes out, held by the gate
         chief._wake.set()
         assert entered.wait(5)
@@ -266,7 +267,7 @@ def test_a_programming_error_in_the_thread_is_not_called_a_redis_error(
         def broken(values):  # type: ignore[no-untyped-def]
             raise ValueError("a bug")
 
-        chief._writer.write = broken  # type: ignore[method-assign]
+        chief._writer().write = broken  # type: ignore[method-assign]
         with caplog.at_level(logging.ERROR, logger="stepbarrier"):
             chief.publish(3)
             assert not chief.flush(5.0)

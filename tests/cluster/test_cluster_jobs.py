@@ -1,0 +1,252 @@
+"""stepbarrier on a real local Redis Cluster: one slot per job, sharded
+announcements, and waits that survive a slot migration and a failover."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+
+import pytest
+import redis
+
+from stepbarrier import BarrierConfig, StepPublisher, StepWaiter, read_status
+from stepbarrier.redis_code import install_functions
+from stepbarrier.reset import reset_job
+from tests.cluster.conftest import Timings
+from tests.cluster_harness import LocalCluster
+from tests.conftest import subprocess_env
+
+pytestmark = pytest.mark.cluster
+
+CLI = [sys.executable, "-m", "stepbarrier"]
+
+
+def cluster_config(cluster: LocalCluster, job: str, **overrides: object) -> BarrierConfig:
+    settings: dict[str, object] = {
+        "job": job,
+        "redis_url": cluster.seed_url,
+        "redis_cluster": True,
+        "heartbeat": 0.2,
+        "stall_timeout": 60.0,
+    }
+    settings.update(overrides)
+    return BarrierConfig(**settings)  # type: ignore[arg-type]
+
+
+class Waiting:
+    """A wait in a thread; keeps its result or error."""
+
+    def __init__(self, config: BarrierConfig, target: int) -> None:
+        self.result: int | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(config, target), daemon=True)
+        self.thread.start()
+
+    def _run(self, config: BarrierConfig, target: int) -> None:
+        try:
+            with StepWaiter(config) as waiter:
+                self.result = waiter.wait(target, timeout=60)
+        except BaseException as exc:
+            self.error = exc
+
+    def join(self, timeout: float = 60.0) -> Waiting:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "the wait did not end"
+        return self
+
+
+def eventually(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.02)
+
+
+def registered(config: BarrierConfig, count: int = 1) -> Callable[[], bool]:
+    return lambda: len(read_status(config).waiters) >= count
+
+
+def subscribers(cluster: LocalCluster, channel: str) -> int:
+    owner = cluster.node_client(cluster.owner_of(channel))
+    reply = owner.execute_command("PUBSUB", "SHARDNUMSUB", channel)
+    return int(reply[1])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def library(cluster: LocalCluster) -> None:
+    """The Functions library on every master, loaded as an administrator would."""
+    with cluster.client() as client:
+        install_functions(client)
+
+
+def test_a_hundred_jobs_each_in_one_slot_spread_over_every_master(cluster: LocalCluster) -> None:
+    jobs = [f"spread-{number}-{uuid.uuid4().hex[:6]}" for number in range(100)]
+    owners = set()
+    for job in jobs:
+        keys = cluster_config(cluster, job).keys
+        names = [*keys.all_fixed(), keys.channel, keys.waiter("1-abc")]
+        assert len({cluster.slot_of(name) for name in names}) == 1
+        owners.add(cluster.owner_of(keys.state))
+    assert owners == set(cluster.masters)
+    # every job's chief releases its own waiter; none is released by another's step
+    waits = []
+    for number, job in enumerate(jobs):
+        waits.append((job, Waiting(cluster_config(cluster, job), 10 + number)))
+    publishers = []
+    for number, job in enumerate(jobs):
+        publisher = StepPublisher(cluster_config(cluster, job))
+        publisher.publish(10 + number)
+        publishers.append(publisher)
+    for number, (_job, waiting) in enumerate(waits):
+        assert waiting.join().error is None
+        assert waiting.result == 10 + number
+    for publisher in publishers:
+        publisher.close(done=False)
+
+
+def test_publish_and_wait_across_processes_with_the_cli(cluster: LocalCluster) -> None:
+    job = f"cli-{uuid.uuid4().hex[:8]}"
+    env = subprocess_env(
+        STEPBARRIER_REDIS_URL=cluster.seed_url, STEPBARRIER_JOB=job, STEPBARRIER_REDIS_CLUSTER="1"
+    )
+    waiter = subprocess.Popen(
+        [*CLI, "wait", "--until", "7", "--timeout", "60"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    config = cluster_config(cluster, job)
+    eventually(registered(config))
+    shown = subprocess.run([*CLI, "status", "--json"], env=env, capture_output=True, text=True)
+    assert shown.returncode == 0 and '"wait_until_step": 7' in shown.stdout, shown.stderr
+    published = subprocess.run([*CLI, "publish", "7"], env=env, capture_output=True, text=True)
+    assert published.returncode == 0, published.stderr
+    out, err = waiter.communicate(timeout=60)
+    assert waiter.returncode == 0, err
+    assert out.strip().endswith("7")
+    later = subprocess.Popen(
+        [*CLI, "wait", "--cluster", "--until", "50", "--timeout", "60"],
+        env={k: v for k, v in env.items() if k != "STEPBARRIER_REDIS_CLUSTER"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    eventually(registered(config))
+    reset = subprocess.run([*CLI, "reset", "--yes"], env=env, capture_output=True, text=True)
+    assert reset.returncode == 0, reset.stderr
+    later.communicate(timeout=60)
+    assert later.returncode == 4  # aborted by the reset
+
+
+def test_a_wait_across_a_slot_migration_is_woken_by_the_next_announcement(
+    cluster: LocalCluster, timings: Timings, caplog: pytest.LogCaptureFixture
+) -> None:
+    job = f"moving-{uuid.uuid4().hex[:8]}"
+    config = cluster_config(cluster, job, fallback_interval=5.0)
+    keys = config.keys
+    with StepPublisher(config) as chief, caplog.at_level(logging.INFO, logger="stepbarrier"):
+        chief.publish(10)
+        assert chief.flush(10)
+        waiting = Waiting(config, 50)
+        eventually(registered(config))
+        eventually(lambda: subscribers(cluster, keys.channel) == 1)
+        source = cluster.owner_of(keys.state)
+        target = next(port for port in cluster.masters if port != source)
+        started = time.monotonic()
+        cluster.migrate_slot(cluster.slot_of(keys.state), target)
+        timings.record("slot migration", time.monotonic() - started)
+        # the waiter notices the server's sunsubscribe and subscribes on the new owner
+        eventually(lambda: subscribers(cluster, keys.channel) == 1)
+        assert cluster.owner_of(keys.channel) == target
+        chief.publish(30)
+        assert chief.flush(10)
+        assert waiting.thread.is_alive()  # 30 is not its step
+        released_at = time.monotonic()
+        chief.publish(50)
+        waiting.join()
+        timings.record(
+            "release after the step, across the migration", time.monotonic() - released_at
+        )
+    assert waiting.error is None and waiting.result == 50
+    assert "by an announcement" in caplog.text
+
+
+def test_a_wait_across_a_failover_is_released_after_the_promotion_never_before(
+    cluster: LocalCluster, timings: Timings
+) -> None:
+    job = f"failover-{uuid.uuid4().hex[:8]}"
+    config = cluster_config(cluster, job, fallback_interval=1.0)
+    keys = config.keys
+    chief = StepPublisher(config)
+    slowest = 0.0
+    try:
+        chief.publish(5)
+        assert chief.flush(10)
+        waiting = Waiting(config, 40)
+        eventually(registered(config))
+        owner = cluster.owner_of(keys.state)
+        with cluster.node_client(owner) as node:
+            node.execute_command("WAIT", 1, 2000)  # the replica has the state
+        killed = time.monotonic()
+        cluster.kill_master(owner)
+        for step in range(6, 40):  # the chief trains on through the failover
+            began = time.monotonic()
+            chief.publish(step)
+            slowest = max(slowest, time.monotonic() - began)
+            time.sleep(0.05)
+        promoted = cluster.wait_promoted(owner)
+        timings.record("promotion after the kill", time.monotonic() - killed)
+        assert waiting.thread.is_alive(), "released before its step"
+        assert promoted != owner
+        chief.publish(40)
+        waiting.join()
+        timings.record("release after the promotion", time.monotonic() - killed)
+        assert waiting.error is None and waiting.result is not None and waiting.result >= 40
+    finally:
+        chief.close(done=False, timeout=2.0)
+    assert slowest < 1.0, f"publish() blocked for {slowest:.3f} s"  # it only hands over
+
+
+def test_status_and_reset_read_the_slots_owner(cluster: LocalCluster) -> None:
+    job = f"status-{uuid.uuid4().hex[:8]}"
+    config = cluster_config(cluster, job)
+    with StepPublisher(config) as chief:
+        chief.publish(3)
+        assert chief.flush(10)
+        waiting = Waiting(config, 9)
+        eventually(registered(config))
+        status = read_status(config)
+        assert status.step == 3 and [w.wait_until_step for w in status.waiters] == [9]
+        assert status.heartbeat_age is not None and status.heartbeat_age < 60
+        assert reset_job(config) == 1
+        waiting.join()
+    assert waiting.error is not None and type(waiting.error).__name__ == "BarrierAborted"
+
+
+def test_an_unreachable_cluster_is_a_clear_error_not_a_traceback(cluster: LocalCluster) -> None:
+    from tests.redis_harness import free_port
+
+    env = subprocess_env(
+        STEPBARRIER_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0",
+        STEPBARRIER_JOB="nowhere",
+        STEPBARRIER_REDIS_CLUSTER="1",
+    )
+    shown = subprocess.run([*CLI, "status"], env=env, capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 5, shown.stderr
+    assert "Traceback" not in shown.stderr and "Redis Cluster at" in shown.stderr
+
+
+def test_a_cluster_config_rejects_a_database_and_sentinels() -> None:
+    with pytest.raises(ValueError, match="only database 0"):
+        BarrierConfig(job="j", redis_url="redis://h:7000/3", redis_cluster=True)
+    with pytest.raises(ValueError, match="do not go together"):
+        BarrierConfig(
+            job="j", redis_url="redis://h:7000/0", redis_cluster=True, sentinels=(("h", 1),)
+        )
+    assert redis.__version__ >= "8.1"
