@@ -116,6 +116,11 @@ def validate_user(user: str) -> str:
 def role_rules(role: str, jobs_pattern: str) -> str:
     """The ACL rules of a job role for the jobs whose names match ``jobs_pattern``.
 
+    Job names hold no ``{``, ``}`` or ``:``, so a key of one job matches only
+    its own patterns: the worker's writable patterns never match a state or a
+    reset marker, and ``team-a-*`` never matches a key of ``team-b-1``. It
+    does match ``team-a-b-1``: give teams prefixes that do not start one another.
+
     Args:
         role: ``chief``, ``worker`` or ``monitor``.
         jobs_pattern: A job name, or a glob such as ``team-a-*`` (``*`` for all jobs).

@@ -10,7 +10,7 @@ import sys
 
 import click
 
-from stepbarrier.acl_rules import ROLES, acl_line, password_hash
+from stepbarrier.acl_rules import ROLES, acl_line, password_hash, rules_for, validate_user
 from stepbarrier.cli_reporting import EXIT_CODES, current_session, reporting
 from stepbarrier.errors import ConfigurationError
 
@@ -62,6 +62,8 @@ def acl(role: str, user: str, jobs: str | None, password_file: str | None) -> No
       stepbarrier acl worker --user team-a-worker --jobs 'team-a-*' \\
           --password-file team-a-worker.password >> users.acl
     """
+    rules_for(role, jobs)  # a mistake is told before the password is asked for
+    validate_user(user)
     password = _read_password(password_file)
     current_session().secrets.add(password)  # masked in any error message
     click.echo(acl_line(user, role, jobs, password_hash(password)))

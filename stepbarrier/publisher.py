@@ -114,7 +114,8 @@ class StepPublisher:
         self._generation_wanted = 1
         self._generation_begun = 0
         self._ignore_until_handed = 0
-        self._ended: str | None = None  # "superseded" or "reset": this writer is done for good
+        # "superseded", "reset" or "refused" (a contributor): this writer is done for good
+        self._ended: str | None = None
         self._final_done: bool | None = None
         self._close_deadline = math.inf
         self._closed = False
@@ -307,6 +308,8 @@ class StepPublisher:
             except Exception as exc:  # the chief must never die of a Redis problem
                 failures += 1
                 transient = self._note_failure(exc)
+                if self._ended is not None:
+                    break  # told once, by _end
                 now = self._clock()
                 if now - last_log >= LOG_EVERY:
                     last_log = now
@@ -334,6 +337,16 @@ class StepPublisher:
             with self._stored:
                 self._refusals += 1
                 self._stored.notify_all()
+                refused = getattr(self.last_failure, "kind", None) in ("permission", "functions")
+                if self.contributor and refused:
+                    # a worker whose user may not write the step (the shipped
+                    # worker role): reporting is optional, so say it once and stop
+                    self._end(
+                        "refused",
+                        f"this worker does not report the global step: {self.last_error} "
+                        "(reporting needs a user with the chief role's rights; see the README, "
+                        "'Workers keep the step moving')",
+                    )
         return transient
 
     def _forget_stale_wake(self) -> None:

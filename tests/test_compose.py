@@ -6,6 +6,7 @@ import json
 import os
 import re
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +14,12 @@ import compose
 import pytest
 
 from stepbarrier import BarrierConfig
+from stepbarrier.acl_rules import password_hash
 from stepbarrier.config import ENVIRONMENT_VARIABLES
+from stepbarrier.redis_code import LIBRARY_VERSION, function_name
 from tests.conftest import ROOT
+from tests.ops_redis import OPS, PASSWORDS
+from tests.redis_harness import RedisServer
 
 COMPOSE_FILE = Path(ROOT) / "docker-compose.yml"
 # The binary itself: the package's console-script wrapper always exits 0.
@@ -111,8 +116,9 @@ def test_each_task_gets_a_valid_configuration_and_the_right_user(
     config = _barrier_config(resolved, name)
     assert (config.role, config.task_id) == (role, task_id)
     assert config.redis_username == role
-    password = re.search(rf"^user {role} on .*?>(\S+)", ACL, re.MULTILINE)
-    assert password is not None and config.redis_password == password.group(1)
+    digest = re.search(rf"^user {role} on #([0-9a-f]{{64}}) ", ACL, re.MULTILINE)
+    assert config.redis_password is not None and digest is not None
+    assert password_hash(config.redis_password) == digest.group(1)
     if step is not None:
         assert config.resolved_wait_until_step() == step
 
@@ -174,3 +180,104 @@ def test_a_broken_copy_fails(tmp_path: Path, original: str, broken: str) -> None
     result = compose_config(_copy_project(tmp_path, text.replace(original, broken, 1)))
     assert result.returncode != 0
     assert result.stderr.strip()
+
+
+def _mounted(resolved: dict[str, Any], name: str) -> dict[str, str]:
+    """Container path -> host path of a service's bind mounts and secrets."""
+    service = resolved["services"][name]
+    paths = {v["target"]: v["source"] for v in service.get("volumes", []) if v["type"] == "bind"}
+    for secret in service.get("secrets", []):
+        paths[secret["target"]] = resolved["secrets"][secret["source"]]["file"]
+    return paths
+
+
+def test_redis_mounts_the_ops_files_and_only_the_installers_secret(
+    resolved: dict[str, Any],
+) -> None:
+    mounted = _mounted(resolved, "redis")
+    files = {Path(host).name: Path(host) for host in mounted.values()}
+    assert set(files) == {
+        "redis.conf",
+        "users.acl",
+        "start-redis.sh",
+        "stepbarrier-functions.lua",
+        "installer.password",
+    }
+    for name, host in files.items():
+        expected = OPS / "example-secrets" / name if name.endswith(".password") else OPS / name
+        assert host == expected, name
+    assert all(volume["read_only"] for volume in resolved["services"]["redis"]["volumes"])
+
+
+def test_no_training_task_gets_an_administrators_password(resolved: dict[str, Any]) -> None:
+    for name in ("ps", *BARRIER_TASKS):
+        files = {Path(host).name for host in _mounted(resolved, name).values()}
+        assert not files & {"installer.password", "emergency.password"}, name
+
+
+def test_redis_runs_as_the_images_unprivileged_user(resolved: dict[str, Any]) -> None:
+    assert resolved["services"]["redis"]["user"] == "redis"
+
+
+def test_redis_starts_through_start_redis_sh_and_is_healthy_once_the_library_is_loaded(
+    resolved: dict[str, Any], tmp_path: Path
+) -> None:
+    """The service's own command and healthcheck, run here: container paths become
+    the host files they mount; the harness's options (loopback, a free port, a
+    temporary directory, the ACL file's host path) come after redis.conf."""
+    service = resolved["services"]["redis"]
+    mounted = _mounted(resolved, "redis")
+    server = RedisServer()
+    options = server.command()[1:]  # --port N --bind 127.0.0.1 ... of the harness
+    command = [mounted.get(word, word) for word in service["command"]]
+    command += [*options, "--aclfile", mounted["/usr/local/etc/redis/users.acl"]]
+    health = service["healthcheck"]["test"][1].replace("$$", "$")
+    for container_path, host_path in mounted.items():
+        health = health.replace(container_path, host_path)
+    health = health.replace("redis-cli ", f"redis-cli -p {server.port} ")
+    env = {**os.environ, "REDIS_PORT": str(server.port)}
+    process = subprocess.Popen(
+        command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while subprocess.run(["sh", "-c", health], check=False).returncode != 0:
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, "the healthcheck never passed"
+            time.sleep(0.1)
+        chief = server.client(username="chief", password=PASSWORDS["chief"])
+        try:
+            assert chief.fcall(function_name("version"), 0) == LIBRARY_VERSION
+        finally:
+            chief.close()
+    finally:
+        process.terminate()  # the script passes it on to redis-server
+        assert process.wait(30) == 0
+        server.cleanup()
+
+
+CLUSTER_FILE = Path(ROOT) / "docker-compose.cluster.yml"
+"""The same job on a 6-node Redis Cluster (tests/test_compose_cluster.py runs its
+nodes, its cluster creation and a round trip on local redis-server processes)."""
+
+
+def test_the_cluster_file_is_valid_and_points_every_barrier_task_at_the_cluster() -> None:
+    result = compose_config(CLUSTER_FILE)
+    assert result.returncode == 0, result.stderr
+    resolved = json.loads(result.stdout)
+    services = resolved["services"]
+    nodes = {n for n, s in services.items() if "--cluster-enabled" in (s.get("command") or [])}
+    assert len(nodes) == 6
+    # every node answers to the seed's name, and nothing else does
+    names = {
+        name: {name, *((s.get("networks") or {}).get("default") or {}).get("aliases", [])}
+        for name, s in services.items()
+    }
+    node_names = set.intersection(*(names[node] for node in nodes))
+    assert not node_names & set().union(*(names[n] for n in services if n not in nodes))
+    for name in BARRIER_TASKS:
+        assert services[name]["environment"]["STEPBARRIER_REDIS_CLUSTER"] == "1", name
+        config = _barrier_config(resolved, name)
+        seed = re.fullmatch(r"redis://([a-z0-9-]+):6379/0", config.redis_url)
+        assert config.redis_cluster and seed is not None, name
+        assert seed.group(1) in node_names, name

@@ -1,5 +1,6 @@
-"""ops/redis/users.acl and redis.conf, loaded by a real redis-server: each user can
-do its job and nothing more."""
+"""ops/redis (users.acl, redis.conf, start-redis.sh and the Functions library), run
+by a real redis-server started the way ops starts it: each user can do its job and
+nothing more, and the library is there at every start."""
 
 from __future__ import annotations
 
@@ -14,35 +15,29 @@ import pytest
 import redis
 
 from stepbarrier import BarrierConfig, StepPublisher, StepWaiter, read_status
-from tests.conftest import ROOT, subprocess_env
+from stepbarrier.acl_rules import acl_line, password_hash
+from stepbarrier.redis_code import LIBRARY_VERSION, function_name, library_source
+from tests.conftest import subprocess_env
+from tests.ops_redis import (
+    ACL_FILE,
+    HARNESS_LINE,
+    HARNESS_PASSWORD,
+    HARNESS_USER,
+    LIBRARY_FILE,
+    PASSWORDS,
+    REDIS_CONF,
+    SHIPPED_USERS,
+    OpsRedis,
+    acl_with,
+)
 from tests.redis_harness import RedisServer
 
-OPS = Path(ROOT) / "ops" / "redis"
-ACL_FILE = OPS / "users.acl"
 CLI = [sys.executable, "-m", "stepbarrier"]
 
 
-def example_passwords() -> dict[str, str]:
-    """The example passwords of ops/redis/users.acl, by user."""
-    found = re.findall(r"^user (\w+) on .*?>(\S+)", ACL_FILE.read_text(), re.MULTILINE)
-    return dict(found)
-
-
-PASSWORDS = example_passwords()
-
-
-class ConfiguredRedis(RedisServer):
-    """redis-server started with ops/redis/redis.conf; the harness's arguments
-    (loopback, free port, temporary dir) and the ACL file's real path win."""
-
-    def command(self) -> list[str]:
-        binary, *args = super().command()
-        return [binary, str(OPS / "redis.conf"), *args]
-
-
 @pytest.fixture(scope="module")
-def acl_server() -> Iterator[RedisServer]:
-    server = ConfiguredRedis(args=["--aclfile", str(ACL_FILE)])
+def acl_server() -> Iterator[OpsRedis]:
+    server = OpsRedis()
     server.start()
     try:
         yield server
@@ -85,10 +80,42 @@ def wait_for_waiters(config: BarrierConfig, count: int, process: subprocess.Pope
         time.sleep(0.05)
 
 
-def test_the_file_defines_chief_worker_and_monitor_with_marked_example_passwords() -> None:
-    assert set(PASSWORDS) == {"chief", "worker", "monitor"}
+def shipped_lines() -> dict[str, str]:
+    """Each user's line of ops/redis/users.acl, by user."""
+    lines = ACL_FILE.read_text().splitlines()
+    return {line.split()[1]: line for line in lines if line.strip()}
+
+
+def test_the_file_defines_the_shipped_users_with_marked_example_passwords() -> None:
+    assert set(shipped_lines()) == {"default", *SHIPPED_USERS}
     assert all("example" in password for password in PASSWORDS.values())
     assert re.search(r"^user default off\b", ACL_FILE.read_text(), re.MULTILINE)
+
+
+def test_no_password_is_in_the_file_in_clear() -> None:
+    text = ACL_FILE.read_text()
+    assert ">" not in text and "nopass" not in text
+    for password in PASSWORDS.values():
+        assert password not in text
+
+
+@pytest.mark.parametrize("user", SHIPPED_USERS)
+def test_each_shipped_user_is_the_generators_line_for_every_job(user: str) -> None:
+    expected = acl_line(user, user, "*", password_hash(PASSWORDS[user]))
+    assert shipped_lines()[user] == expected
+
+
+def test_the_library_file_is_the_librarys_source() -> None:
+    assert LIBRARY_FILE.read_text() == library_source(), (
+        "ops/redis/stepbarrier-functions.lua is stale: regenerate it with "
+        "`stepbarrier functions source > ops/redis/stepbarrier-functions.lua`"
+    )
+
+
+def test_redis_conf_ends_runaway_code_after_a_second() -> None:
+    directives = [line.split() for line in REDIS_CONF.read_text().splitlines()]
+    assert ["busy-reply-threshold", "1000"] in directives
+    assert "FUNCTION KILL" in REDIS_CONF.read_text() and "SCRIPT KILL" in REDIS_CONF.read_text()
 
 
 def test_the_default_user_is_off(acl_server: RedisServer) -> None:
@@ -175,7 +202,7 @@ def test_worker_cannot_reset(acl_server: RedisServer, job: str) -> None:
     assert read_status(user_config(acl_server, job, "monitor")).step == 2
 
 
-def test_worker_cannot_write_the_state_directly_or_through_a_script(
+def test_worker_cannot_write_the_state_directly_or_through_code(
     acl_server: RedisServer, job: str
 ) -> None:
     keys = user_config(acl_server, job, "worker").keys
@@ -183,8 +210,15 @@ def test_worker_cannot_write_the_state_directly_or_through_a_script(
     try:
         with pytest.raises(redis.exceptions.NoPermissionError):
             client.hset(keys.state, "step", "999")
-        with pytest.raises(redis.ResponseError):  # undeclared key: checked inside the script
+        with pytest.raises(redis.exceptions.NoPermissionError):  # no code of its own
             client.eval("return redis.call('HSET', ARGV[1], 'step', 999)", 0, keys.state)
+        with pytest.raises(redis.exceptions.NoPermissionError):  # FCALL: RW on its keys
+            client.fcall(function_name("may_write"), 1, keys.state)
+        with pytest.raises(redis.exceptions.NoPermissionError):  # the state as its "entry"
+            client.fcall(
+                function_name("waiter_register"), 3, keys.state, keys.targets,
+                keys.registrations, 30, 60, "x", 5, "step", "999",
+            )  # fmt: skip
         with pytest.raises(redis.exceptions.NoPermissionError):
             client.publish(keys.channel, '{"step":999,"generation":1,"done":false}')
     finally:
@@ -218,3 +252,78 @@ def test_no_user_at_all_is_a_clean_exit_2(acl_server: RedisServer, job: str) -> 
     result = run(env, "wait", "--until", "3", "--timeout", "30")
     assert result.returncode == 2
     assert "authentication" in result.stderr
+
+
+def test_the_start_script_loads_the_library_for_the_chief(acl_server: OpsRedis) -> None:
+    chief = acl_server.as_user("chief")
+    try:
+        assert chief.fcall(function_name("version"), 0) == LIBRARY_VERSION
+    finally:
+        chief.close()
+
+
+def test_the_library_is_loaded_again_after_redis_restarts_empty(job: str) -> None:
+    server = OpsRedis()
+    try:
+        server.start()
+        server.restart_empty()  # SIGKILL to the script and its server, then a new start
+        assert run(user_env(server, job, "chief"), "publish", "4").returncode == 0
+        assert read_status(user_config(server, job, "monitor")).step == 4
+    finally:
+        server.cleanup()
+
+
+def test_the_start_script_stops_the_server_when_it_cannot_load_the_library(
+    tmp_path: Path,
+) -> None:
+    wrong = tmp_path / "installer.password"
+    wrong.write_text("not-the-installer-password\n")
+    server = OpsRedis(installer_password_file=wrong)
+    try:
+        server.start(wait=False)
+        assert server.process is not None
+        assert server.process.wait(30) == 1
+        assert server.process.stderr is not None
+        err = server.process.stderr.read().decode()
+        assert "refused the installer user" in err
+        assert "not-the-installer-password" not in err
+        with pytest.raises(redis.ConnectionError):  # no server left behind
+            server.client(socket_connect_timeout=2).ping()
+    finally:
+        server.cleanup()
+
+
+def test_the_server_does_not_inherit_the_installer_password(acl_server: OpsRedis) -> None:
+    assert acl_server.process is not None
+    shell = acl_server.process.pid
+    [child] = Path(f"/proc/{shell}/task/{shell}/children").read_text().split()
+    assert "redis-server" in Path(f"/proc/{child}/cmdline").read_text()
+    environment = Path(f"/proc/{child}/environ").read_bytes()
+    assert b"REDISCLI_AUTH" not in environment
+    assert PASSWORDS["installer"].encode() not in environment
+
+
+def test_on_a_replica_the_start_script_takes_the_library_from_the_primary(
+    tmp_path: Path, job: str
+) -> None:
+    """start-redis.sh runs on every node: a replica refuses FUNCTION LOAD (READONLY)
+    and gets the library with the primary's data instead."""
+    acl = acl_with(tmp_path, HARNESS_LINE)  # replication logs in as the harness
+    primary, replica = OpsRedis(acl_file=acl), OpsRedis(acl_file=acl)
+    replica.args += ["--replicaof", "127.0.0.1", str(primary.port)]
+    replica.args += ["--masteruser", HARNESS_USER, "--masterauth", HARNESS_PASSWORD]
+    try:
+        primary.start()
+        replica.start()  # waits until the installer sees the library on the replica
+        assert run(user_env(primary, job, "chief"), "publish", "2").returncode == 0
+        monitor = replica.as_user("monitor")
+        try:
+            deadline = time.monotonic() + 30
+            while monitor.hgetall(f"stepbarrier:{{{job}}}:state").get(b"step") != b"2":
+                assert time.monotonic() < deadline, "the replica never got the step"
+                time.sleep(0.05)
+        finally:
+            monitor.close()
+    finally:
+        replica.cleanup()
+        primary.cleanup()

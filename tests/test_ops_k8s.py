@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -18,8 +20,12 @@ import pytest
 import yaml
 
 from stepbarrier import BarrierConfig
+from stepbarrier.acl_rules import password_hash
 from stepbarrier.config import ENVIRONMENT_VARIABLES
+from stepbarrier.redis_code import LIBRARY_VERSION, function_name, library_source
 from tests.conftest import ROOT
+from tests.ops_redis import OPS, SHIPPED_USERS
+from tests.redis_harness import RedisServer
 
 K8S = Path(ROOT) / "ops" / "k8s"
 ACL = (Path(ROOT) / "ops" / "redis" / "users.acl").read_text()
@@ -128,10 +134,17 @@ def workers() -> int:
     return len(cluster()["worker"])
 
 
-def acl_password(user: str) -> str:
-    found = re.search(rf"^user {user} on .*?>(\S+)", ACL, re.MULTILINE)
+def acl_hash(user: str) -> str:
+    """The SHA-256 of ``user``'s password in users.acl."""
+    found = re.search(rf"^user {user} on #([0-9a-f]{{64}}) ", ACL, re.MULTILINE)
     assert found is not None, user
     return found.group(1)
+
+
+def role_password(role: str) -> str:
+    """A training role's password, as the settings' Secret holds it."""
+    password: str = find("Secret", "stepbarrier-passwords")["stringData"][role]
+    return password
 
 
 def test_every_manifest_has_a_kind_a_name_and_an_api_version() -> None:
@@ -220,7 +233,7 @@ def test_completion_index_0_is_the_chief_with_the_chief_user() -> None:
     }
     config = BarrierConfig.from_env(seen)
     assert (config.role, config.task_id) == ("chief", 0)
-    assert (config.redis_username, config.redis_password) == ("chief", acl_password("chief"))
+    assert (config.redis_username, config.redis_password) == ("chief", role_password("chief"))
     assert int(seen["WAIT_FOR_WAITERS"]) == workers()  # trains once every worker waits
 
 
@@ -233,7 +246,7 @@ def test_completion_index_i_is_worker_i_minus_1_and_task_id_i(index: int) -> Non
     }
     config = BarrierConfig.from_env(seen)
     assert (config.role, config.task_id) == ("worker", index)
-    assert (config.redis_username, config.redis_password) == ("worker", acl_password("worker"))
+    assert (config.redis_username, config.redis_password) == ("worker", role_password("worker"))
     # STEPBARRIER_SCHEDULE=log:300 of the settings
     assert config.resolved_wait_until_step() == int(300 * math.log(index + 1))
 
@@ -241,5 +254,127 @@ def test_completion_index_i_is_worker_i_minus_1_and_task_id_i(index: int) -> Non
 @pytest.mark.parametrize(("index", "other"), [(0, "worker"), (1, "chief"), (3, "chief")])
 def test_a_task_keeps_no_other_roles_password(index: int, other: str) -> None:
     seen = task_environment(index)
-    assert acl_password(other) not in seen.values()
+    assert role_password(other) not in seen.values()
     assert not {"CHIEF_REDIS_PASSWORD", "WORKER_REDIS_PASSWORD"} & set(seen)
+
+
+def redis_pod() -> dict[str, Any]:
+    spec: dict[str, Any] = find("Deployment", "redis")["spec"]["template"]["spec"]
+    return spec
+
+
+def redis_files() -> dict[str, str]:
+    """Path in the Redis container -> the content the kubelet puts there."""
+    [redis_container] = redis_pod()["containers"]
+    volumes = {volume["name"]: volume for volume in redis_pod()["volumes"]}
+    files: dict[str, str] = {}
+    for mount in redis_container["volumeMounts"]:
+        volume = volumes[mount["name"]]
+        if "configMap" in volume:
+            data = find("ConfigMap", volume["configMap"]["name"])["data"]
+        else:
+            data = find("Secret", volume["secret"]["secretName"])["stringData"]
+            if "items" in volume["secret"]:
+                data = {i["path"]: data[i["key"]] for i in volume["secret"]["items"]}
+        for key, content in data.items():
+            files[f"{mount['mountPath']}/{key}"] = content
+    return files
+
+
+def test_every_password_in_the_manifests_matches_its_users_acl_hash() -> None:
+    admin = find("Secret", "stepbarrier-redis-admin")["stringData"]
+    for user in SHIPPED_USERS:
+        password = admin[user] if user in admin else role_password(user)
+        assert password_hash(password) == acl_hash(user), user
+
+
+def test_the_library_in_the_configmap_is_the_librarys_source() -> None:
+    data = find("ConfigMap", "stepbarrier-redis-config")["data"]
+    assert data["stepbarrier-functions.lua"] == library_source(), (
+        "ops/k8s/redis.yaml holds a stale library: paste `stepbarrier functions source` "
+        "under stepbarrier-functions.lua"
+    )
+
+
+def test_the_configmap_runs_ops_redis_start_script() -> None:
+    data = find("ConfigMap", "stepbarrier-redis-config")["data"]
+    assert data["start-redis.sh"] == (OPS / "start-redis.sh").read_text()
+
+
+def directives(text: str) -> dict[str, str]:
+    pairs = (line.split(None, 1) for line in text.splitlines() if line and line[0] != "#")
+    return {name: value for name, value in pairs}
+
+
+def test_the_configmaps_redis_conf_is_ops_redis_conf_but_for_the_acl_path() -> None:
+    k8s = directives(find("ConfigMap", "stepbarrier-redis-config")["data"]["redis.conf"])
+    ops = directives((OPS / "redis.conf").read_text())
+    assert k8s.pop("aclfile") == "/etc/redis/acl/users.acl"
+    ops.pop("aclfile")
+    assert k8s == ops
+    assert k8s["busy-reply-threshold"] == "1000"
+
+
+def test_redis_runs_start_redis_sh_with_files_its_volumes_provide() -> None:
+    [redis_container] = redis_pod()["containers"]
+    files = redis_files()
+    arguments: list[str] = [*redis_container["command"], *redis_container["args"]]
+    shell, script, conf, library, password = arguments
+    assert shell == "sh"
+    assert files[script] == (OPS / "start-redis.sh").read_text()
+    assert directives(files[conf])["aclfile"] in files
+    assert files[library] == library_source()
+    assert password_hash(files[password]) == acl_hash("installer")
+
+
+def test_redis_runs_as_the_images_unprivileged_user() -> None:
+    context = redis_pod()["securityContext"]
+    assert context["runAsNonRoot"] is True and context["runAsUser"] == 999
+
+
+def test_no_training_pod_gets_an_administrators_password() -> None:
+    text = (K8S / "training.yaml").read_text() + (K8S / "settings.yaml").read_text()
+    assert "stepbarrier-redis-admin" not in text
+    admin = find("Secret", "stepbarrier-redis-admin")["stringData"]
+    for index in range(1 + workers()):
+        assert not set(admin.values()) & set(pod_environment(index).values())
+
+
+def test_the_redis_container_and_its_readiness_probe_work_for_real(tmp_path: Path) -> None:
+    """The container's command and probe, run here on the files its volumes hold
+    (written under tmp_path); the harness's options come after redis.conf."""
+    [redis_container] = redis_pod()["containers"]
+    host = {path: tmp_path / path.lstrip("/") for path in redis_files()}
+    for path, content in redis_files().items():
+        host[path].parent.mkdir(parents=True, exist_ok=True)
+        host[path].write_text(content)
+    server = RedisServer()
+    command = [str(host.get(word, word)) for word in [*redis_container["command"]]]
+    command += [str(host.get(word, word)) for word in redis_container["args"]]
+    command += [*server.command()[1:], "--aclfile", str(host["/etc/redis/acl/users.acl"])]
+    probe = redis_container["readinessProbe"]["exec"]["command"][2]
+    for path, local in host.items():
+        probe = probe.replace(path, str(local))
+    probe = probe.replace("redis-cli ", f"redis-cli -p {server.port} ")
+    process = subprocess.Popen(
+        command,
+        env={**os.environ, "REDIS_PORT": str(server.port)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while subprocess.run(["sh", "-c", probe], check=False).returncode != 0:
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, "the readiness probe never passed"
+            time.sleep(0.1)
+        chief = server.client(username="chief", password=role_password("chief"))
+        try:
+            assert chief.fcall(function_name("version"), 0) == LIBRARY_VERSION
+        finally:
+            chief.close()
+    finally:
+        process.terminate()  # the script passes it on to redis-server
+        assert process.wait(30) == 0
+        server.cleanup()

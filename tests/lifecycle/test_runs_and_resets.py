@@ -359,3 +359,28 @@ def test_a_progress_timeout_ends_a_wait_on_a_live_chief_that_stopped_moving(
         with StepWaiter(config) as waiter, pytest.raises(BarrierTimeout) as info:
             waiter.wait(10, timeout=20)
     assert info.value.stalled and "progress timeout" in str(info.value)
+
+
+def test_a_contributor_whose_user_may_not_write_the_step_says_so_once_and_stops(
+    redis_server: RedisServer, client: redis.Redis, job: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    from stepbarrier.acl_rules import role_rules
+
+    client.execute_command(
+        "ACL", "SETUSER", f"w-{job}", "on", ">pw", *role_rules("worker", job).split()
+    )
+    chief_config = BarrierConfig(
+        job=job, redis_url=redis_server.url, heartbeat=0.1, stall_timeout=30.0
+    )
+    worker_url = redis_server.url.replace("redis://", f"redis://w-{job}:pw@")
+    worker_config = BarrierConfig(job=job, redis_url=worker_url, heartbeat=0.1, stall_timeout=30.0)
+    with StepPublisher(chief_config) as chief, caplog.at_level(logging.WARNING, "stepbarrier"):
+        chief.publish(5)
+        assert chief.flush(5.0)
+        reporter = StepPublisher(worker_config, contributor=True)
+        reporter.publish(9)
+        assert eventually(lambda: not reporter.active)
+        assert "does not report the global step" in caplog.text
+        assert caplog.text.count("does not report the global step") == 1
+        reporter.close(done=False, timeout=0.5)
+    assert client.hget(chief_config.keys.state, "step") == b"5"

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import redis
 
+from stepbarrier.acl_rules import role_rules
+from stepbarrier.redis_code import install_functions
 from tests.redis_harness import RedisServer, redis_binary
 from tests.reliability.processes import wait_until
 from tests.security.certificates import Authority, Issued
@@ -35,9 +37,11 @@ class Lockdown:
     Servers and Sentinels listen on TLS only and require a client certificate
     (``tls-auth-clients yes``, Redis's default); they present ``client`` when
     they connect to one another. Their ``default`` user is off. The Sentinels,
-    the replica and this harness log in as ``ADMIN``. An application logs in as
-    ``user`` with ``password`` everywhere: on the servers it may touch only
-    stepbarrier's keys and channels, on the Sentinels only ask for the master.
+    the replica and this harness log in as ``ADMIN``, which also loads the
+    Functions library, as an installer would. An application logs in as
+    ``user`` with ``password`` everywhere: on the servers it has the rights of
+    the shipped chief and worker roles together (``app_rules``), and no code of
+    its own; on the Sentinels it may only ask for the master.
     """
 
     ca: Authority
@@ -77,8 +81,7 @@ class Lockdown:
         return [
             "user default off",
             f"user {ADMIN} on >{self.admin_password} ~* &* +@all",
-            f"user {self.user} on >{self.password} resetkeys ~stepbarrier:* "
-            "resetchannels &stepbarrier:* +@all",
+            f"user {self.user} on >{self.password} {app_rules()}",
         ]
 
     def sentinel_users(self) -> list[str]:
@@ -99,6 +102,16 @@ class Lockdown:
             "username": ADMIN,
             "password": self.admin_password,
         }
+
+
+def app_rules() -> str:
+    """The chief's rules for every job, plus the worker's commands: one user that
+    both publishes and waits (the tests run both sides with one URL), and PING,
+    with which the tests check a connection."""
+    chief = role_rules("chief", "*").split()
+    worker = role_rules("worker", "*").split()
+    extra = [w for w in worker if w.startswith("+") and w not in chief]
+    return " ".join([*chief, *extra, "+ping"])
 
 
 class SentinelProcess(RedisServer):
@@ -193,6 +206,11 @@ class SentinelGroup:
 
     def start(self) -> SentinelGroup:
         self.master.start()
+        admin = self.client(self.master)
+        try:  # as ops does: an administrator loads the library; the replica copies it
+            install_functions(admin)
+        finally:
+            admin.close()
         self.replica.args += ["--replicaof", "127.0.0.1", str(self.master.port)]
         self.replica.start()
         wait_until(lambda: self.role(self.replica) == ("slave", "up"), 15.0, "replica in sync")

@@ -1,40 +1,46 @@
-"""Every operation of each role, with ops/redis/users.acl loaded: what the role may do
-works with its own user, and everything else is refused with a clear message."""
+"""Every operation of each role, with ops/redis/users.acl loaded and the library loaded
+by the installer: what the role may do works with its own user, everything else is
+refused with a clear message, and no user can run code of its own or block Redis."""
 
 from __future__ import annotations
 
-import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 
 from stepbarrier import BarrierConfig, RedisRefused, StepPublisher, StepWaiter, read_status
+from stepbarrier.redis_code import function_name
 from stepbarrier.reset import reset_job
-from tests.conftest import ROOT
+from tests.ops_redis import (
+    HARNESS_LINE,
+    HARNESS_PASSWORD,
+    HARNESS_USER,
+    PASSWORDS,
+    OpsRedis,
+    acl_with,
+)
 from tests.redis_harness import RedisServer
 
-PASSWORDS = {
-    "chief": "chief-example-password",
-    "worker": "worker-example-password",
-    "monitor": "monitor-example-password",
-}
 OPERATIONS = ["publish", "wait", "status", "reset"]
 ALLOWED = {
     "chief": {"publish", "status", "reset"},
     "worker": {"wait", "status"},
     "monitor": {"status"},
 }
+LOOP = "local i = 0 while true do i = i + 1 end"
+"""The issue's blocking loop: Redis answers BUSY to everyone while it runs."""
 
 
 @pytest.fixture(scope="module")
-def acl_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    acl = tmp_path_factory.mktemp("acl") / "users.acl"
-    shutil.copy(Path(ROOT, "ops", "redis", "users.acl"), acl)
-    server = RedisServer(args=["--aclfile", str(acl)])
+def acl_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpsRedis]:
+    """ops/redis, plus an all-powerful harness user that stands for whatever else
+    could have put runaway code into Redis."""
+    acl = acl_with(tmp_path_factory.mktemp("acl"), HARNESS_LINE)
+    server = OpsRedis(acl_file=acl)
     server.start()
     yield server
     server.cleanup()
@@ -140,14 +146,15 @@ def test_a_worker_cannot_forge_a_release(acl_server: RedisServer, job: str) -> N
     seed(acl_server, job)
     keys = BarrierConfig(job=job).keys
     worker = acl_server.client(username="worker", password=PASSWORDS["worker"])
-    for forge in [
+    forgeries: list[Callable[[], object]] = [
         lambda: worker.publish(
             keys.channel, '{"step":999,"generation":99999999999999,"done":false}'
         ),
         lambda: worker.hset(keys.state, "step", "999"),
         lambda: worker.delete(keys.state),
         lambda: worker.set(keys.reset, "1"),
-    ]:
+    ]
+    for forge in forgeries:
         with pytest.raises(redis.exceptions.NoPermissionError):
             forge()
     worker.close()
@@ -173,3 +180,227 @@ def test_a_worker_and_a_chief_with_their_own_users_meet(acl_server: RedisServer,
             publisher.publish(step)
         thread.join(30)
     assert result["step"] >= 4
+
+
+def harness_client(server: OpsRedis) -> redis.Redis:
+    return server.as_user(HARNESS_USER, HARNESS_PASSWORD)
+
+
+def answers(server: OpsRedis) -> bool:
+    """Redis answers the monitor at once: nothing blocks it."""
+    monitor = server.as_user("monitor")
+    try:
+        return bool(monitor.ping())
+    finally:
+        monitor.close()
+
+
+def loaded_script(server: OpsRedis) -> str:
+    """The SHA1 of the blocking loop, loaded by the harness (as if someone had)."""
+    harness = harness_client(server)
+    try:
+        return str(harness.script_load(f"{LOOP} return 1"))
+    finally:
+        harness.close()
+
+
+CODE_OF_ITS_OWN: dict[str, Callable[[redis.Redis, str], object]] = {
+    "EVAL": lambda client, sha: client.eval(LOOP, 0),
+    "EVAL_RO": lambda client, sha: client.eval_ro(LOOP, 0),
+    "EVALSHA of a loaded script": lambda client, sha: client.evalsha(sha, 0),
+    "EVALSHA of an unknown script": lambda client, sha: client.evalsha("0" * 40, 0),
+    "SCRIPT LOAD": lambda client, sha: client.script_load(LOOP),
+    "FUNCTION LOAD": lambda client, sha: client.function_load(
+        f"#!lua name=evil\nredis.register_function('evil', function() {LOOP} end)"
+    ),
+    "FUNCTION DELETE": lambda client, sha: client.function_delete("stepbarrier_v1"),
+    "FUNCTION FLUSH": lambda client, sha: client.function_flush(),
+}
+
+
+@pytest.mark.parametrize("attack", list(CODE_OF_ITS_OWN))
+@pytest.mark.parametrize("user", ["chief", "worker", "monitor", "emergency"])
+def test_no_user_that_may_hold_a_hosts_password_runs_code_of_its_own(
+    acl_server: OpsRedis, user: str, attack: str
+) -> None:
+    sha = loaded_script(acl_server)
+    client = acl_server.as_user(user)
+    try:
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            CODE_OF_ITS_OWN[attack](client, sha)
+    finally:
+        client.close()
+    assert answers(acl_server)
+
+
+@pytest.mark.parametrize("attack", ["EVAL", "EVAL_RO", "EVALSHA of a loaded script", "SCRIPT LOAD"])
+def test_the_installer_runs_no_script_either(acl_server: OpsRedis, attack: str) -> None:
+    sha = loaded_script(acl_server)
+    installer = acl_server.as_user("installer")
+    try:
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            CODE_OF_ITS_OWN[attack](installer, sha)
+    finally:
+        installer.close()
+
+
+def test_the_installer_calls_no_function_and_touches_no_key(acl_server: OpsRedis, job: str) -> None:
+    seed(acl_server, job)
+    keys = BarrierConfig(job=job).keys
+    installer = acl_server.as_user("installer")
+    attempts: list[Callable[[], object]] = [
+        lambda: installer.fcall(function_name("version"), 0),
+        lambda: installer.fcall_ro(function_name("waiter_read"), 2, keys.state, keys.reset),
+        lambda: installer.hgetall(keys.state),
+        lambda: installer.hset(keys.state, "step", "999"),
+        lambda: installer.publish(keys.channel, '{"step":999,"generation":1,"done":false}'),
+    ]
+    try:
+        for attempt in attempts:
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                attempt()
+    finally:
+        installer.close()
+
+
+def test_a_library_that_loops_while_loading_does_not_block_redis(acl_server: OpsRedis) -> None:
+    installer = acl_server.as_user("installer")
+    try:
+        with pytest.raises(redis.ResponseError, match="timeout"):  # Redis's own limit
+            installer.function_load(f"#!lua name=loops_at_load\n{LOOP}\n")
+    finally:
+        installer.close()
+    assert answers(acl_server)
+
+
+def in_background(call: Callable[[], Any]) -> tuple[threading.Thread, dict[str, str]]:
+    """Run ``call`` in a thread; its error message lands in the returned dict."""
+    outcome: dict[str, str] = {}
+
+    def run() -> None:
+        try:
+            call()
+        except redis.ResponseError as exc:
+            outcome["error"] = str(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def when_busy(call: Callable[[], Any]) -> Any:
+    """``call`` once Redis runs the code: a kill before it starts is NOTBUSY."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return call()
+        except redis.ResponseError as exc:
+            if "NOTBUSY" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+
+
+def test_redis_runs_with_a_one_second_busy_reply_threshold(acl_server: OpsRedis) -> None:
+    harness = harness_client(acl_server)
+    try:
+        assert harness.config_get("busy-reply-threshold") == {"busy-reply-threshold": "1000"}
+    finally:
+        harness.close()
+
+
+def test_the_emergency_user_ends_a_runaway_function(acl_server: OpsRedis, job: str) -> None:
+    seed(acl_server, job)
+    harness = harness_client(acl_server)
+    harness.function_load(
+        "#!lua name=runaway\nredis.register_function{function_name='runaway', "
+        f"callback=function() {LOOP} end, flags={{'no-writes'}}}}",
+        replace=True,
+    )
+    thread, outcome = in_background(lambda: harness.fcall_ro("runaway", 0))
+    emergency = acl_server.as_user("emergency")
+    try:
+        # FUNCTION STATS waits for Redis to turn BUSY (busy-reply-threshold), then names it
+        stats = emergency.function_stats()
+        while "runaway" not in repr(stats):
+            time.sleep(0.02)
+            stats = emergency.function_stats()
+        assert when_busy(emergency.function_kill) in (True, b"OK", "OK")
+        thread.join(30)
+        assert "killed" in outcome.get("error", "").lower(), outcome
+        assert emergency.ping()
+    finally:
+        emergency.close()
+        harness.close()
+    assert read_status(as_user(acl_server, job, "monitor")).step == 3
+
+
+def test_the_emergency_user_ends_a_runaway_script(acl_server: OpsRedis) -> None:
+    """An EVAL script, as on a server where the roles use the EVAL fallback."""
+    harness = harness_client(acl_server)
+    thread, outcome = in_background(lambda: harness.eval(LOOP, 0))
+    emergency = acl_server.as_user("emergency")
+    try:
+        assert when_busy(emergency.script_kill) in (True, b"OK", "OK")
+        thread.join(30)
+        assert "killed" in outcome.get("error", "").lower(), outcome
+    finally:
+        emergency.close()
+        harness.close()
+    assert answers(acl_server)
+
+
+def test_the_emergency_user_reads_and_writes_no_key_and_no_channel(
+    acl_server: OpsRedis, job: str
+) -> None:
+    seed(acl_server, job)
+    keys = BarrierConfig(job=job).keys
+    emergency = acl_server.as_user("emergency")
+    attempts: list[Callable[[], object]] = [
+        lambda: emergency.hgetall(keys.state),
+        lambda: emergency.get(keys.reset),
+        lambda: emergency.hset(keys.state, "step", "999"),
+        lambda: emergency.delete(keys.state),
+        lambda: emergency.zadd(keys.targets, {"x": 1}),
+        lambda: emergency.publish(keys.channel, '{"reset":true}'),
+        lambda: emergency.fcall(function_name("version"), 0),
+        lambda: emergency.execute_command("SUBSCRIBE", keys.channel),  # type: ignore[no-untyped-call]
+    ]
+    try:
+        for attempt in attempts:
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                attempt()
+    finally:
+        emergency.close()
+    assert read_status(as_user(acl_server, job, "monitor")).step == 3
+
+
+@pytest.fixture
+def server_without_library(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """The shipped users on a Redis that nobody loaded the library into."""
+    acl = acl_with(tmp_path_factory.mktemp("acl"))
+    server = RedisServer(args=["--aclfile", str(acl)]).start()
+    yield server
+    server.cleanup()
+
+
+@pytest.mark.parametrize(
+    ("role", "operation"), [("chief", "publish"), ("worker", "wait"), ("monitor", "status")]
+)
+def test_a_role_finds_a_missing_library_named_with_the_command_that_loads_it(
+    server_without_library: RedisServer, job: str, role: str, operation: str
+) -> None:
+    with pytest.raises(RedisRefused) as info:
+        RUN[operation](as_user(server_without_library, job, role))
+    message = str(info.value)
+    assert info.value.kind == "functions", message
+    assert "has no stepbarrier Functions library" in message  # FUNCTION LIST told it
+    assert "stepbarrier functions install" in message
+
+
+@pytest.mark.parametrize("role", ["chief", "worker", "monitor"])
+def test_every_role_reading_the_status_sees_a_reset(
+    acl_server: OpsRedis, job: str, role: str
+) -> None:
+    seed(acl_server, job)
+    reset_job(as_user(acl_server, job, "chief"))
+    assert read_status(as_user(acl_server, job, role)).reset_at is not None
