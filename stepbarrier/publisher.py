@@ -308,7 +308,7 @@ class StepPublisher:
             except Exception as exc:  # the chief must never die of a Redis problem
                 failures += 1
                 transient = self._note_failure(exc)
-                if self._ended is not None:
+                if not self.active:
                     break  # told once, by _end
                 now = self._clock()
                 if now - last_log >= LOG_EVERY:
