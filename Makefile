@@ -5,10 +5,10 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
-EXTRAS ?= dev,tensorflow,jax,fast
+EXTRAS ?= dev,tensorflow,jax,fast,exporter
 PYTEST_ARGS ?=
 
-.PHONY: all demo test test-core lint venv redis-server bench bench-quick clean
+.PHONY: all demo test test-core lint venv redis-server prometheus bench bench-quick clean
 
 all: lint test
 
@@ -32,13 +32,26 @@ redis-server:
 		exit 1; \
 	fi
 
+# The Prometheus tests start their own server on a free port and run promtool:
+# Debian's package has both. Without recommends (no node exporter); where
+# systemd runs, the package also starts a service on :9090 that no test uses.
+prometheus:
+	@if command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing prometheus and promtool (apt-get)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
+	else \
+		echo "prometheus and promtool are missing: install them (Debian/Ubuntu: sudo apt-get install prometheus; macOS: brew install prometheus)" >&2; \
+		exit 1; \
+	fi
+
 demo: venv
 	$(VENV)/bin/stepbarrier demo $(DEMO_ARGS)
 
-test: venv redis-server
+test: venv redis-server prometheus
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-test-core: venv redis-server
+test-core: venv redis-server prometheus
 	$(PY) -m pytest -m "not tensorflow and not reliability" $(PYTEST_ARGS)
 
 lint: venv

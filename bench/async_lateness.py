@@ -97,8 +97,12 @@ def measure(url: str, targets: int, seed: int) -> dict[str, Any]:
     class UnitLead(StepLead):
         """A lead of exactly 1: the chief's own increment, nothing else."""
 
-        def observe(self, step: int) -> int:
-            super().observe(step)
+        def observe(self, step: int, runs: int = 1) -> int:
+            super().observe(step, runs)
+            return 1
+
+        @property
+        def lead(self) -> int:
             return 1
 
     class PreviousRulePublisherHook(GlobalStepPublisherHook):

@@ -6,6 +6,9 @@ calls ``publish(step)``; each waiter thread notes when its ``wait`` returns.
 The latency of a trial is from just before ``publish`` to the last wake-up
 (the median wake-up is reported too).
 
+``bench/cluster.py`` runs the same trials on a Redis Cluster (the job's
+clients in cluster mode; Redis's CPU is then the job's slot owner's).
+
 Usage: ``python bench/fanout.py [--quick]``; the waiter role is internal.
 """
 
@@ -23,6 +26,7 @@ from pathlib import Path
 
 import redis
 from harness import RedisServer, child_process, load_average, ms, save, stop_process, summarize
+from redis.cluster import RedisCluster
 
 STEP_GAP = 10
 """Steps between two trials' targets."""
@@ -33,10 +37,12 @@ QUIET = 0.5
 """Seconds a woken waiter stays idle before it registers for the next trial."""
 
 
-def waiter_process(url: str, job: str, threads: int, trials: int) -> None:
+def waiter_process(url: str, job: str, threads: int, trials: int, cluster: bool) -> None:
     from stepbarrier import BarrierConfig, StepWaiter
 
-    config = BarrierConfig(job=job, redis_url=url, task_id=1, stall_timeout=120)
+    config = BarrierConfig(
+        job=job, redis_url=url, task_id=1, stall_timeout=120, redis_cluster=cluster
+    )
     woke: list[list[float]] = [[0.0] * trials for _ in range(threads)]
     errors: list[str] = []
 
@@ -74,14 +80,33 @@ def cpu_seconds(client: redis.Redis, helpers: list[subprocess.Popen[str]]) -> di
     return {"redis": info["used_cpu_sys"] + info["used_cpu_user"], "waiters": waiters}
 
 
-def run_fanout(server: RedisServer, waiters: int, trials: int) -> dict[str, object]:
+def fanout_job(waiters: int) -> str:
+    """A new job name for one fan-out size."""
+    return f"fanout-{waiters}-{uuid.uuid4().hex[:6]}"
+
+
+def run_fanout(
+    url: str,
+    waiters: int,
+    trials: int,
+    *,
+    cluster: bool = False,
+    job: str | None = None,
+    cpu_of: redis.Redis | None = None,
+) -> dict[str, object]:
+    """One fan-out size on the Redis at ``url`` (``cluster``: a cluster's seed node).
+
+    ``cpu_of`` is the server whose CPU a release is charged (default: ``url``'s;
+    on a cluster, pass the owner of ``job``'s slot).
+    """
     from stepbarrier import BarrierConfig, StepPublisher
 
-    job = f"fanout-{waiters}-{uuid.uuid4().hex[:6]}"
-    config = BarrierConfig(job=job, redis_url=server.url, role="chief", task_id=0)
+    job = job or fanout_job(waiters)
+    config = BarrierConfig(job=job, redis_url=url, role="chief", task_id=0, redis_cluster=cluster)
     processes = min(waiters, MAX_PROCESSES)
     shares = [waiters // processes + (i < waiters % processes) for i in range(processes)]
-    client = server.client()
+    client = RedisCluster.from_url(url) if cluster else redis.Redis.from_url(url)
+    cpu_client = cpu_of or redis.Redis.from_url(url)
     helpers = []
     sent: list[float] = []
     cpu: list[dict[str, float]] = []
@@ -90,9 +115,8 @@ def run_fanout(server: RedisServer, waiters: int, trials: int) -> dict[str, obje
             publisher.publish(0)
             publisher.flush(5)
             for share in shares:
-                helpers.append(
-                    child_process("fanout.py", "--waiter", server.url, job, str(share), str(trials))
-                )
+                role = [url, job, str(share), str(trials), *(["cluster"] if cluster else [])]
+                helpers.append(child_process("fanout.py", "--waiter", *role))
             for trial in range(trials):
                 step = (trial + 1) * STEP_GAP
                 deadline = time.monotonic() + 120
@@ -104,19 +128,21 @@ def run_fanout(server: RedisServer, waiters: int, trials: int) -> dict[str, obje
                         raise RuntimeError(f"{waiters} waiters never registered for step {step}")
                     time.sleep(0.005)
                 time.sleep(0.05)  # let the registration traffic settle
-                cpu_before = cpu_seconds(client, helpers)
+                cpu_before = cpu_seconds(cpu_client, helpers)
                 sent.append(time.time())
                 publisher.publish(step)
                 # before the woken waiters register again (QUIET), note the CPU
                 # the release cost: Redis's, and the waiter processes'
                 time.sleep(QUIET * 0.8)
-                cpu_after = cpu_seconds(client, helpers)
+                cpu_after = cpu_seconds(cpu_client, helpers)
                 cpu.append({k: cpu_after[k] - cpu_before[k] for k in cpu_before})
             outputs = [helper.communicate(timeout=120)[0] for helper in helpers]
     finally:
         for helper in helpers:
             stop_process(helper)
         client.close()
+        if cpu_of is None:
+            cpu_client.close()
     woke_by_trial: list[list[float]] = [[] for _ in range(trials)]
     errors: list[str] = []
     for output in outputs:
@@ -140,24 +166,25 @@ def run_fanout(server: RedisServer, waiters: int, trials: int) -> dict[str, obje
         "last_wake_ms": summarize(ms(last)),
         "median_wake_ms": summarize(ms(middle)),
         "last_wake_samples_ms": ms(last),
+        "median_wake_samples_ms": ms(middle),
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--waiter", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--waiter", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.waiter:
-        url, job, threads, trials = args.waiter
-        waiter_process(url, job, int(threads), int(trials))
+        url, job, threads, trials, *mode = args.waiter
+        waiter_process(url, job, int(threads), int(trials), cluster=mode == ["cluster"])
         return
     trials = 8 if args.quick else 30
     load_before = load_average()
     runs = []
     with RedisServer() as server:
         for waiters in (1, 16, 64, 256):
-            result = run_fanout(server, waiters, trials)
+            result = run_fanout(server.url, waiters, trials)
             runs.append(result)
             last = result["last_wake_ms"]
             assert isinstance(last, dict)

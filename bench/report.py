@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from harness import RESULTS_DIR
+from report_fleet import fleet_section, fleet_targets, plot_fleet
 
 TARGETS = {
     "wake_median_ms": 2.0,
@@ -132,28 +134,44 @@ def chief_section(tf: dict[str, Any] | None, publish: dict[str, Any] | None) -> 
     if tf and "chief_steps_per_s" in tf:
         lines += [
             "TF chief training as fast as it can (tiny model, ps on loopback), one session, "
-            "blocks of 25 steps rotating between the three cases; steps/s per block:",
+            "blocks of 25 steps rotating between the cases; steps/s per block:",
             "",
             STATS_HEADER,
         ]
         names = {
             "without": "no hook",
-            "fetch_only": "a hook that only fetches the global step",
-            "with": "`GlobalStepPublisherHook`",
+            "fetch_only": "a hook that only fetches the global-step variable",
+            "with_every": "`GlobalStepPublisherHook` fetching with every run",
+            "with": "`GlobalStepPublisherHook` (as shipped: fetches skipped far from targets)",
+            "defaults": "`MonitoredTrainingSession`'s default hooks (step counter, summaries)",
+            "defaults_with_every": "default hooks + publisher hook fetching with every run",
+            "defaults_with": "default hooks + `GlobalStepPublisherHook` (as shipped)",
         }
-        for kind, stats in tf["chief_steps_per_s"].items():
-            lines.append(stats_row(names.get(kind, kind), stats, 0))
+        kinds = [k for k in names if k in tf["chief_steps_per_s"]]
+        for kind in kinds:
+            lines.append(stats_row(names[kind], tf["chief_steps_per_s"][kind], 0))
         lines.append("")
-        base = tf["chief_steps_per_s"]["without"]["median"]
-        for kind in ("with", "fetch_only"):
+        for kind in kinds:
             slow = tf.get(f"chief_slowdown_{kind}")
+            base_kind = "defaults" if kind.startswith("defaults_") else "without"
             if slow and slow.get("n"):
+                base = tf["chief_steps_per_s"][base_kind]["median"]
                 extra = 1000 / tf["chief_steps_per_s"][kind]["median"] - 1000 / base
+                paired = "across the two sessions" if kind == "defaults" else "paired by round"
                 lines.append(
-                    f"- slowdown, {names[kind]} vs no hook (paired by round): median "
+                    f"- slowdown, {names[kind]} vs {names[base_kind]} ({paired}): median "
                     f"{100 * slow['median']:.1f}%, p90 {100 * slow['p90']:.1f}% "
-                    f"(+{extra:.2f} ms per step at the medians)"
+                    f"({extra:+.2f} ms per step at the medians)"
                 )
+        fetched, runs = tf.get("publisher_fetches") or {}, tf.get("runs_per_case")
+        if fetched and runs:
+            shares = ", ".join(f"{names.get(k, k)}: {v / runs:.1%}" for k, v in fetched.items())
+            lines.append(f"- runs that fetched the global step ({runs:,} runs a case): {shares}")
+        lines.append(
+            "- the bare cases and the default-hook cases ran in two sessions (the cached "
+            "global-step read that the default hooks fetch, and the publisher hook then shares, "
+            "exists only in the second); each case is compared within its session."
+        )
         lines.append("")
     if publish:
         lines += [
@@ -252,9 +270,9 @@ def scale_section(load_result: dict[str, Any] | None, fanout: dict[str, Any] | N
         f"{cap.get('memory_per_subscriber_bytes', 0) / 1024:.0f} KB, measured).",
         "- Redis Cluster takes over when one server's connections (tens of thousands) or "
         "memory run out, not its CPU. All of a job's keys share the hash tag `{job}`, so "
-        "jobs spread over slots; the announcement is a classic `PUBLISH`, which a Cluster "
-        "broadcasts to every node, so a large Cluster would want sharded pub/sub "
-        "(`SPUBLISH`/`SSUBSCRIBE`, Redis 7).",
+        "jobs spread over slots, and in cluster mode the announcements are sharded "
+        "(`SPUBLISH`/`SSUBSCRIBE`): one costs the job's shard (its master and replicas), "
+        "not every node (section 8).",
     ]
     if fanout:
         big = max(fanout["runs"], key=lambda r: r["waiters"])
@@ -332,14 +350,155 @@ def lateness_section(late: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+CLUSTER_ROWS = {
+    "stepbarrier": "stepbarrier's announcement (the chief's `FCALL`, `SPUBLISH` inside)",
+    "spublish": "raw `SPUBLISH` (sharded)",
+    "publish": "raw `PUBLISH` (classic: the cluster forwards it to every node)",
+}
+ROLE_ORDER = ("owner", "owner's replica", "other master", "other replica")
+
+
+def cluster_section(result: dict[str, Any] | None) -> list[str]:
+    if not result:
+        return []
+    wake, cost, shape = result["wake"], result["announcement"], result["cluster"]
+    nodes = shape["masters"] * (1 + shape["replicas"])
+    lines = [
+        "## 8. Redis Cluster beside standalone Redis",
+        "",
+        f"A local Redis Cluster of {shape['masters']} masters and {shape['masters']} "
+        f"replicas (redis-server {result['machine']['redis_server']}, "
+        f"`cluster-node-timeout` {shape['node_timeout_ms']} ms) and a standalone redis-server, "
+        f"both on loopback, measured in turns in the same run (`bench/cluster.py`). On the "
+        f"cluster the job's clients run in cluster mode (`redis_cluster=True`) and the "
+        f"announcements are sharded: `SPUBLISH` inside the library's function, the waiter "
+        f"`SSUBSCRIBE`d on the owner of the job's slot.",
+        "",
+        "Wake latency (ms), from just before `publish`/`PUBLISH` to the return of the waiter's "
+        "`wait`/`get_message`, in alternating blocks:",
+        "",
+        STATS_HEADER,
+        stats_row("standalone: stepbarrier `publish()` -> `wait()`", wake["standalone_core"]),
+        stats_row("cluster: stepbarrier `publish()` -> `wait()`", wake["cluster_core"]),
+        stats_row("standalone floor: raw `PUBLISH` -> `get_message`", wake["standalone_floor"]),
+        stats_row("cluster floor: raw `SPUBLISH` -> `get_message` (on the owner)",
+                  wake["cluster_floor"]),
+        "",
+        f"- stepbarrier on the cluster / standalone: "
+        f"{wake['core_cluster_over_standalone_median']:.2f}x at the median, "
+        f"{wake['core_cluster_over_standalone_p90']:.2f}x at p90.",
+        f"- raw delivery, `SPUBLISH` on the cluster / `PUBLISH` standalone: "
+        f"{wake['floor_cluster_over_standalone_median']:.2f}x at the median, "
+        f"{wake['floor_cluster_over_standalone_p90']:.2f}x at p90.",
+        "",
+    ]  # fmt: skip
+    writes = result.get("chief_write_ms")
+    if writes:
+        lines += [
+            "The chief's write, `publish(step)` then `flush()` (ms per write, one after another):",
+            "",
+            STATS_HEADER,
+            stats_row("standalone", writes["standalone"]),
+            stats_row("cluster", writes["cluster"]),
+            "",
+            f"- cluster / standalone: {writes['cluster_over_standalone_median']:.2f}x at the "
+            f"median ({writes['cluster']['median'] - writes['standalone']['median']:+.2f} ms). "
+            f"redis-py's cluster client asks a node for the keys of each `FCALL` "
+            f"(`COMMAND GETKEYS`, counted below) before it sends it.",
+            "",
+        ]
+    lines += [
+        "Fan-out: one step releases N waiters (ms until the last one wakes; the trials in "
+        "turns of standalone then cluster; Redis CPU per release: the standalone server's, "
+        "the job's slot owner's on the cluster):",
+        "",
+        "| waiters | trials | standalone median | cluster median | cluster / standalone | "
+        "standalone p90 | cluster p90 | Redis CPU ms, standalone | Redis CPU ms, cluster owner |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for run in result["fanout"]:
+        alone, on_cluster = run["standalone"], run["cluster"]
+        a, c = alone["last_wake_ms"], on_cluster["last_wake_ms"]
+        cpu_alone = alone["release_cpu_ms"]["redis"]
+        cpu_cluster = on_cluster["release_cpu_ms"]["redis"]
+        lines.append(
+            f"| {run['waiters']} | {alone['trials']} | {fmt(a['median'])} | {fmt(c['median'])} | "
+            f"{c['median'] / a['median']:.2f}x | {fmt(a['p90'])} | {fmt(c['p90'])} | "
+            f"{fmt(cpu_alone)} | {fmt(cpu_cluster)} |"
+        )
+        for name, data in (("standalone", alone), ("cluster", on_cluster)):
+            if data["errors"]:
+                lines.append(f"| errors ({name}): {data['errors'][:3]} |")
+    rows = cost["rows"]
+    lines += [
+        "",
+        f"What one announcement costs the cluster ({cost['announcements']:,} of each, one "
+        f"round trip each, one subscriber on the owner; the {cost['payload_bytes']}-byte "
+        f"message of stepbarrier's last announcement for the raw ones). A node counts as "
+        f"involved when it ran the announcing command (or `COMMAND GETKEYS` for it) or "
+        f"received it over the cluster bus "
+        f"(`CLUSTER INFO` `cluster_stats_messages_publish*_received`). Bytes written "
+        f"(`/proc/PID/io` `wchar`: replies, pub/sub messages, replication, cluster bus) and "
+        f"CPU (`INFO cpu`) are summed over the {nodes} nodes, less an idle baseline:",
+        "",
+        f"| per announcement | nodes involved (of {nodes}) | cluster-bus messages sent | "
+        "received | bytes written, all nodes | Redis CPU us, all nodes | `COMMAND GETKEYS` |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, label in CLUSTER_ROWS.items():
+        row = rows[name]
+        lines.append(
+            f"| {label} | {row['nodes_involved']} | {row['bus_messages_sent']:.2f} | "
+            f"{row['bus_messages_received']:.2f} | {row['bytes_written']:,.0f} | "
+            f"{row['cpu_us']:.1f} | {row.get('getkeys', 0):.2f} |"
+        )
+    lines += [
+        "",
+        "Cluster-bus messages each node sent + received per announcement:",
+        "",
+        "| node | " + " | ".join(f"`{name}`" for name in CLUSTER_ROWS) + " |",
+        "|---|" + "---|" * len(CLUSTER_ROWS),
+    ]
+    roles = cost["roles"]
+    for port in sorted(roles, key=lambda p: (ROLE_ORDER.index(roles[p]), p)):
+        cells = [f"{rows[name]['per_node'][port]['bus_messages']:.2f}" for name in CLUSTER_ROWS]
+        lines.append(f"| {roles[port]} | " + " | ".join(cells) + " |")
+    ours, spub, pub = rows["stepbarrier"], rows["spublish"], rows["publish"]
+    third = (
+        " (one more: the node redis-py asked for the keys of the `FCALL`)"
+        if ours["nodes_involved"] > spub["nodes_involved"]
+        else ""
+    )
+    lines += [
+        "",
+        f"- A sharded announcement involves {spub['nodes_involved']} of the {nodes} nodes, "
+        f"the job's owner and its replica; stepbarrier's involves {ours['nodes_involved']}"
+        f"{third}. A classic `PUBLISH` involves {pub['nodes_involved']} and sends "
+        f"{pub['bus_messages_sent']:.0f} cluster-bus messages where `SPUBLISH` sends "
+        f"{spub['bus_messages_sent']:.0f}: its cost grows with the number of nodes, a "
+        f"sharded one's only with the replicas of one shard.",
+        f"- raw `PUBLISH` / raw `SPUBLISH`: {pub['bytes_written'] / spub['bytes_written']:.1f}x "
+        f"the bytes written, {pub['cpu_us'] / spub['cpu_us']:.1f}x the Redis CPU.",
+        f"- run: commit {result['commit']}"
+        + (" with uncommitted changes in stepbarrier/" if result.get("dirty") else "")
+        + f", {'quick' if result['quick'] else 'full'} run, {result['seconds']:.0f} s, load "
+        f"average before {result['load_before']}, after {result['load_after']}"
+        + (f", at the start of each part: {result['load']}" if result.get("load") else "")
+        + ".",
+        "",
+    ]
+    return lines
+
+
 def targets_section(
     tf: dict[str, Any] | None,
     floor: dict[str, Any] | None,
     fanout: dict[str, Any] | None,
     publish: dict[str, Any] | None,
     load_result: dict[str, Any] | None,
+    extra: Sequence[tuple[str, ...]] = (),
 ) -> list[str]:
-    rows: list[tuple[str, str, str]] = []
+    rows: list[tuple[str, ...]] = []
     if tf:
         for period in ("10ms", "200ms"):
             s = tf["latency_ms"].get(f"stepbarrier@{period}", {})
@@ -399,6 +558,7 @@ def targets_section(
             "5. idle waiter <= 0.2 commands/s",
             f"{idle['waiter_sent_per_s']:.3f}/s", verdict(idle["pass"]),
         ))
+    rows += extra
     lines = ["## Targets", "", "| target | measured | verdict |", "|---|---|---|"]
     lines += [f"| {a} | {b} | {c} |" for a, b, c in rows]
     lines.append("")
@@ -468,18 +628,22 @@ def machine_section(run: dict[str, Any] | None) -> list[str]:
 def main() -> None:
     tf, floor = load("tf_job"), load("wake_floor")
     fanout, publish, load_result = load("fanout"), load("publish_call"), load("redis_load")
-    late, run = load("async_lateness"), load("run")
+    late, run, cluster = load("async_lateness"), load("run"), load("cluster")
+    fleet = load("fleet")
     if run is not None and tf is not None:
         run["tensorflow"] = tf.get("tensorflow")
     lines = ["# stepbarrier benchmark results", ""]
     lines += machine_section(run)
-    lines += targets_section(tf, floor, fanout, publish, load_result)
+    lines += targets_section(tf, floor, fanout, publish, load_result, fleet_targets(fleet, tf))
     lines += wake_section(tf, floor)
     lines += fanout_section(fanout)
     lines += chief_section(tf, publish)
     lines += load_section(load_result)
     lines += scale_section(load_result, fanout)
     lines += lateness_section(late)
+    lines += cluster_section(cluster)
+    lines += fleet_section(fleet)
+    plot_fleet(fleet, RESULTS_DIR / "fleet_wake.png")
     if not plot(tf, floor, RESULTS_DIR / "wake_latency.png"):
         lines.append("(no TF results: no plot)")
     (RESULTS_DIR / "results.md").write_text("\n".join(lines) + "\n")

@@ -4,8 +4,8 @@ Usage: ``python bench/run_all.py [--quick] [--only NAME ...]`` (``make bench``,
 ``make bench-quick``). Each benchmark runs in its own process with its own
 redis-server; one that fails is reported and the others still run. Results go
 to ``bench/results/`` (``bench/results/quick/`` with ``--quick``): one JSON
-file per benchmark, ``run.json`` (machine, load, commit), ``results.md`` and
-``wake_latency.png``.
+file per benchmark, ``run.json`` (machine, load, commit), ``results.md``,
+``wake_latency.png`` and ``fleet_wake.png``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,10 @@ import time
 
 from harness import BENCH_DIR, RESULTS_DIR, ROOT, child_env, git, load_average, machine, save
 
-BENCHMARKS = ("wake_floor", "fanout", "publish_call", "redis_load", "tf_job", "async_lateness")
+BENCHMARKS = (
+    "wake_floor", "fanout", "publish_call", "redis_load", "tf_job", "async_lateness", "cluster",
+    "fleet",
+)  # fmt: skip
 
 
 def main() -> int:

@@ -16,10 +16,12 @@ returns. Latency = that moment minus the chief's note for step K. A trial
 whose wait began after step K was reached is dropped (and counted).
 
 Chief cost. Afterwards the chief trains as fast as it can in one new session,
-in short blocks that rotate between no hook, a hook that only fetches the
-global step with each run (TensorFlow's share of the cost) and
-``GlobalStepPublisherHook`` (no worker waiting), and reports steps/s per block.
-A switched-off hook is still called but returns nothing at once; the
+in short blocks that rotate between the cases of ``COST_KINDS`` (no hook; a
+hook that only fetches the global-step variable with each run, TensorFlow's
+share of the cost; ``GlobalStepPublisherHook`` as shipped and fetching with
+every run; the hooks ``MonitoredTrainingSession`` adds by default, alone and
+with the publisher hook), no worker waiting, and reports steps/s per block.
+A switched-off hook is still called but returns nothing at once; each
 publisher's thread keeps its heartbeat (one write per second) throughout.
 
 Usage: ``python bench/tf_job.py [--quick]``; the task roles are internal.
@@ -59,9 +61,21 @@ POLL_CYCLE = 0.5
 """TensorFlow's hook polls every 0.5 s: each trial starts its wait after a
 random delay of up to one cycle, so that the step falls at a uniformly random
 point of the poll cycle, whatever the chief's step period."""
-COST_KINDS = ("without", "fetch_only", "with")
-"""Chief-cost sessions: no hook; a hook that only fetches the global step each
-run (TensorFlow's share of the publisher hook's cost); the publisher hook."""
+COST_KINDS = (
+    "without", "fetch_only", "with_every", "with", "defaults", "defaults_with_every",
+    "defaults_with",
+)  # fmt: skip
+"""Chief-cost cases: no hook; a hook that only fetches the global-step variable
+each run (TensorFlow's share of the publisher hook's cost before it fetched the
+shared read tensor); the publisher hook fetching with every run, and as shipped
+(``FETCH_EVERY``); ``MonitoredTrainingSession``'s default hooks
+(``StepCounterHook`` and ``SummarySaverHook``, every 100 steps, as with a
+``summary_dir``), alone, with the every-run publisher hook and with the
+publisher hook as shipped."""
+PUBLISHERS = ("with_every", "with", "defaults_with_every", "defaults_with")
+"""The cases with a publisher hook (each its own, on its own job)."""
+COST_GROUPS = (COST_KINDS[:4], COST_KINDS[4:])
+"""The cases of each chief-cost session: without the default hooks, then with them."""
 
 
 # -- TensorFlow tasks -------------------------------------------------------------
@@ -199,33 +213,87 @@ def run_chief(cluster_json: str, redis_url: str, job: str, workdir: str, cost: s
         def end(self, session: Any) -> None:
             self.inner.end(session)
 
-    # One session, the three cases in short alternating blocks, so that the
-    # machine's noise (2 cores, shared) falls on all of them alike.
-    cost_config = BarrierConfig(job=f"{job}-cost", redis_url=redis_url, role="chief", task_id=0)
-    switches = {
-        "fetch_only": Switchable(FetchOnlyHook()),
-        "with": Switchable(GlobalStepPublisherHook(cost_config)),
+    class CountedPublisherHook(GlobalStepPublisherHook):  # type: ignore[misc]
+        """The publisher hook as shipped, counting the runs it fetched the step with."""
+
+        fetches = 0
+
+        def before_run(self, run_context: Any) -> Any:
+            request = super().before_run(run_context)
+            self.fetches += request is not None
+            return request
+
+    class EveryRunPublisherHook(CountedPublisherHook):
+        """The publisher hook, fetching the global step with every run."""
+
+        def _fetch_due(self, publisher: Any) -> bool:
+            return True
+
+    def publisher_hook(kind: str) -> Any:
+        cost_config = BarrierConfig(
+            job=f"{job}-cost-{kind}", redis_url=redis_url, role="chief", task_id=0
+        )
+        every = kind.endswith("_every")
+        return (EveryRunPublisherHook if every else CountedPublisherHook)(cost_config)
+
+    # Two sessions: the bare chief's cases, then those with the default hooks
+    # (their cached global-step read exists only with them). In each, the cases
+    # run in short alternating blocks, so that the machine's noise (2 cores,
+    # shared) falls on all of them alike.
+    summary_dir = tempfile.mkdtemp(prefix="sb-tfbench-summaries-")
+    fetches: dict[str, int] = {}
+    for group in COST_GROUPS:
+        with tf.Graph().as_default():
+            _, train_op = build_model(tf, cluster, "/job:chief/task:0")
+            scaffold = tf.compat.v1.train.Scaffold()
+            switches: dict[str, list[Switchable]] = {
+                kind: [Switchable(publisher_hook(kind))] for kind in group if kind in PUBLISHERS
+            }
+            if "fetch_only" in group:
+                switches["fetch_only"] = [Switchable(FetchOnlyHook())]
+            if "defaults" in group:
+                defaults = [  # what MonitoredTrainingSession adds with a summary_dir
+                    tf.compat.v1.train.StepCounterHook(output_dir=summary_dir, every_n_steps=100),
+                    tf.compat.v1.train.SummarySaverHook(
+                        save_steps=100, output_dir=summary_dir, scaffold=scaffold
+                    ),
+                ]
+                default_switches = [Switchable(hook) for hook in defaults]
+                for kind in group:
+                    switches[kind] = [*default_switches, *switches.get(kind, [])]
+            hooks = list(
+                {id(s): s for group_hooks in switches.values() for s in group_hooks}.values()
+            )
+            with tf.compat.v1.train.MonitoredTrainingSession(
+                master=server.target,
+                is_chief=True,
+                chief_only_hooks=hooks,
+                scaffold=scaffold,
+                **session_kwargs(session_config),
+            ) as session:
+                for _ in range(50):
+                    session.run(train_op)
+                for number in range(rounds):
+                    order = group if number % 2 == 0 else group[::-1]
+                    for kind in order:
+                        active = {id(s) for s in switches.get(kind, [])}
+                        for hook in hooks:
+                            hook.on = id(hook) in active
+                        started = time.perf_counter()
+                        for _ in range(block):
+                            session.run(train_op)
+                        rates[kind].append(block / (time.perf_counter() - started))
+            for kind in group:
+                for switch in switches.get(kind, []):
+                    if isinstance(switch.inner, CountedPublisherHook):
+                        fetches[kind] = switch.inner.fetches
+    result = {
+        "records": records,
+        "verifications": verifications,
+        "rates": rates,
+        "fetches": fetches,
+        "runs_per_case": rounds * block,
     }
-    with tf.Graph().as_default():
-        _, train_op = build_model(tf, cluster, "/job:chief/task:0")
-        with tf.compat.v1.train.MonitoredTrainingSession(
-            master=server.target,
-            is_chief=True,
-            chief_only_hooks=list(switches.values()),
-            **session_kwargs(session_config),
-        ) as session:
-            for _ in range(50):
-                session.run(train_op)
-            for number in range(rounds):
-                order = COST_KINDS if number % 2 == 0 else COST_KINDS[::-1]
-                for kind in order:
-                    for name, switch in switches.items():
-                        switch.on = name == kind
-                    started = time.perf_counter()
-                    for _ in range(block):
-                        session.run(train_op)
-                    rates[kind].append(block / (time.perf_counter() - started))
-    result = {"records": records, "verifications": verifications, "rates": rates}
     (Path(workdir) / "chief.json").write_text(json.dumps(result))
 
 
@@ -337,10 +405,13 @@ def analyse(chief: dict[str, Any], trials: list[dict[str, Any]]) -> dict[str, An
     out["chief_steps_per_s"] = {kind: summarize(rates[kind]) for kind in COST_KINDS}
     out["chief_samples"] = rates
     # Blocks ran in alternating order: compare each round's blocks pairwise.
-    for kind in ("with", "fetch_only"):
-        ratios = [1.0 - a / b for a, b in zip(rates[kind], rates["without"], strict=True)]
+    for kind in COST_KINDS[1:]:
+        base = "defaults" if kind.startswith("defaults_") else "without"
+        ratios = [1.0 - a / b for a, b in zip(rates[kind], rates[base], strict=True)]
         if ratios:
             out[f"chief_slowdown_{kind}"] = summarize(ratios)
+    out["publisher_fetches"] = chief.get("fetches", {})
+    out["runs_per_case"] = chief.get("runs_per_case")
     out["publisher_verifications"] = chief["verifications"]
     return out
 
@@ -433,11 +504,12 @@ def main() -> None:
                 f"max {stats['max']:.2f} ms (n={stats['n']}, dropped {result['dropped'][name]})",
                 file=sys.stderr,
             )
-    for kind in ("with", "fetch_only"):
+    for kind in COST_KINDS[1:]:
         slowdown = result.get(f"chief_slowdown_{kind}", {})
         if slowdown.get("n"):
+            base = "defaults" if kind.startswith("defaults_") else "no hook"
             print(
-                f"chief slowdown ({kind}): median {100 * slowdown['median']:.1f}% "
+                f"chief slowdown ({kind} vs {base}): median {100 * slowdown['median']:.1f}% "
                 f"over {slowdown['n']} blocks",
                 file=sys.stderr,
             )

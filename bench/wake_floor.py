@@ -10,6 +10,10 @@ blocks so that a burst of machine noise hits both sides alike:
   announces), ``StepWaiter.wait(K)`` there; from just before ``publish`` to the
   return of ``wait`` (which includes its unregistration).
 
+``bench/cluster.py`` runs both against a Redis Cluster too (``sharded``:
+``SPUBLISH``/``SSUBSCRIBE`` on the channel's owner; ``cluster``: the job's
+clients in cluster mode).
+
 Usage: ``python bench/wake_floor.py [--quick]``; the helper role is internal.
 """
 
@@ -31,27 +35,29 @@ GAP_MIN, GAP_MAX = 0.02, 0.06
 waits long, and a wake-up from idle is slower than one in a busy loop."""
 
 
-def receive_raw(url: str, count: int) -> None:
+def receive_raw(url: str, count: int, sharded: bool) -> None:
     client = redis.Redis.from_url(url)
     pubsub = client.pubsub(ignore_subscribe_messages=True)
-    pubsub.subscribe(CHANNEL)
+    if sharded:
+        pubsub.ssubscribe(CHANNEL)
+    else:
+        pubsub.subscribe(CHANNEL)
     while pubsub.get_message(timeout=1.0) is None and not pubsub.subscribed:
         pass
-    client.set("bench:floor:ready", "1")
     received: dict[int, float] = {}
     idle_until = time.monotonic() + 30
     while len(received) < count and time.monotonic() < idle_until:
         message = pubsub.get_message(timeout=1.0)
-        if message is not None and message["type"] == "message":
+        if message is not None and message["type"] in ("message", "smessage"):
             received[int(message["data"])] = time.time()
             idle_until = time.monotonic() + 10
     print(json.dumps({"received": received}))
 
 
-def receive_core(url: str, job: str, count: int) -> None:
+def receive_core(url: str, job: str, count: int, cluster: bool) -> None:
     from stepbarrier import BarrierConfig, StepWaiter
 
-    config = BarrierConfig(job=job, redis_url=url, task_id=1)
+    config = BarrierConfig(job=job, redis_url=url, task_id=1, redis_cluster=cluster)
     woke: dict[int, float] = {}
     with StepWaiter(config) as waiter:
         for target in range(1, count + 1):
@@ -60,13 +66,15 @@ def receive_core(url: str, job: str, count: int) -> None:
     print(json.dumps({"received": woke}))
 
 
-def run_floor_block(server: RedisServer, count: int) -> list[float]:
-    client = server.client()
-    client.delete("bench:floor:ready")
-    helper = child_process("wake_floor.py", "--helper", "raw", server.url, str(count))
+def run_floor_block(url: str, count: int, sharded: bool = False) -> list[float]:
+    """Raw delivery on the Redis at ``url`` (``sharded``: the owner of ``CHANNEL``'s slot)."""
+    client = redis.Redis.from_url(url)
+    role = ["raw", url, str(count), *(["sharded"] if sharded else [])]
+    helper = child_process("wake_floor.py", "--helper", *role)
+    numsub = ("PUBSUB", "SHARDNUMSUB" if sharded else "NUMSUB", CHANNEL)
     try:
         deadline = time.monotonic() + 30
-        while not client.get("bench:floor:ready"):
+        while not client.execute_command(*numsub)[1]:  # the receiver is subscribed
             if time.monotonic() > deadline:
                 raise RuntimeError("the raw receiver did not subscribe")
             time.sleep(0.01)
@@ -74,7 +82,7 @@ def run_floor_block(server: RedisServer, count: int) -> list[float]:
         for i in range(count):
             time.sleep(random.uniform(GAP_MIN, GAP_MAX))
             sent[i] = time.time()
-            client.publish(CHANNEL, str(i))
+            client.execute_command("SPUBLISH" if sharded else "PUBLISH", CHANNEL, str(i))
         out, _ = helper.communicate(timeout=60)
     finally:
         stop_process(helper)
@@ -83,16 +91,18 @@ def run_floor_block(server: RedisServer, count: int) -> list[float]:
     return [received[i] - sent[i] for i in sorted(received)]
 
 
-def run_core_block(server: RedisServer, count: int) -> list[float]:
+def run_core_block(url: str, count: int, cluster: bool = False) -> list[float]:
+    """stepbarrier's wake-up on the Redis at ``url`` (``cluster``: a cluster's seed node)."""
     from stepbarrier import BarrierConfig, StepPublisher
 
     job = f"floor-{uuid.uuid4().hex[:8]}"
-    config = BarrierConfig(job=job, redis_url=server.url, role="chief", task_id=0)
+    config = BarrierConfig(job=job, redis_url=url, role="chief", task_id=0, redis_cluster=cluster)
     helper = None
     with StepPublisher(config) as publisher:
         publisher.publish(0)
         publisher.flush(5)
-        helper = child_process("wake_floor.py", "--helper", "core", server.url, job, str(count))
+        role = ["core", url, job, str(count), *(["cluster"] if cluster else [])]
+        helper = child_process("wake_floor.py", "--helper", *role)
         try:
             sent = {}
             for target in range(1, count + 1):
@@ -119,9 +129,9 @@ def main() -> None:
     if args.helper:
         role, url, *rest = args.helper
         if role == "raw":
-            receive_raw(url, int(rest[0]))
+            receive_raw(url, int(rest[0]), sharded=rest[1:] == ["sharded"])
         else:
-            receive_core(url, rest[0], int(rest[1]))
+            receive_core(url, rest[0], int(rest[1]), cluster=rest[2:] == ["cluster"])
         return
     blocks, per_block = (2, 60) if args.quick else (4, 150)
     floor: list[float] = []
@@ -129,8 +139,8 @@ def main() -> None:
     load_before = load_average()
     with RedisServer() as server:
         for _ in range(blocks):
-            floor += run_floor_block(server, per_block)
-            core += run_core_block(server, per_block)
+            floor += run_floor_block(server.url, per_block)
+            core += run_core_block(server.url, per_block)
     result = {
         "benchmark": "wake_floor",
         "quick": args.quick,

@@ -10,6 +10,8 @@ and ``tenacity``; TensorFlow and Keras live in ``stepbarrier.tf_hooks`` and
 ``stepbarrier.keras_callbacks``. Importing stepbarrier contacts no server.
 """
 
+from stepbarrier.barrier import Barrier
+from stepbarrier.barrier_state import BarrierState
 from stepbarrier.config import BarrierConfig
 from stepbarrier.errors import (
     BarrierAborted,
@@ -21,14 +23,17 @@ from stepbarrier.errors import (
 )
 from stepbarrier.publisher import StepPublisher
 from stepbarrier.schedule import schedule_wait_until_step
-from stepbarrier.status import JobStatus, WaiterInfo, read_status
+from stepbarrier.status import BarrierInfo, JobStatus, WaiterInfo, read_status
 from stepbarrier.waiter import StepWaiter
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Barrier",
     "BarrierAborted",
     "BarrierConfig",
+    "BarrierInfo",
+    "BarrierState",
     "BarrierTimeout",
     "ConfigurationError",
     "JobStatus",

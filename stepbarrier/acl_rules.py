@@ -48,20 +48,35 @@ _COMMANDS = {
     # HSET, DEL, SET, EXPIRE, ZRANGEBYSCORE, ZREMRANGEBYSCORE, PUBLISH (SPUBLISH
     # on a Redis Cluster: a sharded channel, in the job's slot). Outside: BLPOP
     # on the registrations (hears new waiters at once), and `reset` (DEL of
-    # waiter entries by batches, EXISTS).
+    # waiter entries by batches, EXISTS). Named barriers (the chief is task 0):
+    # barrier_arrive (TYPE, HGET, HSET, DEL, EXPIRE, ZADD, ZREMRANGEBYSCORE,
+    # ZREMRANGEBYRANK, PUBLISH/SPUBLISH), then SUBSCRIBE (SSUBSCRIBE) to the
+    # barrier channel; EXPIRE of a finished run's barriers.
     "chief": f"{_CONNECT} +fcall {_STATUS} +hget +exists +hset +del +set +expire "
-    "+zremrangebyscore +publish +spublish +blpop",
+    "+zremrangebyscore +publish +spublish +blpop +zadd +zremrangebyrank +subscribe +ssubscribe",
     # +fcall: waiter_register (EXPIRE, DEL, HSET, ZADD, RPUSH, LTRIM) and
     # waiter_leave (DEL, TYPE, ZREM), which declare only what a waiter writes;
     # the state and the reset marker it reads with waiter_read (FCALL_RO, which
     # declares them read-only). SUBSCRIBE (SSUBSCRIBE on a Redis Cluster): the
     # job's channel; a wait ends by closing its connection, never by UNSUBSCRIBE.
+    # Named barriers: barrier_arrive (also HGET, ZREMRANGEBYSCORE, ZREMRANGEBYRANK)
+    # on the barrier keys only, and its announcement (below: _BARRIER_NEWS).
     "worker": f"{_CONNECT} +fcall {_STATUS} +hset +del +expire +zadd +zrem +rpush +ltrim "
-    "+subscribe +ssubscribe",
+    "+subscribe +ssubscribe +hget +zremrangebyscore +zremrangebyrank",
     # The status reads only (no FCALL: nothing that may write); PING for health
     # checks and ZRANGE for redis-cli (README, "Monitoring through Redis keys").
-    "monitor": f"{_CONNECT} {_STATUS} +ping +zrange",
+    # SCAN: `stepbarrier jobs` and the exporter find the jobs by their state keys
+    # (there is no index of jobs). SCAN names no key, so the key patterns do not
+    # confine it: it shows the names (never the contents) of every key, other
+    # teams' jobs included.
+    "monitor": f"{_CONNECT} {_STATUS} +ping +zrange +scan",
 }
+
+_BARRIER_NEWS = "({publish} &{channel})"
+"""A worker's ACL selector: the last arrival at a barrier announces it (PUBLISH, or
+SPUBLISH on a Redis Cluster), on the job's barrier channel alone. A selector
+holds its own channels, so the worker still cannot publish on the step channel:
+a forged step announcement would release waiting workers."""
 
 EMERGENCY_COMMANDS = "+function|kill +script|kill +function|stats +ping"
 """While code runs past ``busy-reply-threshold`` Redis answers BUSY to every
@@ -70,10 +85,14 @@ FUNCTION KILL ends a function (SCRIPT KILL an EVAL script, for servers on the
 ``STEPBARRIER_USE_EVAL`` fallback) as long as it has written nothing, and PING
 shows that Redis answers again. INFO and CLIENT LIST get BUSY too."""
 
-INSTALLER_COMMANDS = "+function|load +function|list +function|delete +function|stats +ping"
+INSTALLER_COMMANDS = (
+    "+function|load +function|list +function|delete +function|stats +ping +cluster|slots +command"
+)
 """``stepbarrier functions install`` (FUNCTION LOAD REPLACE), ``functions status``
 and health checks (FUNCTION LIST), retiring an old version (FUNCTION DELETE),
-seeing what runs (FUNCTION STATS), and PING while Redis starts."""
+seeing what runs (FUNCTION STATS), and PING while Redis starts; CLUSTER SLOTS and
+COMMAND for ``--cluster``, whose client reads the slot map and the command table
+(metadata only) to load the library on every master."""
 
 
 def validate_jobs_pattern(pattern: str) -> str:
@@ -140,17 +159,21 @@ def role_rules(role: str, jobs_pattern: str) -> str:
             f"the role must be one of {', '.join(JOB_ROLES)}, got {role!r}", variable="role"
         )
     keys = JobKeys.for_job(validate_jobs_pattern(jobs_pattern))
+    barriers = (keys.barrier_index, keys.barrier_pattern)
+    news: list[str] = []
     if role == "chief":
-        access = [f"~{key}" for key in (*keys.all_fixed(), keys.waiter_pattern)]
+        access = [f"~{key}" for key in (*keys.all_fixed(), keys.waiter_pattern, *barriers)]
     elif role == "worker":
         # read-only: the state and the reset marker are the chief's alone
         access = [f"%R~{keys.state}", f"%R~{keys.reset}", f"%RW~{keys.waiter_pattern}"]
         access += [f"%RW~{keys.targets}", f"%RW~{keys.registrations}"]
+        access += [f"%RW~{key}" for key in barriers]
+        news = [_BARRIER_NEWS.format(publish="+publish +spublish", channel=keys.barrier_channel)]
     else:
         access = [f"%R~{key}" for key in (keys.state, keys.reset, keys.targets)]
-        access.append(f"%R~{keys.waiter_pattern}")
-    channel = [] if role == "monitor" else [f"&{keys.channel}"]
-    return " ".join([_RESET, *access, *channel, _COMMANDS[role]])
+        access += [f"%R~{key}" for key in (keys.waiter_pattern, *barriers)]
+    channel = [] if role == "monitor" else [f"&{keys.channel}", f"&{keys.barrier_channel}"]
+    return " ".join([_RESET, *access, *channel, _COMMANDS[role], *news])
 
 
 def emergency_rules() -> str:

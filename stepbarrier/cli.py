@@ -24,7 +24,9 @@ from rich.live import Live
 
 from stepbarrier import __version__
 from stepbarrier.cli_acl import acl
+from stepbarrier.cli_barrier import arrive
 from stepbarrier.cli_functions import functions
+from stepbarrier.cli_ops import exporter, jobs
 from stepbarrier.cli_reporting import (
     DEMO_EXIT_CODES,
     EXIT_CODES,
@@ -42,6 +44,7 @@ from stepbarrier.reset import reset_job
 from stepbarrier.status import read_status
 from stepbarrier.status_view import describe_age, live_view, status_view
 from stepbarrier.waiter import StepWaiter
+from stepbarrier.waiter_summary import read_overview
 
 
 @click.group(
@@ -67,16 +70,21 @@ def cli() -> None:
 def status(as_json: bool) -> None:
     """Show the chief's step, heartbeat and the waiting workers.
 
+    More than 20 waiting workers are summarised (counts, the nearest targets, a
+    histogram); --json lists each of them.
+
     \b
     Example:
       stepbarrier status --job mnist-42 --redis-url redis://redis:6379/0
     """
-    job_status = read_status(current_session().config())
+    config = current_session().config()
     if as_json:
         # allow_nan=False: whatever sits in the keys, the output stays valid JSON
-        click.echo(json.dumps(job_status.to_dict(), indent=2, sort_keys=True, allow_nan=False))
+        data = read_status(config).to_dict()
+        click.echo(json.dumps(data, indent=2, sort_keys=True, allow_nan=False))
     else:
-        Console(highlight=False).print(status_view(job_status))
+        job_status, summary = read_overview(config)
+        Console(highlight=False).print(status_view(job_status, summary=summary))
 
 
 @cli.command(epilog=EXIT_CODES)
@@ -93,20 +101,23 @@ def status(as_json: bool) -> None:
 def watch(until_done: bool, interval: float) -> None:
     """A live view of the job: each waiting worker's progress toward its step.
 
-    Runs until Ctrl-C (exit 0). Redis outages are shown and ridden out.
+    More than 20 waiting workers are summarised: counts, the nearest targets and
+    a histogram, read from the job's index in a few commands. Runs until Ctrl-C
+    (exit 0). Redis outages are shown and ridden out.
     """
     config = current_session().config()
-    current = read_status(config)  # the first read fails loudly, with its exit code
+    current, summary = read_overview(config)  # the first read fails loudly, with its exit code
     note: str | None = None
+    view = live_view(current, summary=summary)
     try:
-        with Live(live_view(current), console=Console(highlight=False), auto_refresh=False) as live:
+        with Live(view, console=Console(highlight=False), auto_refresh=False) as live:
             while not (until_done and current.done):
                 time.sleep(interval)
                 try:
-                    current, note = read_status(config), None
+                    (current, summary), note = read_overview(config), None
                 except RedisUnavailable as exc:
                     note = f"Redis unreachable, retrying: {exc}"
-                live.update(live_view(current, note=note), refresh=True)
+                live.update(live_view(current, note=note, summary=summary), refresh=True)
     except KeyboardInterrupt:
         pass
 
@@ -281,6 +292,9 @@ def demo(**options: Any) -> None:
 
 cli.add_command(functions)
 cli.add_command(acl)
+cli.add_command(jobs)
+cli.add_command(exporter)
+cli.add_command(arrive)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -188,6 +188,16 @@ def _flag(name: str) -> Callable[[click.Context, click.Parameter, bool], bool]:
 
 def connection_options(command: F) -> F:
     """The options every command that talks to the job's Redis takes."""
+    return _redis_options(command, job=True)
+
+
+def server_options(command: F) -> F:
+    """The options of a command about every job of a Redis: ``connection_options``
+    without ``--job``."""
+    return _redis_options(command, job=False)
+
+
+def _redis_options(command: F, *, job: bool) -> F:
     decorators = [
         variable_option(
             "--redis-url",
@@ -195,7 +205,11 @@ def connection_options(command: F) -> F:
             metavar="URL",
             help="Redis URL, e.g. redis://host:6379/0 (default redis://localhost:6379/0).",
         ),
-        variable_option("--job", variable="STEPBARRIER_JOB", metavar="NAME", help="Job name."),
+        *(
+            [variable_option("--job", variable="STEPBARRIER_JOB", metavar="NAME", help="Job name.")]
+            if job
+            else []
+        ),
         variable_option(
             "--username",
             variable="STEPBARRIER_REDIS_USERNAME",

@@ -41,7 +41,7 @@ rerun under the same job name (without a run id) starts clean after that."""
 FALLBACK_INTERVAL = 5.0
 """Seconds between a waiter's re-reads of the stored step (pub/sub is only a hint)."""
 
-JOB_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+JOB_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _SCHEMES = ("redis", "rediss", "unix")
 
 #: Every variable ``from_env`` reads, for documentation and tooling.
@@ -97,7 +97,7 @@ def validate_job(job: str, *, variable: str = "STEPBARRIER_JOB") -> str:
     A job name becomes part of Redis key names, so only letters, digits, ``.``,
     ``_`` and ``-`` are allowed (no glob characters, no braces, no spaces).
     """
-    if not isinstance(job, str) or JOB_NAME.match(job) is None:
+    if not isinstance(job, str) or JOB_NAME.fullmatch(job) is None:
         raise ConfigurationError(
             f"{variable} must be 1 to 64 characters from letters, digits, '.', '_' "
             f"and '-', got {job!r}",

@@ -11,6 +11,7 @@ better by retrying, so it is turned into a clear ``RedisRefused`` at once.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import ssl
 import time
@@ -137,6 +138,18 @@ def _cluster(config: BarrierConfig, options: dict[str, Any]) -> RedisCluster:
     # which the callers retry like any other.
     del options["retry"]  # RedisCluster takes its retry object apart from the nodes'
     return RedisCluster.from_url(config.redis_url, **options)
+
+
+def refresh_topology(client: RedisClient) -> None:
+    """Re-read a cluster's slot map after a connection failure (best effort).
+
+    redis-py re-reads it after a failed single command, but not after a failed
+    pipeline, and a re-read during a failover can still name the dead master:
+    reading it again before each retry lets the retry reach the promoted one.
+    """
+    if isinstance(client, RedisCluster):
+        with contextlib.suppress(Exception):
+            client.nodes_manager.initialize()
 
 
 def disconnect_all(client: RedisClient) -> None:
@@ -440,6 +453,23 @@ def call_with_retries(
         RedisUnavailable: Still unreachable at the deadline.
         RedisRefused: A non-transient error, at once.
     """
+    settings = retry_settings(config, action=action, deadline=deadline, clock=clock)
+    try:
+        return Retrying(sleep=sleep, **settings)(operation)
+    except REDIS_ERRORS as exc:
+        raise translate(exc, config, action=action) from exc
+    except OSError as exc:  # a raw socket error that redis-py did not wrap
+        raise translate(rex.ConnectionError(str(exc)), config, action=action) from exc
+
+
+def retry_settings(
+    config: BarrierConfig, *, action: str, deadline: float | None, clock: Callable[[], float]
+) -> dict[str, Any]:
+    """tenacity's settings for ``call_with_retries`` (and its asyncio twin), all but ``sleep``.
+
+    Transient errors are retried with backoff until ``deadline``, where the last
+    try starts; the first one is raised (``reraise``) for the caller to translate.
+    """
 
     def note(state: RetryCallState) -> None:
         if state.attempt_number in (1, 10) or state.attempt_number % 50 == 0:
@@ -451,20 +481,13 @@ def call_with_retries(
                 action,
             )
 
-    retrying = Retrying(
-        retry=retry_if_exception(is_transient),
-        wait=_wait_until(deadline, clock),
-        stop=_stop_at(deadline, clock),
-        sleep=sleep,
-        before_sleep=note,
-        reraise=True,
-    )
-    try:
-        return retrying(operation)
-    except REDIS_ERRORS as exc:
-        raise translate(exc, config, action=action) from exc
-    except OSError as exc:  # a raw socket error that redis-py did not wrap
-        raise translate(rex.ConnectionError(str(exc)), config, action=action) from exc
+    return {
+        "retry": retry_if_exception(is_transient),
+        "wait": _wait_until(deadline, clock),
+        "stop": _stop_at(deadline, clock),
+        "before_sleep": note,
+        "reraise": True,
+    }
 
 
 def with_client(

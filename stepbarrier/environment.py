@@ -14,6 +14,7 @@ import os
 import re
 from collections.abc import Mapping
 
+from stepbarrier.barrier_state import validate_parties
 from stepbarrier.config import (
     DEFAULT_DONE_TTL,
     DEFAULT_HEARTBEAT,
@@ -30,7 +31,12 @@ from stepbarrier.config import (
 )
 from stepbarrier.errors import ConfigurationError
 from stepbarrier.schedule import MAX_STEP, validate_schedule
-from stepbarrier.tf_config import MAX_TASK_ID, NO_ROLE_TASK_TYPES, task_from_tf_config
+from stepbarrier.tf_config import (
+    MAX_TASK_ID,
+    NO_ROLE_TASK_TYPES,
+    task_from_tf_config,
+    trainer_count,
+)
 
 
 def _get(env: Mapping[str, str], name: str) -> str | None:
@@ -77,6 +83,27 @@ def barrier_role_from_env(environ: Mapping[str, str] | None = None) -> Role | No
         f"flags set neither): {how}, or set TF_CONFIG to the cluster and this task",
         variable="STEPBARRIER_ROLE",
     )
+
+
+def barrier_parties_from_env(
+    environ: Mapping[str, str] | None = None, parties: int | None = None
+) -> int:
+    """The parties of the job's start and end barriers: ``parties`` if given, else
+    the chief and worker tasks of ``TF_CONFIG``.
+
+    Raises:
+        ConfigurationError: Neither says, or ``parties`` is invalid.
+    """
+    if parties is not None:
+        return validate_parties(parties)
+    found = trainer_count((os.environ if environ is None else environ).get("TF_CONFIG"))
+    if found is None:
+        raise ConfigurationError(
+            "the start and end barriers need the number of parties (the chief and the "
+            "workers): pass parties=N, or set TF_CONFIG to the cluster",
+            variable="parties",
+        )
+    return found
 
 
 def _host_task(env: Mapping[str, str]) -> tuple[Role | None, int | None, str | None]:

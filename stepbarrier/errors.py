@@ -6,6 +6,7 @@ builtin so that callers who do not know stepbarrier can still catch it::
     StepBarrierError
     ├── ConfigurationError   (also ValueError)   a setting or argument is invalid
     ├── BarrierTimeout       (also TimeoutError) the overall or stall timeout passed
+    │                                            (at a named barrier: .missing tasks)
     ├── BarrierAborted                           the job finished or was reset first
     ├── RedisUnavailable     (also ConnectionError) Redis unreachable after retries
     └── RedisRefused                             Redis answered but refused us
@@ -68,7 +69,11 @@ class BarrierTimeout(_WaitError, TimeoutError):
         target: The step that was waited for.
         last_step: The last step seen from the chief (``None`` if none was seen).
         heartbeat_age: Seconds since the chief's last heartbeat, when known.
-        stalled: True when the stall timeout (no chief heartbeat) ended the wait.
+        stalled: True when the stall timeout (no chief heartbeat; at a named
+            barrier, no new arrival) ended the wait.
+        barrier: The named barrier waited at (``stepbarrier.Barrier``), else ``None``.
+        missing: At a named barrier, the sorted ids of the tasks that never
+            arrived (the message names them too); ``()`` for a step wait.
     """
 
     def __init__(
@@ -80,6 +85,8 @@ class BarrierTimeout(_WaitError, TimeoutError):
         last_step: int | None = None,
         heartbeat_age: float | None = None,
         stalled: bool = False,
+        barrier: str | None = None,
+        missing: tuple[int, ...] = (),
     ) -> None:
         super().__init__(
             message,
@@ -89,6 +96,8 @@ class BarrierTimeout(_WaitError, TimeoutError):
             heartbeat_age=heartbeat_age,
         )
         self.stalled = stalled
+        self.barrier = barrier
+        self.missing = tuple(missing)
 
 
 class BarrierAborted(_WaitError):
@@ -98,6 +107,7 @@ class BarrierAborted(_WaitError):
         target: The step that was waited for.
         last_step: The chief's last step (``None`` if none was seen).
         reason: ``"done"`` or ``"reset"``.
+        barrier: The named barrier waited at (aborted by a reset), else ``None``.
     """
 
     def __init__(
@@ -109,6 +119,7 @@ class BarrierAborted(_WaitError):
         last_step: int | None = None,
         heartbeat_age: float | None = None,
         reason: str = "done",
+        barrier: str | None = None,
     ) -> None:
         super().__init__(
             message,
@@ -118,6 +129,7 @@ class BarrierAborted(_WaitError):
             heartbeat_age=heartbeat_age,
         )
         self.reason = reason
+        self.barrier = barrier
 
 
 class RedisUnavailable(_WaitError, ConnectionError):

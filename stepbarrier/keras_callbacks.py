@@ -8,6 +8,9 @@ right one for the host it runs on::
 
     model.fit(x, y, callbacks=stepbarrier.keras_callbacks.callbacks_from_env())
 
+Start and end barriers (``StartBarrierCallback``, ``EndBarrierCallback``):
+``callbacks_from_env(start_barrier=True, end_barrier=True)``.
+
 A "step" is an optimizer update, ``model.optimizer.iterations``: with
 ``gradient_accumulation_steps=N`` it advances once every N batches. Keras calls
 the batch callbacks once per execution, so with ``steps_per_execution=N`` in
@@ -44,10 +47,23 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
     ) from exc
 
 from stepbarrier.config import BarrierConfig
-from stepbarrier.environment import barrier_role_from_env
+from stepbarrier.environment import barrier_parties_from_env, barrier_role_from_env
+from stepbarrier.keras_barrier_callbacks import (
+    EndBarrierCallback,
+    StartBarrierCallback,
+    barrier_callbacks,
+)
 from stepbarrier.publisher import StepPublisher
 from stepbarrier.target_step import target_step
 from stepbarrier.waiter import StepWaiter
+
+__all__ = [
+    "EndBarrierCallback",
+    "StartBarrierCallback",
+    "StepPublisherCallback",
+    "StepWaiterCallback",
+    "callbacks_from_env",
+]
 
 log = logging.getLogger("stepbarrier.keras_callbacks")
 
@@ -180,7 +196,13 @@ class StepWaiterCallback(keras.callbacks.Callback):  # type: ignore[misc]
 
 
 def callbacks_from_env(
-    environ: Mapping[str, str] | None = None, *, last_step: int | None = None
+    environ: Mapping[str, str] | None = None,
+    *,
+    last_step: int | None = None,
+    start_barrier: bool = False,
+    end_barrier: bool = False,
+    parties: int | None = None,
+    barrier_timeout: float | None = None,
 ) -> list[Any]:
     """The stepbarrier callbacks this host needs, from its environment.
 
@@ -195,6 +217,14 @@ def callbacks_from_env(
         environ: The variables to read; ``os.environ`` when ``None``.
         last_step: For the chief: the job is finished when a ``fit`` ends at or
             above this step (see ``StepPublisherCallback``).
+        start_barrier: Every task waits before its first batch until the chief
+            and all workers are there (``StartBarrierCallback``, first). A
+            worker with no wait step nor schedule then gets no step waiter.
+        end_barrier: The chief holds at the end of ``fit`` until every worker
+            has finished, then marks the job done (``EndBarrierCallback``, last).
+        parties: The barriers' parties; ``None``: the chief and worker tasks
+            of ``TF_CONFIG``.
+        barrier_timeout: Seconds a barrier waits; ``None``: ``STEPBARRIER_TIMEOUT``.
 
     Raises:
         ConfigurationError: A variable is missing or invalid: no role at all
@@ -207,6 +237,15 @@ def callbacks_from_env(
     if barrier_role_from_env(environ) is None:
         return []  # a ps or evaluator task takes no part in the barrier
     config = BarrierConfig.from_env(environ)
+    before: list[Any] = []
+    after: list[Any] = []
+    if start_barrier or end_barrier:
+        count = barrier_parties_from_env(environ, parties)
+        before, after = barrier_callbacks(
+            config, count, start=start_barrier, end=end_barrier, timeout=barrier_timeout
+        )
     if config.role == "chief":
-        return [StepPublisherCallback(config, last_step=last_step)]
-    return [StepWaiterCallback(config.resolved_wait_until_step(), config)]
+        return [*before, StepPublisherCallback(config, last_step=last_step), *after]
+    if start_barrier and config.wait_until_step is None and config.schedule is None:
+        return [*before, *after]  # the start barrier is this worker's start
+    return [*before, StepWaiterCallback(config.resolved_wait_until_step(), config), *after]

@@ -23,6 +23,10 @@ class JobKeys:
         reset: String: Redis time (ms) of the last ``reset``; removed by a new chief.
         waiter_prefix: Prefix of the per-waiter registry hashes.
         channel: Pub/sub channel carrying step announcements (JSON).
+        barrier_index: Sorted set: every barrier of the job (``name`` or
+            ``name:run_id``) -> Redis time (ms) of its last arrival.
+        barrier_prefix: Prefix of the barrier hashes (``stepbarrier.barrier``).
+        barrier_channel: Pub/sub channel carrying barrier completions and resets.
     """
 
     job: str
@@ -32,6 +36,9 @@ class JobKeys:
     reset: str
     waiter_prefix: str
     channel: str
+    barrier_index: str
+    barrier_prefix: str
+    barrier_channel: str
 
     @classmethod
     def for_job(cls, job: str) -> JobKeys:
@@ -45,6 +52,9 @@ class JobKeys:
             reset=f"{base}:reset",
             waiter_prefix=f"{base}:waiter:",
             channel=f"{base}:steps",
+            barrier_index=f"{base}:barrier-index",
+            barrier_prefix=f"{base}:barrier:",
+            barrier_channel=f"{base}:barriers",
         )
 
     def waiter(self, waiter_id: str) -> str:
@@ -56,6 +66,15 @@ class JobKeys:
         """Glob pattern matching every waiter entry of the job (for redis-cli; the
         library finds waiters through the targets index, never by scanning)."""
         return f"{self.waiter_prefix}*"
+
+    def barrier(self, member: str) -> str:
+        """The hash of one barrier (``member``: its name, or ``name:run_id``)."""
+        return f"{self.barrier_prefix}{member}"
+
+    @property
+    def barrier_pattern(self) -> str:
+        """Glob pattern matching every barrier hash of the job."""
+        return f"{self.barrier_prefix}*"
 
     def all_fixed(self) -> tuple[str, ...]:
         """The job's keys other than the per-waiter entries."""

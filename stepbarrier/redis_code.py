@@ -23,11 +23,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from redis import exceptions as rex
+from redis.cluster import RedisCluster
 from redis.commands.core import Script
 
 from stepbarrier import scripts
 from stepbarrier.config import BarrierConfig
-from stepbarrier.connection import RedisClient
+from stepbarrier.connection import RedisClient, refresh_topology
 from stepbarrier.errors import RedisRefused
 
 LIBRARY_VERSION = 1
@@ -92,6 +93,11 @@ def loaded_versions(client: RedisClient) -> list[int] | None:
     except rex.RedisError:
         return None
     # a cluster answers per master: a version counts only if every master has it
+    return parse_versions(listed)
+
+
+def parse_versions(listed: Any) -> list[int]:
+    """The versions in a ``FUNCTION LIST`` reply (a cluster's: those every master has)."""
     per_node = list(listed.values()) if isinstance(listed, dict) else [listed]
     found = [_versions(entries) for entries in per_node]
     return sorted(set.intersection(*found)) if found else []
@@ -166,13 +172,33 @@ class RedisCode:
         return replies
 
     def _run(self, calls: Sequence[Call]) -> list[Any]:
-        pipe = self._client.pipeline(transaction=False)
+        try:
+            replies = self._send(calls)
+        except (rex.ConnectionError, rex.TimeoutError, rex.ClusterError, OSError):
+            refresh_topology(self._client)  # the retry then reaches the current owner
+            raise
+        moved = (rex.ConnectionError, rex.TimeoutError, rex.AskError)  # AskError: MOVED too
+        if any(isinstance(r, moved) for r in replies):
+            refresh_topology(self._client)
+        return replies
+
+    def _send(self, calls: Sequence[Call]) -> list[Any]:
+        pipe: Any
+        if isinstance(self._client, RedisCluster) and calls[0][1]:
+            # Every call of one job touches one slot: send them straight to its
+            # owner in a plain pipeline. A cluster pipeline would first ask a node
+            # for the keys of each FCALL (COMMAND GETKEYS, twice), two round trips
+            # per call; a MOVED reply comes back as an error, and the caller's
+            # retry goes to the owner of the slot map read again above.
+            owner = self._client.get_node_from_key(calls[0][1][0])  # type: ignore[no-untyped-call]
+            pipe = self._client.get_redis_connection(owner).pipeline(transaction=False)
+        else:
+            pipe = self._client.pipeline(transaction=False)
         for name, keys, args in calls:
             if self._config.use_eval:
                 self._scripts[name](keys=list(keys), args=list(args), client=pipe)
             else:
-                command = "FCALL_RO" if scripts.BODIES[name][1] else "FCALL"
-                pipe.execute_command(command, function_name(name), len(keys), *keys, *args)
+                pipe.execute_command(*function_command(name, keys, args))
         return list(pipe.execute(raise_on_error=False))
 
     def _load_or_explain(self, missing: BaseException) -> None:
@@ -191,25 +217,46 @@ class RedisCode:
         raise self._explain(missing, refusal) from refusal
 
     def _explain(self, missing: BaseException, refusal: BaseException) -> RedisRefused:
-        where = f"Redis at {self._config.safe_url}"
-        if "unknown command" in str(missing).lower():
-            message = (
-                f"{where} has no Redis Functions (Redis 7 or later needed). On a server "
-                "without them set STEPBARRIER_USE_EVAL=1: the roles then need +eval and "
-                "+evalsha, which let any holder of their passwords run Lua of their own"
-            )
-        else:
+        versions = None
+        if "unknown command" not in str(missing).lower():
             versions = loaded_versions(self._client)
-            found = (
-                "cannot list its libraries"
-                if versions is None
-                else "has no stepbarrier Functions library"
-                if not versions
-                else "has stepbarrier Functions library version(s) " + ", ".join(map(str, versions))
-            )
-            message = (
-                f"{where} {found}, and this stepbarrier needs version {LIBRARY_VERSION} "
-                f"({LIBRARY_NAME}); this user may not load it. Run `stepbarrier functions "
-                "install` as an administrator (see ops/redis/users.acl)"
-            )
-        return RedisRefused(message, kind="functions", job=self._config.job)
+        return explain_refusal(self._config, missing, versions)
+
+
+def function_command(name: str, keys: Sequence[Any], args: Sequence[Any]) -> tuple[Any, ...]:
+    """The ``FCALL`` (``FCALL_RO`` for read-only code) that runs ``name``."""
+    command = "FCALL_RO" if scripts.BODIES[name][1] else "FCALL"
+    return (command, function_name(name), len(keys), *keys, *args)
+
+
+def explain_refusal(
+    config: BarrierConfig, missing: BaseException, versions: list[int] | None
+) -> RedisRefused:
+    """Why the code cannot run: no Functions at all, or a library this user may not load.
+
+    Args:
+        config: The job's settings (for the URL and the job).
+        missing: The error that said the function (or ``FCALL``) is not there.
+        versions: The stepbarrier library versions on the server (``None``: unknown).
+    """
+    where = f"Redis at {config.safe_url}"
+    if "unknown command" in str(missing).lower():
+        message = (
+            f"{where} has no Redis Functions (Redis 7 or later needed). On a server "
+            "without them set STEPBARRIER_USE_EVAL=1: the roles then need +eval and "
+            "+evalsha, which let any holder of their passwords run Lua of their own"
+        )
+    else:
+        found = (
+            "cannot list its libraries"
+            if versions is None
+            else "has no stepbarrier Functions library"
+            if not versions
+            else "has stepbarrier Functions library version(s) " + ", ".join(map(str, versions))
+        )
+        message = (
+            f"{where} {found}, and this stepbarrier needs version {LIBRARY_VERSION} "
+            f"({LIBRARY_NAME}); this user may not load it. Run `stepbarrier functions "
+            "install` as an administrator (see ops/redis/users.acl)"
+        )
+    return RedisRefused(message, kind="functions", job=config.job)

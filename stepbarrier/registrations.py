@@ -24,6 +24,7 @@ from stepbarrier.connection import (
     disconnect_all,
     is_transient,
     make_client,
+    refresh_topology,
     translate,
 )
 from stepbarrier.protocol import parse_int
@@ -95,6 +96,8 @@ class RegistrationListener:
                     if self._stopping.is_set():
                         break
                     failures += 1
+                    if self._client is not None:
+                        refresh_topology(self._client)
                     if time.monotonic() - last_log >= LOG_EVERY:
                         last_log = time.monotonic()
                         error = translate(exc, self._config, action="hear new waiters")

@@ -13,6 +13,8 @@ has no Functions; the constants below are those scripts.
 
 from __future__ import annotations
 
+from stepbarrier.barrier_scripts import BARRIER_ARRIVE_BODY
+
 HELPERS = """
 local function whole(text)
   -- One definition of a stored number, the same as Python's protocol.parse_int:
@@ -187,16 +189,29 @@ return result
 
 _RESET_JOB = """
 -- KEYS[1] state, KEYS[2] targets, KEYS[3] registrations, KEYS[4] reset marker,
--- KEYS[5..] waiter registry keys; ARGV[1] channel, ARGV[2] marker TTL (s),
--- ARGV[3] 'PUBLISH' or 'SPUBLISH' (see PUBLISH_STEP)
+-- KEYS[5] barrier index, KEYS[6..] waiter registry keys and barrier hashes;
+-- ARGV[1] channel, ARGV[2] marker TTL (s), ARGV[3] 'PUBLISH' or 'SPUBLISH' (see
+-- PUBLISH_STEP), ARGV[4] barrier channel, ARGV[5] prefix of the barrier hashes
 -- Deletes the job's keys, leaves a marker holding the Redis time (ms) of the
--- reset so that waiters who missed the announcement still abort, and announces it.
+-- reset so that waiters who missed the announcement still abort, and announces it
+-- on both channels. Returns the marker; or false, changing nothing, when the
+-- index names a barrier whose hash KEYS lacks (one begun since the caller read
+-- the index), so that the caller reads it again and no barrier outlives a reset.
+if ARGV[5] and redis.call('TYPE', KEYS[5]).ok == 'zset' then
+  local declared = {}
+  for i = 6, #KEYS do declared[KEYS[i]] = true end
+  for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', '+inf')) do
+    if not declared[ARGV[5] .. member] then return false end
+  end
+end
 for i = 5, #KEYS do redis.call('DEL', KEYS[i]) end
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
 local now = redis.call('TIME')
 local now_ms = string.format('%.0f', tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000))
 redis.call('SET', KEYS[4], now_ms, 'EX', ARGV[2])
-redis.call(publish_command(ARGV[3]), ARGV[1], '{"reset":true,"time_ms":' .. now_ms .. '}')
+local notice = '{"reset":true,"time_ms":' .. now_ms .. '}'
+redis.call(publish_command(ARGV[3]), ARGV[1], notice)
+if ARGV[4] then redis.call(publish_command(ARGV[3]), ARGV[4], notice) end
 return now_ms
 """
 
@@ -268,6 +283,7 @@ BODIES: dict[str, tuple[str, bool]] = {
     "waiter_read": (_WAITER_READ, True),
     "waiter_leave": (_WAITER_LEAVE, False),
     "may_write": (_MAY_WRITE, False),
+    "barrier_arrive": (BARRIER_ARRIVE_BODY, False),
 }
 """Each piece of code by name: its Lua body and whether it only reads."""
 
@@ -277,3 +293,4 @@ RESET_JOB = HELPERS + _RESET_JOB
 WAITER_REGISTER = HELPERS + _WAITER_REGISTER
 WAITER_READ = HELPERS + _WAITER_READ
 WAITER_LEAVE = HELPERS + _WAITER_LEAVE
+BARRIER_ARRIVE = HELPERS + BARRIER_ARRIVE_BODY

@@ -13,6 +13,7 @@ from typing import Any
 
 import redis
 
+from stepbarrier.barrier_status import BarrierInfo, read_open_barriers
 from stepbarrier.config import BarrierConfig
 from stepbarrier.connection import RedisClient, with_client
 from stepbarrier.protocol import parse_int, parse_state, preview
@@ -26,7 +27,7 @@ from stepbarrier.waiter_registry import (
     read_entries,
 )
 
-__all__ = ["STATUS_RETRY_SECONDS", "JobStatus", "WaiterInfo", "read_status"]
+__all__ = ["STATUS_RETRY_SECONDS", "BarrierInfo", "JobStatus", "WaiterInfo", "read_status"]
 
 STATUS_RETRY_SECONDS = 5.0
 """How long ``read_status`` retries an unreachable Redis before giving up."""
@@ -53,6 +54,7 @@ class JobStatus:
             stored a plausible one.
         waiters: Registered waiters, lowest target first.
         problems: Malformed content found in the job's keys.
+        barriers: Open named barriers (``stepbarrier.Barrier``), latest arrival first.
     """
 
     job: str
@@ -67,21 +69,28 @@ class JobStatus:
     heartbeat_period: float | None = None
     waiters: tuple[WaiterInfo, ...] = ()
     problems: tuple[str, ...] = field(default=())
+    barriers: tuple[BarrierInfo, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dictionary (the CLI's ``status --json``); every number is finite."""
         data = asdict(self)
         data["waiters"] = [asdict(w) for w in self.waiters]
+        data["barriers"] = [{**asdict(b), "missing": list(b.missing)} for b in self.barriers]
         data["problems"] = list(self.problems)
         return data
 
 
-def read_status(config: BarrierConfig, client: RedisClient | None = None) -> JobStatus:
+def read_status(
+    config: BarrierConfig, client: RedisClient | None = None, *, waiters: bool = True
+) -> JobStatus:
     """Read the job's state and registry.
 
     Args:
         config: The job's settings.
         client: A redis-py client; one is made (and closed) if omitted.
+        waiters: Read the registered waiters (one command per waiter); without
+            them ``JobStatus.waiters`` is empty (``stepbarrier.waiter_summary``
+            counts a large job's waiters from the index instead).
 
     Raises:
         RedisUnavailable: Redis was unreachable for ``STATUS_RETRY_SECONDS``.
@@ -90,20 +99,22 @@ def read_status(config: BarrierConfig, client: RedisClient | None = None) -> Job
     return with_client(
         config,
         client,
-        lambda active: _read(config, active),
+        lambda active: _read(config, active, waiters),
         action="read the job's status",
         retry_seconds=STATUS_RETRY_SECONDS,
     )
 
 
-def _read(config: BarrierConfig, client: RedisClient) -> JobStatus:
+def _read(config: BarrierConfig, client: RedisClient, with_waiters: bool = True) -> JobStatus:
     keys = config.keys
     # the state with the clock of the node that holds it (in a cluster, the
     # slot's owner: another node's clock would skew the heartbeat's age)
     snapshot = RedisCode(client, config).call("waiter_read", [keys.state, keys.reset], [])
-    pipe = client.pipeline(transaction=False)
-    queue_index_read(pipe, keys)
-    (index_raw,) = pipe.execute(raise_on_error=False)
+    index_raw: object = []
+    if with_waiters:
+        pipe = client.pipeline(transaction=False)
+        queue_index_read(pipe, keys)
+        (index_raw,) = pipe.execute(raise_on_error=False)
     now_raw, reset_raw, kind_raw, *flat = list(snapshot)
     now_ms = parse_int(now_raw) or 0
     kind = kind_raw.decode() if isinstance(kind_raw, bytes) else str(kind_raw)
@@ -121,6 +132,7 @@ def _read(config: BarrierConfig, client: RedisClient) -> JobStatus:
         problems.append(f"waiters not shown: {' '.join(str(index_raw).split())[:160]}")
         index_raw = []
     waiters = read_entries(client, keys, parse_index(index_raw, problems), problems)
+    barriers = read_open_barriers(client, keys, now_ms, problems)
     return JobStatus(
         job=config.job,
         step=state.step,
@@ -134,6 +146,7 @@ def _read(config: BarrierConfig, client: RedisClient) -> JobStatus:
         heartbeat_period=_period(state.heartbeat_period_ms),
         waiters=tuple(sorted(waiters, key=lambda w: (w.wait_until_step, w.task_id or 0))),
         problems=tuple(problems),
+        barriers=barriers,
     )
 
 

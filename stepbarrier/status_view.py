@@ -17,7 +17,10 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from stepbarrier.barrier_view import barriers_table
 from stepbarrier.status import JobStatus, WaiterInfo
+from stepbarrier.waiter_summary import WaiterSummary
+from stepbarrier.waiter_summary_view import summary_view
 
 UNKNOWN = "?"
 """Shown for a time a waiter's entry does not hold plausibly."""
@@ -43,7 +46,7 @@ def _clock_time(unix: float | None) -> str:
         return UNKNOWN
 
 
-def _summary(status: JobStatus) -> Table:
+def _summary(status: JobStatus, waiting: int) -> Table:
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
@@ -61,7 +64,7 @@ def _summary(status: JobStatus) -> Table:
     grid.add_row("done", "yes" if status.done else "no")
     if status.reset_at is not None:
         grid.add_row("reset", f"at {_clock_time(status.reset_at)}")
-    grid.add_row("waiting", f"{len(status.waiters)} worker(s)")
+    grid.add_row("waiting", f"{waiting:,} worker(s)")
     for problem in status.problems:
         grid.add_row(Text("problem", style="red"), Text(problem, style="red"))
     return grid
@@ -101,19 +104,31 @@ def waiters_table(status: JobStatus, *, progress: bool, now: float | None = None
     return table
 
 
-def status_view(status: JobStatus, *, progress: bool = False) -> RenderableType:
-    """The whole status: a summary, then the waiting workers (if any)."""
-    parts: list[RenderableType] = [_summary(status)]
-    if status.waiters:
+def status_view(
+    status: JobStatus, *, progress: bool = False, summary: WaiterSummary | None = None
+) -> RenderableType:
+    """The whole status: a summary, the waiting workers and the open barriers (if any).
+
+    With a ``summary`` (a large job) the workers are summarised, not listed.
+    """
+    waiting = len(status.waiters) if summary is None else summary.waiting
+    parts: list[RenderableType] = [_summary(status, waiting)]
+    if summary is not None:
+        parts += [Text(""), summary_view(summary, status.step)]
+    elif status.waiters:
         parts += [Text(""), waiters_table(status, progress=progress)]
+    if status.barriers:
+        parts += [Text(""), barriers_table(status.barriers)]
     return Group(*parts)
 
 
-def live_view(status: JobStatus | None, *, note: str | None = None) -> RenderableType:
+def live_view(
+    status: JobStatus | None, *, note: str | None = None, summary: WaiterSummary | None = None
+) -> RenderableType:
     """The ``watch`` view: the status with progress bars, and a note (e.g. an error)."""
     parts: list[RenderableType] = []
     if status is not None:
-        parts.append(status_view(status, progress=True))
+        parts.append(status_view(status, progress=True, summary=summary))
     if note:
         parts.append(Text(note, style="yellow"))
     parts.append(Text(f"updated {time.strftime('%H:%M:%S')} - Ctrl-C to stop", style="dim"))

@@ -105,6 +105,20 @@ class Subscription:
             raise SubscriptionLost(f"the server ended the subscription to {self._channel}")
         return None
 
+    def drain(self) -> bool:
+        """Discard what arrived while no wait listened (one read of what is buffered).
+
+        Returns:
+            False if the subscription has ended or its connection broke.
+        """
+        try:
+            while (message := self._pubsub.get_message(timeout=0)) is not None:
+                if _text(message.get("type")) in ("unsubscribe", "sunsubscribe"):
+                    return False
+        except Exception:  # a broken connection, a MOVED reply: subscribe anew
+            return False
+        return True
+
     def close(self) -> None:
         """Close it, even if its connection is already dead."""
         with contextlib.suppress(Exception):

@@ -77,6 +77,33 @@ def task_from_tf_config(text: str | None) -> TfTask:
     return TfTask(kind, "worker", index + (chiefs or 0))
 
 
+def trainer_count(text: str | None) -> int | None:
+    """How many tasks of ``TF_CONFIG``'s cluster train: its chief and worker tasks.
+
+    They are the parties of the job's named barriers (task ids ``0..count-1``).
+
+    Returns:
+        The count; ``None`` when ``TF_CONFIG`` lists no chief and no worker task.
+
+    Raises:
+        ConfigurationError: The text is not a JSON object, or its cluster is malformed.
+
+    Example:
+        >>> trainer_count('{"cluster": {"ps": ["p:1"], "chief": ["c:1"],'
+        ...               ' "worker": ["w:1", "w:2"]}}')
+        3
+    """
+    cluster = _load(text).get("cluster", {})
+    chiefs = _chief_tasks(cluster) or 0
+    workers = cluster.get("worker", [])  # _chief_tasks checked that it is a dict
+    if not isinstance(workers, (list, dict)):
+        raise ConfigurationError(
+            'TF_CONFIG "cluster": the worker job must be a list of addresses',
+            variable="TF_CONFIG",
+        )
+    return (chiefs + len(workers)) or None
+
+
 def _load(text: str | None) -> dict[str, Any]:
     if text is None or not text.strip():
         return {}

@@ -10,6 +10,10 @@ one for the host it runs on::
     with tf.compat.v1.train.MonitoredTrainingSession(..., hooks=hooks) as sess:
         ...
 
+The start and end of training get named barriers (``StartBarrierHook``,
+``EndBarrierHook``, from ``stepbarrier.tf_barrier_hooks``):
+``hooks_from_env(start_barrier=True, end_barrier=True)``.
+
 Lifecycle rules shared with TensorFlow's hook: ``begin()`` raises
 ``RuntimeError`` when the graph has no global step; ``wait_until_step <= 0``
 never waits (and never touches Redis); only the first ``before_run`` after
@@ -47,16 +51,34 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
     ) from exc
 
 from stepbarrier.config import BarrierConfig
-from stepbarrier.environment import barrier_role_from_env
+from stepbarrier.environment import barrier_parties_from_env, barrier_role_from_env
 from stepbarrier.publisher import StepPublisher
 from stepbarrier.target_step import target_step
+from stepbarrier.tf_barrier_hooks import EndBarrierHook, StartBarrierHook, barrier_hooks
 from stepbarrier.waiter import StepWaiter
+
+__all__ = [
+    "EndBarrierHook",
+    "GlobalStepPublisherHook",
+    "GlobalStepWaiterHook",
+    "FETCH_EVERY",
+    "REPORT_EVERY",
+    "StartBarrierHook",
+    "StepLead",
+    "hooks_from_env",
+]
 
 log = logging.getLogger("stepbarrier.tf_hooks")
 
 REPORT_EVERY = 10
 """A started worker reports the global step with every this many runs (a fetch
 through ``SessionRunArgs`` costs about 0.25 ms, so 0.025 ms a run on average)."""
+FETCH_EVERY = 16
+"""The chief's hook fetches the global step with at least one run in this many
+(with every run while a waiting worker's step is within reach)."""
+FETCH_WITHIN = 0.05
+"""...and at least once in this many seconds of runs: where a run takes longer
+than this, the step is fetched with every run (its cost is then small anyway)."""
 
 
 def _global_step_or_raise(hook_name: str) -> Any:
@@ -64,6 +86,29 @@ def _global_step_or_raise(hook_name: str) -> Any:
     if global_step is None:
         raise RuntimeError(f"Global step should be created to use {hook_name}.")
     return global_step
+
+
+def _step_tensor(global_step: Any) -> Any:
+    """What to fetch for the global step: the tensor TensorFlow's own hooks fetch, if any.
+
+    ``StepCounterHook``, ``SummarySaverHook`` and ``CheckpointSaverHook`` (the
+    hooks ``MonitoredTrainingSession`` adds) create, in their ``begin()``, a
+    cached read of the step (``training_util._get_or_create_global_step_read``)
+    and fetch it with every run. Fetching the same tensor, a run reads the step
+    once for all. Without those hooks that tensor does not exist, and the
+    variable is fetched: alone, it is the cheaper read (the cached one checks
+    that the variable is initialised on the parameter server first). Looked up
+    once every hook's ``begin()`` has run, so the order of the hooks does not
+    matter; a TensorFlow without that cache gets the variable.
+    """
+    try:
+        from tensorflow.python.training import training_util
+
+        cached = global_step.graph.get_collection(training_util.GLOBAL_STEP_READ_KEY)
+    except Exception as exc:  # not in this TensorFlow: the variable does the same job
+        log.debug("no cached global-step read (%s); fetching the variable", exc)
+        return global_step
+    return cached[0] if cached else global_step
 
 
 class GlobalStepWaiterHook(tf.compat.v1.train.SessionRunHook):  # type: ignore[misc]
@@ -158,8 +203,10 @@ class GlobalStepWaiterHook(tf.compat.v1.train.SessionRunHook):  # type: ignore[m
         self._waiter = StepWaiter(self._config)
         try:
             step = self._waiter.wait(self._wait_until_step)
-        finally:
+        except BaseException:
             self._close_waiter()
+            raise
+        # the waiter's connections are closed after this first run, not on its way
         self.released_at = time.time()
         self.released_at_step = step
         self._worker_is_started = True
@@ -167,6 +214,8 @@ class GlobalStepWaiterHook(tf.compat.v1.train.SessionRunHook):  # type: ignore[m
         return self._report_request()
 
     def after_run(self, run_context: Any, run_values: Any) -> None:
+        if self._waiter is not None:
+            self._close_waiter()
         reporter = self._reporter
         if reporter is not None and run_values.results is not None:
             reporter.publish(int(run_values.results))
@@ -190,7 +239,7 @@ class GlobalStepWaiterHook(tf.compat.v1.train.SessionRunHook):  # type: ignore[m
         return tf.compat.v1.train.SessionRunArgs(self._global_step)
 
     def _close_waiter(self) -> None:
-        # The wait itself unregisters when it ends; this releases the connection.
+        # The wait itself unregisters when it ends; this releases the connections.
         waiter, self._waiter = self._waiter, None
         if waiter is not None:
             waiter.close()
@@ -200,9 +249,23 @@ class GlobalStepPublisherHook(tf.compat.v1.train.SessionRunHook):  # type: ignor
     """Publishes the chief's global step for ``GlobalStepWaiterHook`` workers.
 
     Add it to the chief's ``chief_only_hooks``. The global step is fetched with
-    each training run (about 0.25 ms) and handed to a ``StepPublisher``, whose
-    thread writes to Redis once per heartbeat and whenever the step crosses a
-    step some worker waits for. Redis being down never stops training.
+    the training runs and handed to a ``StepPublisher``, whose thread writes to
+    Redis once per heartbeat and whenever the step crosses a step some worker
+    waits for. Redis being down never stops training.
+
+    What it costs a run. With TensorFlow's own hooks (``StepCounterHook``,
+    ``SummarySaverHook``, ``CheckpointSaverHook``) the hook fetches the tensor
+    they fetch, so a run reads the step from the parameter server once for all
+    (see ``_step_tensor``). And it fetches only where a
+    step may matter: with every run while the step, extrapolated by its
+    largest recent move per run, comes within reach of a waiting worker's step,
+    and otherwise with one run in ``FETCH_EVERY``. Between fetches it hands
+    over the last fetched step again (never ahead of the truth, and the
+    training loop is still seen to hand steps over). A step that outruns the
+    extrapolation is seen at the next fetch: a worker is then released late by
+    at most ``FETCH_EVERY`` runs and about ``FETCH_WITHIN`` seconds of runs
+    (the median time between runs decides; slower runs fetch every time),
+    never early.
 
     The fetched value is the one from before the run's own increment, and in
     asynchronous parameter-server training other workers move the step during
@@ -252,6 +315,14 @@ class GlobalStepPublisherHook(tf.compat.v1.train.SessionRunHook):  # type: ignor
         self._publisher: StepPublisher | None = None
         self._global_step: Any = None
         self._lead = StepLead()
+        self._step: int | None = None  # the last step fetched (or read)
+        self._since = 0  # runs whose move that step lacks
+        self._unobserved = 0  # runs since the lead last took in a fetched step
+        self._skipped = 0  # runs without a fetch since the last one
+        self._fetching = True
+        self._gaps: deque[float] = deque(maxlen=8)  # seconds between the last runs' ends
+        self._run_ended: float | None = None
+        self._variable: Any = None
         self.verifications = 0
 
     @property
@@ -260,7 +331,7 @@ class GlobalStepPublisherHook(tf.compat.v1.train.SessionRunHook):  # type: ignor
         return self._publisher
 
     def begin(self) -> None:
-        self._global_step = _global_step_or_raise("GlobalStepPublisherHook")
+        self._variable = self._global_step = _global_step_or_raise("GlobalStepPublisherHook")
         if self._config is None:
             self._config = BarrierConfig.from_env()
 
@@ -269,20 +340,50 @@ class GlobalStepPublisherHook(tf.compat.v1.train.SessionRunHook):  # type: ignor
             assert self._config is not None, "begin() was not called"
             self._publisher = StepPublisher(self._config)
         self._publisher.new_generation()
+        self._global_step = _step_tensor(self._variable)
         step = int(session.run(self._global_step))
         self._lead.restart(step)
+        self._step, self._since, self._unobserved, self._skipped = step, 0, 0, 0
+        self._gaps.clear()
+        self._run_ended = None
         self._publisher.publish(step)
         log.info("job %s: chief session starts at global step %d", self._publisher.config.job, step)
 
     def before_run(self, run_context: Any) -> Any:
-        return tf.compat.v1.train.SessionRunArgs(self._global_step)
+        publisher = self._publisher
+        self._fetching = publisher is None or self._fetch_due(publisher)
+        return tf.compat.v1.train.SessionRunArgs(self._global_step) if self._fetching else None
+
+    def _fetch_due(self, publisher: StepPublisher) -> bool:
+        if self._step is None or self._lead.observed < 2 or len(self._gaps) < 3:
+            return True  # nothing to extrapolate from yet
+        cadence = sorted(self._gaps)[len(self._gaps) // 2]  # one pause does not count
+        every = min(FETCH_EVERY, int(FETCH_WITHIN / max(cadence, 1e-6)))
+        if self._skipped + 1 >= every:
+            return True
+        # where the step may be once this run returns, plus one run of margin:
+        # the run that may cross a waiting worker's step fetches it
+        reach = self._step + self._lead.lead * (self._since + 2)
+        return 0 <= publisher.next_threshold <= reach
 
     def after_run(self, run_context: Any, run_values: Any) -> None:
         publisher = self._publisher
         if publisher is None:
             return
+        now = time.monotonic()
+        if self._run_ended is not None:
+            self._gaps.append(now - self._run_ended)
+        self._run_ended = now
+        self._unobserved += 1
+        if not self._fetching:
+            self._skipped += 1
+            self._since += 1  # one more run whose move the last fetched step lacks
+            if self._step is not None:
+                publisher.publish(self._step)
+            return
         step = int(run_values.results)
-        lead = self._lead.observe(step)
+        lead = self._lead.observe(step, runs=self._unobserved)
+        self._unobserved, self._since, self._skipped = 0, 1, 0
         threshold = publisher.next_threshold
         # -1: the generation's first write is still to come (Redis may be down);
         # it goes out with any step, so there is nothing to confirm yet
@@ -290,6 +391,8 @@ class GlobalStepPublisherHook(tf.compat.v1.train.SessionRunHook):  # type: ignor
             # The fetched value predates this run's own move: read the truth.
             step = int(run_context.session.run(self._global_step))
             self.verifications += 1
+            self._since = 0
+        self._step = step
         publisher.publish(step)
 
     def end(self, session: Any) -> None:
@@ -327,16 +430,32 @@ class StepLead:
         """A new session starts at ``step``."""
         self._previous = step
 
-    def observe(self, step: int) -> int:
-        """Take in a fetched step; return the lead to expect from the run in flight."""
+    def observe(self, step: int, runs: int = 1) -> int:
+        """Take in a step fetched ``runs`` runs after the last one; return the lead."""
         if self._previous is not None and step > self._previous:
-            self._moves.append(step - self._previous)
+            self._moves.append(-(-(step - self._previous) // max(1, runs)))  # per run, rounded up
         self._previous = step
+        return self.lead
+
+    @property
+    def observed(self) -> int:
+        """How many moves the lead is learnt from (at most ``WINDOW``)."""
+        return len(self._moves)
+
+    @property
+    def lead(self) -> int:
+        """The move to expect from one run: the largest recent one (at least 1)."""
         return max(self._moves, default=1)
 
 
 def hooks_from_env(
-    environ: Mapping[str, str] | None = None, *, last_step: int | None = None
+    environ: Mapping[str, str] | None = None,
+    *,
+    last_step: int | None = None,
+    start_barrier: bool = False,
+    end_barrier: bool = False,
+    parties: int | None = None,
+    barrier_timeout: float | None = None,
 ) -> list[Any]:
     """The stepbarrier hooks this host needs, from its environment.
 
@@ -351,6 +470,15 @@ def hooks_from_env(
         environ: The variables to read; ``os.environ`` when ``None``.
         last_step: For the chief: the job is finished when a session ends at or
             above this step (see ``GlobalStepPublisherHook``).
+        start_barrier: Every task waits before its first step until the chief
+            and all workers are there (``StartBarrierHook``, first in the list).
+            A worker with neither ``STEPBARRIER_WAIT_UNTIL_STEP`` nor
+            ``STEPBARRIER_SCHEDULE`` then gets no step waiter.
+        end_barrier: The chief holds in ``end()`` until every worker has
+            finished, then marks the job done (``EndBarrierHook``, last).
+        parties: The barriers' parties; ``None``: the chief and worker tasks
+            of ``TF_CONFIG``.
+        barrier_timeout: Seconds a barrier waits; ``None``: ``STEPBARRIER_TIMEOUT``.
 
     Raises:
         ConfigurationError: A variable is missing or invalid: no role at all
@@ -367,6 +495,15 @@ def hooks_from_env(
     if barrier_role_from_env(environ) is None:
         return []  # a ps or evaluator task takes no part in the barrier
     config = BarrierConfig.from_env(environ)
+    before: list[Any] = []
+    after: list[Any] = []
+    if start_barrier or end_barrier:
+        count = barrier_parties_from_env(environ, parties)
+        before, after = barrier_hooks(
+            config, count, start=start_barrier, end=end_barrier, timeout=barrier_timeout
+        )
     if config.role == "chief":
-        return [GlobalStepPublisherHook(config, last_step=last_step)]
-    return [GlobalStepWaiterHook(config.resolved_wait_until_step(), config)]
+        return [*before, GlobalStepPublisherHook(config, last_step=last_step), *after]
+    if start_barrier and config.wait_until_step is None and config.schedule is None:
+        return [*before, *after]  # the start barrier is this worker's start
+    return [*before, GlobalStepWaiterHook(config.resolved_wait_until_step(), config), *after]

@@ -17,8 +17,9 @@ from typing import Any
 
 from stepbarrier.config import BarrierConfig
 from stepbarrier.connection import RedisClient
+from stepbarrier.keys import JobKeys
 from stepbarrier.protocol import ChiefState, parse_int, parse_state
-from stepbarrier.redis_code import RedisCode
+from stepbarrier.redis_code import Call, RedisCode
 from stepbarrier.subscription import Subscription
 
 REGISTRY_TTL = 30
@@ -58,18 +59,11 @@ class WaiterLink:
         self._connect = connect
         self._config = config
         self._keys = config.keys
-        task = "x" if config.task_id is None else str(config.task_id)
-        self.id = f"{task}-{uuid.uuid4().hex[:8]}"
+        self.id = new_waiter_id(config)
         self.target = target
         self.registered = False
         self._code_of: RedisCode | None = None
-        self._entry = {
-            "task_id": "" if config.task_id is None else str(config.task_id),
-            "wait_until_step": str(target),
-            "since": f"{since:.3f}",
-            "host": socket.gethostname()[:200],
-            "pid": str(os.getpid()),
-        }
+        self._entry = registry_entry(config, target, since)
 
     @property
     def _code(self) -> RedisCode:
@@ -90,38 +84,69 @@ class WaiterLink:
         only what a waiter writes, the reading one (``FCALL_RO``) what it only
         reads, so the worker role needs no write permission on the state.
         """
-        keys = self._keys
-        args: list[Any] = [REGISTRY_TTL, self._config.key_ttl, self.id, self.target]
-        for name, value in self._entry.items():
-            args += [name, value]
         _registered, reply = self._code.pipeline(
-            [
-                (
-                    "waiter_register",
-                    [keys.waiter(self.id), keys.targets, keys.registrations],
-                    args,
-                ),
-                ("waiter_read", [keys.state, keys.reset], []),
-            ]
+            [register_call(self._config, self.id, self.target, self._entry), read_call(self._keys)]
         )
         self.registered = True
-        reply = list(reply)
-        kind = reply[2].decode() if isinstance(reply[2], bytes) else str(reply[2])
-        if kind == "hash":
-            flat = reply[3:]
-            state = parse_state(dict(zip(flat[0::2], flat[1::2], strict=False)))
-        elif kind == "none":
-            state = ChiefState.empty()
-        else:
-            state = ChiefState.empty(f"state key holds a {kind}, not a hash")
-        return Snapshot(
-            now_ms=parse_int(reply[0]) or 0,
-            reset_ms=parse_int(reply[1]) if reply[1] else None,
-            state=state,
-        )
+        return parse_snapshot(reply)
 
     def leave(self) -> None:
         """Remove the registry entry and its target (one try; raises on failure)."""
         if self.registered:
-            keys = self._keys
-            self._code.call("waiter_leave", [keys.waiter(self.id), keys.targets], [self.id])
+            self._code.pipeline([leave_call(self._keys, self.id)])
+
+
+def new_waiter_id(config: BarrierConfig) -> str:
+    """A new wait's id in the job's registry: its task id and a random part."""
+    task = "x" if config.task_id is None else str(config.task_id)
+    return f"{task}-{uuid.uuid4().hex[:8]}"
+
+
+def registry_entry(config: BarrierConfig, target: int, since: float) -> dict[str, str]:
+    """The registry entry of a wait (what ``stepbarrier status`` shows)."""
+    return {
+        "task_id": "" if config.task_id is None else str(config.task_id),
+        "wait_until_step": str(target),
+        "since": f"{since:.3f}",
+        "host": socket.gethostname()[:200],
+        "pid": str(os.getpid()),
+    }
+
+
+def register_call(
+    config: BarrierConfig, waiter_id: str, target: int, entry: dict[str, str]
+) -> Call:
+    """The call that registers a waiter (again, if its entry expired) or refreshes it."""
+    keys = config.keys
+    args: list[Any] = [REGISTRY_TTL, config.key_ttl, waiter_id, target]
+    for name, value in entry.items():
+        args += [name, value]
+    return ("waiter_register", [keys.waiter(waiter_id), keys.targets, keys.registrations], args)
+
+
+def read_call(keys: JobKeys) -> Call:
+    """The read-only call that returns Redis's clock, the reset marker and the state."""
+    return ("waiter_read", [keys.state, keys.reset], [])
+
+
+def leave_call(keys: JobKeys, waiter_id: str) -> Call:
+    """The call that removes a waiter's registry entry and its target."""
+    return ("waiter_leave", [keys.waiter(waiter_id), keys.targets], [waiter_id])
+
+
+def parse_snapshot(reply: Any) -> Snapshot:
+    """What the ``waiter_read`` call returned, parsed without trusting it."""
+    reply = list(reply)
+    kind = reply[2].decode() if isinstance(reply[2], bytes) else str(reply[2])
+    if kind == "hash":
+        flat = reply[3:]
+        state = parse_state(dict(zip(flat[0::2], flat[1::2], strict=False)))
+    elif kind == "none":
+        state = ChiefState.empty()
+    else:
+        state = ChiefState.empty(f"state key holds a {kind}, not a hash")
+    return Snapshot(
+        now_ms=parse_int(reply[0]) or 0,
+        reset_ms=parse_int(reply[1]) if reply[1] else None,
+        state=state,
+    )

@@ -7,6 +7,7 @@ import fnmatch
 import hashlib
 import os
 import pty
+import re
 import select
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from stepbarrier.acl_rules import (
     installer_rules,
     password_hash,
     role_rules,
+    rules_for,
 )
 from stepbarrier.cli_reporting import EXIT_USAGE
 from stepbarrier.keys import JobKeys
@@ -38,7 +40,10 @@ TEAM_A = {
     "targets": "stepbarrier:{team-a-*}:targets",
     "registrations": "stepbarrier:{team-a-*}:registrations",
     "waiters": "stepbarrier:{team-a-*}:waiter:*",
+    "barrier_index": "stepbarrier:{team-a-*}:barrier-index",
+    "barriers": "stepbarrier:{team-a-*}:barrier:*",
 }
+TEAM_A_CHANNELS = {"&stepbarrier:{team-a-*}:steps", "&stepbarrier:{team-a-*}:barriers"}
 CODE_OF_ITS_OWN = {"+eval", "+evalsha", "+eval_ro", "+evalsha_ro", "+script|load", "+script"}
 CODE_OF_ITS_OWN |= {"+function|load", "+function", "+@scripting", "+@all", "allcommands"}
 ANYWHERE = {"+scan", "+keys", "allkeys", "~*", "allchannels", "&*", "+acl", "+config"}
@@ -46,6 +51,11 @@ ANYWHERE = {"+scan", "+keys", "allkeys", "~*", "allchannels", "&*", "+acl", "+co
 
 def words(rules: str) -> set[str]:
     return set(rules.split())
+
+
+def root_and_selectors(rules: str) -> tuple[str, list[str]]:
+    """The rules outside ACL selectors, and the rules inside each ``(...)``."""
+    return re.sub(r"\s*\([^)]*\)", "", rules), re.findall(r"\(([^)]*)\)", rules)
 
 
 def key_patterns(rules: str) -> set[str]:
@@ -64,16 +74,26 @@ def test_no_role_may_run_code_of_its_own_except_the_installers_function_load(rol
     granted = words(acl_line("someone", role, "*", password_hash(SECRET)))
     forbidden = CODE_OF_ITS_OWN - ({"+function|load"} if role == "installer" else set())
     assert not granted & forbidden
-    assert not granted & ANYWHERE
+    assert not granted & (ANYWHERE - ({"+scan"} if role == "monitor" else set()))
 
 
-def test_the_worker_reads_the_state_and_reset_marker_and_writes_only_the_registry() -> None:
+@pytest.mark.parametrize("role", ROLES)
+def test_only_the_monitor_scans_to_find_the_jobs(role: str) -> None:
+    # `stepbarrier jobs` and the exporter: there is no index of jobs to read instead
+    granted = words(rules_for(role, "team-a-*"))
+    assert ("+scan" in granted) == (role == "monitor")
+    assert "+keys" not in granted  # SCAN only: KEYS would block Redis on a large keyspace
+
+
+def test_the_worker_writes_only_the_registry_and_the_barriers() -> None:
     assert key_patterns(role_rules("worker", "team-a-*")) == {
         f"%R~{TEAM_A['state']}",
         f"%R~{TEAM_A['reset']}",
         f"%RW~{TEAM_A['waiters']}",
         f"%RW~{TEAM_A['targets']}",
         f"%RW~{TEAM_A['registrations']}",
+        f"%RW~{TEAM_A['barrier_index']}",
+        f"%RW~{TEAM_A['barriers']}",
     }
 
 
@@ -83,18 +103,21 @@ def test_the_chief_reads_and_writes_every_key_of_the_teams_jobs() -> None:
 
 def test_the_monitor_only_reads_what_status_reads() -> None:
     assert key_patterns(role_rules("monitor", "team-a-*")) == {
-        f"%R~{TEAM_A[name]}" for name in ("state", "reset", "targets", "waiters")
+        f"%R~{TEAM_A[name]}"
+        for name in ("state", "reset", "targets", "waiters", "barrier_index", "barriers")
     }
 
 
 @pytest.mark.parametrize(
     ("role", "channels"),
-    [("chief", {"&stepbarrier:{team-a-*}:steps"}), ("worker", {"&stepbarrier:{team-a-*}:steps"})]
+    [("chief", TEAM_A_CHANNELS), ("worker", TEAM_A_CHANNELS)]
     + [(role, set()) for role in ("monitor", *ADMIN_ROLES)],
 )
-def test_only_the_chief_and_the_worker_get_the_teams_channel(role: str, channels: set[str]) -> None:
-    line = acl_line("someone", role, "team-a-*", password_hash(SECRET))
-    assert {word for word in line.split() if word.startswith("&")} == channels
+def test_only_the_chief_and_the_worker_get_the_teams_channels(
+    role: str, channels: set[str]
+) -> None:
+    root, _ = root_and_selectors(acl_line("someone", role, "team-a-*", password_hash(SECRET)))
+    assert {word for word in root.split() if word.startswith("&")} == channels
 
 
 @pytest.mark.parametrize(
@@ -109,12 +132,21 @@ def test_each_role_calls_the_library_only_as_it_needs(role: str, calls: set[str]
     assert words(role_rules(role, "*")) & {"+fcall", "+fcall_ro"} == calls
 
 
-def test_only_the_worker_subscribes_and_only_the_chief_publishes_and_pops() -> None:
+def test_the_chief_and_the_worker_subscribe_and_only_the_chief_publishes_and_pops() -> None:
     for role in JOB_ROLES:
-        granted = words(role_rules(role, "*"))
-        assert ("+subscribe" in granted) == ("+ssubscribe" in granted) == (role == "worker")
+        granted = words(root_and_selectors(role_rules(role, "*"))[0])
+        assert ("+subscribe" in granted) == ("+ssubscribe" in granted) == (role != "monitor")
         assert ("+publish" in granted) == ("+spublish" in granted) == (role == "chief")
         assert ("+blpop" in granted) == (role == "chief")
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_only_the_worker_has_a_selector_publishing_barrier_news_alone(role: str) -> None:
+    # the last arrival at a barrier announces it; a worker that could publish on
+    # the step channel could forge a release
+    _, selectors = root_and_selectors(rules_for(role, "team-a-*"))
+    expected = ["+publish +spublish &stepbarrier:{team-a-*}:barriers"] if role == "worker" else []
+    assert selectors == expected
 
 
 @pytest.mark.parametrize("role", JOB_ROLES)
@@ -155,6 +187,10 @@ def matches(key: str, globs: list[str]) -> bool:
     return any(fnmatch.fnmatchcase(key, glob) for glob in globs)
 
 
+def barrier_names(keys: JobKeys) -> tuple[str, ...]:
+    return (keys.barrier_index, keys.barrier("start"), keys.barrier("end:run-1"))
+
+
 JOBS = ["a", "team-a-1", "team-a-", "team-b-1", "x.y_z-9", "team-ab", "*", "9" * 64]
 
 
@@ -173,7 +209,7 @@ def test_team_a_patterns_match_no_key_of_another_teams_job() -> None:
         granted = patterns(rules, "R") + patterns(rules, "RW")
         for job in ["team-b-1", "team-ab", "x-team-a-1", "team-b-team-a-1"]:
             keys = JobKeys.for_job(job)
-            for key in (*keys.all_fixed(), keys.waiter("x"), keys.channel):
+            for key in (*keys.all_fixed(), keys.waiter("x"), keys.channel, *barrier_names(keys)):
                 assert not matches(key, granted), (role, key)
         assert matches(JobKeys.for_job("team-a-1").state, granted)
 

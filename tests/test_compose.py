@@ -59,8 +59,12 @@ def test_compose_binary_is_the_real_one() -> None:
     assert "Docker Compose version v2" in version.stdout
 
 
-def test_the_file_has_redis_ps_chief_and_three_workers(resolved: dict[str, Any]) -> None:
-    assert set(resolved["services"]) == {"redis", "ps", "chief", "worker-1", "worker-2", "worker-3"}
+def test_the_file_has_redis_ps_chief_three_workers_and_the_exporter(
+    resolved: dict[str, Any],
+) -> None:
+    assert set(resolved["services"]) == {
+        "redis", "ps", "chief", "worker-1", "worker-2", "worker-3", "exporter"
+    }  # fmt: skip
 
 
 def test_every_stepbarrier_variable_is_one_the_configuration_knows(

@@ -81,7 +81,7 @@ class Paths:
                     host = volume["source"]
                 else:
                     host = str(volumes / volume["source"])
-                    Path(host).mkdir(exist_ok=True)
+                    Path(host).mkdir(parents=True, exist_ok=True)
                 assert table.setdefault(volume["target"], host) == host, volume["target"]
             for secret in service.get("secrets", []):
                 table[secret["target"]] = resolved["secrets"][secret["source"]]["file"]
@@ -116,8 +116,9 @@ class Node:
     def __init__(self, command: list[str], directory: Path, taken: set[int]) -> None:
         self.port = cluster_port(taken)
         directory.mkdir()
-        local = ["--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(directory),
-                 "--logfile", str(directory / "redis.log")]  # fmt: skip
+        # both loopbacks ("-": if there is one), whichever `localhost` resolves to
+        local = ["--port", str(self.port), "--bind", "127.0.0.1", "-::1",
+                 "--dir", str(directory), "--logfile", str(directory / "redis.log")]  # fmt: skip
         self.process = subprocess.Popen(
             [*command, *local],
             env={**os.environ, "REDIS_PORT": str(self.port)},  # start-redis.sh's port

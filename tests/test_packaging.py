@@ -26,6 +26,12 @@ CORE = [
     "scripts",
     "status",
     "waiter",
+    "wait_rules",
+    "aio",
+    "aio_batch",
+    "aio_connection",
+    "aio_subscription",
+    "waiter_summary",
 ]
 
 

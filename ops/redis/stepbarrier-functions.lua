@@ -161,16 +161,29 @@ end
 redis.register_function{function_name='stepbarrier_v1_publish_step', callback=publish_step, flags={}}
 local function reset_job(KEYS, ARGV)
 -- KEYS[1] state, KEYS[2] targets, KEYS[3] registrations, KEYS[4] reset marker,
--- KEYS[5..] waiter registry keys; ARGV[1] channel, ARGV[2] marker TTL (s),
--- ARGV[3] 'PUBLISH' or 'SPUBLISH' (see PUBLISH_STEP)
+-- KEYS[5] barrier index, KEYS[6..] waiter registry keys and barrier hashes;
+-- ARGV[1] channel, ARGV[2] marker TTL (s), ARGV[3] 'PUBLISH' or 'SPUBLISH' (see
+-- PUBLISH_STEP), ARGV[4] barrier channel, ARGV[5] prefix of the barrier hashes
 -- Deletes the job's keys, leaves a marker holding the Redis time (ms) of the
--- reset so that waiters who missed the announcement still abort, and announces it.
+-- reset so that waiters who missed the announcement still abort, and announces it
+-- on both channels. Returns the marker; or false, changing nothing, when the
+-- index names a barrier whose hash KEYS lacks (one begun since the caller read
+-- the index), so that the caller reads it again and no barrier outlives a reset.
+if ARGV[5] and redis.call('TYPE', KEYS[5]).ok == 'zset' then
+  local declared = {}
+  for i = 6, #KEYS do declared[KEYS[i]] = true end
+  for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', '+inf')) do
+    if not declared[ARGV[5] .. member] then return false end
+  end
+end
 for i = 5, #KEYS do redis.call('DEL', KEYS[i]) end
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
 local now = redis.call('TIME')
 local now_ms = string.format('%.0f', tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000))
 redis.call('SET', KEYS[4], now_ms, 'EX', ARGV[2])
-redis.call(publish_command(ARGV[3]), ARGV[1], '{"reset":true,"time_ms":' .. now_ms .. '}')
+local notice = '{"reset":true,"time_ms":' .. now_ms .. '}'
+redis.call(publish_command(ARGV[3]), ARGV[1], notice)
+if ARGV[4] then redis.call(publish_command(ARGV[3]), ARGV[4], notice) end
 return now_ms
 end
 redis.register_function{function_name='stepbarrier_v1_reset_job', callback=reset_job, flags={}}
@@ -234,4 +247,68 @@ local function may_write(KEYS, ARGV)
 return 1
 end
 redis.register_function{function_name='stepbarrier_v1_may_write', callback=may_write, flags={}}
+local function barrier_arrive(KEYS, ARGV)
+-- KEYS[1] the barrier's hash, KEYS[2] the job's barrier index (sorted set)
+-- ARGV[1] the barrier (its name, or name:run_id), ARGV[2] this task's id,
+-- ARGV[3] parties, ARGV[4] key TTL (s), ARGV[5] barrier channel, ARGV[6]
+-- 'PUBLISH' or 'SPUBLISH' (see PUBLISH_STEP), ARGV[7] run id ('' for none),
+-- ARGV[8] most barriers the index keeps
+-- Records the task's arrival (a re-arrival keeps the first time) and, if it is
+-- the last one, marks the barrier complete and announces it. Returns
+--   {status, now ms, arrived, parties, completed ms ('0' while open), repaired}
+-- status: 1 recorded (now or before), 0 the barrier has another number of
+-- parties (nothing is recorded; the reply holds the stored number)
+local task, parties = whole(ARGV[2]), whole(ARGV[3])
+if task == nil or parties == nil or parties < 1 or task >= parties then
+  return redis.error_reply('ERR stepbarrier: the task id must be in 0..parties-1')
+end
+local member = ARGV[1]
+if #member > 129 or not (string.match(member, '^[%w._-]+$')
+                         or string.match(member, '^[%w._-]+:[%w._-]+$')) then
+  return redis.error_reply('ERR stepbarrier: malformed barrier name')
+end
+local now = string.format('%.0f', now_ms())
+local repaired = 0
+local kind = redis.call('TYPE', KEYS[1]).ok
+local stored, arrived = nil, nil
+if kind == 'hash' then
+  stored = whole(redis.call('HGET', KEYS[1], 'parties'))
+  arrived = whole(redis.call('HGET', KEYS[1], 'arrived'))
+end
+if kind ~= 'none' and (stored == nil or arrived == nil) then
+  -- not a barrier as we write one (another type, or its counts are gone): begin anew
+  redis.call('DEL', KEYS[1]); repaired = 1; stored = nil
+end
+if stored == nil then
+  redis.call('HSET', KEYS[1], 'parties', string.format('%.0f', parties), 'arrived', '0',
+             'created_ms', now, 'run_id', ARGV[7])
+  stored, arrived = parties, 0
+elseif stored ~= parties then
+  return {0, now, string.format('%.0f', arrived), string.format('%.0f', stored), '0', repaired}
+end
+local field = 't' .. string.format('%.0f', task)
+if not redis.call('HGET', KEYS[1], field) then
+  arrived = arrived + 1
+  redis.call('HSET', KEYS[1], field, now, 'last_ms', now, 'arrived', string.format('%.0f', arrived))
+end
+local completed = redis.call('HGET', KEYS[1], 'completed_ms')
+if not whole(completed) and arrived >= parties then
+  completed = now
+  redis.call('HSET', KEYS[1], 'completed_ms', now)
+  redis.call(publish_command(ARGV[6]), ARGV[5], '{"barrier":"' .. member .. '","complete":true}')
+end
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+-- the index lets status and reset find the barriers without scanning the keyspace;
+-- it forgets barriers whose keys have expired, and the oldest beyond ARGV[8]
+kind = redis.call('TYPE', KEYS[2]).ok
+if kind ~= 'zset' and kind ~= 'none' then redis.call('DEL', KEYS[2]); repaired = 1 end
+redis.call('ZADD', KEYS[2], now, member)
+local expired = string.format('%.0f', tonumber(now) - tonumber(ARGV[4]) * 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. expired)
+redis.call('ZREMRANGEBYRANK', KEYS[2], 0, -tonumber(ARGV[8]) - 1)
+redis.call('EXPIRE', KEYS[2], ARGV[4])
+return {1, now, string.format('%.0f', arrived), string.format('%.0f', parties),
+        whole(completed) and completed or '0', repaired}
+end
+redis.register_function{function_name='stepbarrier_v1_barrier_arrive', callback=barrier_arrive, flags={}}
 redis.register_function{function_name='stepbarrier_v1_version', callback=function() return 1 end, flags={'no-writes'}}

@@ -4,6 +4,7 @@ refused with a clear message, and no user can run code of its own or block Redis
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 import redis
 
-from stepbarrier import BarrierConfig, RedisRefused, StepPublisher, StepWaiter, read_status
+from stepbarrier import Barrier, BarrierConfig, RedisRefused, StepPublisher, StepWaiter, read_status
 from stepbarrier.redis_code import function_name
 from stepbarrier.reset import reset_job
 from tests.ops_redis import (
@@ -25,10 +26,11 @@ from tests.ops_redis import (
 )
 from tests.redis_harness import RedisServer
 
-OPERATIONS = ["publish", "wait", "status", "reset"]
+OPERATIONS = ["publish", "wait", "status", "reset", "arrive"]
 ALLOWED = {
-    "chief": {"publish", "status", "reset"},
-    "worker": {"wait", "status"},
+    # the chief subscribes for its own barrier arrivals, so it may wait for a step too
+    "chief": {"publish", "wait", "status", "reset", "arrive"},
+    "worker": {"wait", "status", "arrive"},
     "monitor": {"status"},
 }
 LOOP = "local i = 0 while true do i = i + 1 end"
@@ -80,11 +82,17 @@ def run_reset(config: BarrierConfig) -> None:
     reset_job(config)
 
 
+def run_arrive(config: BarrierConfig) -> None:
+    with Barrier(dataclasses.replace(config, task_id=0), "probe", 1) as barrier:
+        assert barrier.arrive(timeout=5)
+
+
 RUN: dict[str, Callable[[BarrierConfig], None]] = {
     "publish": run_publish,
     "wait": run_wait,
     "status": run_status,
     "reset": run_reset,
+    "arrive": run_arrive,
 }
 
 

@@ -1,0 +1,298 @@
+"""The fleet-scale part of ``results.md`` (``bench/fleet.py``) and its plot ``fleet_wake.png``.
+
+``report.py`` calls ``fleet_section``, ``fleet_targets`` and ``plot_fleet``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+FLEET_TARGETS = {
+    "independent_over_floor": 1.5,
+    "async_10000_last_ms": 100.0,
+    "status_seconds": 1.0,
+    "chief_over_defaults": 0.01,
+}
+
+
+def _fmt(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def _verdict(ok: bool) -> str:
+    return "pass" if ok else "**MISS**"
+
+
+def _pooled(phases: list[dict[str, Any]]) -> list[float]:
+    return sorted(v for phase in phases for v in phase["last_wake_samples_ms"])
+
+
+def _median(values: list[float]) -> float:
+    data = sorted(values)
+    middle = len(data) // 2
+    return data[middle] if len(data) % 2 else (data[middle - 1] + data[middle]) / 2
+
+
+def independent_ratio(fleet: dict[str, Any]) -> tuple[float, float, float] | None:
+    """(stepbarrier, floor, ratio) of the median last wake, all trials pooled."""
+    part = fleet.get("independent")
+    if not part:
+        return None
+    ours, floor = _median(_pooled(part["stepbarrier"])), _median(_pooled(part["floor"]))
+    return ours, floor, ours / floor
+
+
+def fleet_targets(fleet: dict[str, Any] | None, tf: dict[str, Any] | None) -> list[tuple[str, ...]]:
+    """Rows for the targets table."""
+    rows: list[tuple[str, ...]] = []
+    if fleet:
+        ratio = independent_ratio(fleet)
+        if ratio:
+            waiters = fleet["independent"]["stepbarrier"][0]["waiters"]
+            rows.append(
+                (
+                    f"9. {waiters:,} independent waiters: last wake within 1.5x of the raw floor",
+                    f"{ratio[0]:.0f} ms vs {ratio[1]:.0f} ms = {ratio[2]:.2f}x",
+                    _verdict(ratio[2] <= FLEET_TARGETS["independent_over_floor"]),
+                )
+            )
+        run = fleet.get("async")
+        if run:
+            last = run["last_wake_ms"]["median"]
+            rows.append(
+                (
+                    f"9. {run['waiters']:,} concurrent async waits: the last wakes within 100 ms",
+                    f"median {last:.0f} ms, max {run['last_wake_ms']['max']:.0f} ms",
+                    _verdict(last <= FLEET_TARGETS["async_10000_last_ms"]),
+                )
+            )
+        dist = fleet.get("distinct")
+        if dist:
+            status = dist["status"]
+            worst = max(status[k]["seconds"]["max"] for k in ("read_status", "read_overview"))
+            cli = max(status[k]["seconds"]["max"] for k in ("cli_status", "cli_status_json"))
+            scans = sum(
+                status[k]["commands_per_call"].get(c, 0) for k in status for c in ("scan", "keys")
+            )
+            rows.append(
+                (
+                    f"9. `status` over {dist['waiters']:,} waiters within 1 s, no SCAN",
+                    f"library {worst:.2f} s, CLI {cli:.2f} s (with start-up); SCAN/KEYS {scans:g}",
+                    _verdict(worst <= FLEET_TARGETS["status_seconds"] and scans == 0),
+                )
+            )
+            rows.append(
+                (
+                    f"9. chief with {dist['distinct_targets']:,} distinct targets: writes <= "
+                    "heartbeats + crossed thresholds",
+                    f"{dist['writes']:,} <= {dist['writes_allowed']:,}",
+                    _verdict(dist["writes"] <= dist["writes_allowed"]),
+                )
+            )
+    if tf and tf.get("chief_slowdown_defaults_with", {}).get("n"):
+        slow = tf["chief_slowdown_defaults_with"]["median"]
+        rows.append(
+            (
+                "4. TF chief with default hooks: `GlobalStepPublisherHook` at most 1% slower",
+                f"{100 * slow:.1f}%",
+                _verdict(slow <= FLEET_TARGETS["chief_over_defaults"]),
+            )
+        )
+    return rows
+
+
+def fleet_section(fleet: dict[str, Any] | None) -> list[str]:
+    if not fleet:
+        return []
+    lines = [
+        "## 9. Fleet scale",
+        "",
+        f"`bench/fleet.py`, one redis-server (`maxclients` {fleet['maxclients']:,}), everything "
+        "on this machine's 2 cores. Times from just before `publish`/`PUBLISH` to the last "
+        "(and the median) waiter's return, per trial, in ms.",
+        "",
+    ]
+    part = fleet.get("independent")
+    if part:
+        ours, floor = part["stepbarrier"], part["floor"]
+        first = ours[0]
+        lines += [
+            f"**Independent waiters.** {first['waiters']:,} `StepWaiter` threads "
+            f"({first['processes']} processes of {first['waiters'] // first['processes']}), "
+            f"each with its own subscription and command connection, against the raw floor: "
+            f"as many redis-py subscriptions in the same layout, one `PUBLISH`. Phases "
+            f"alternate, floor first:",
+            "",
+            "| phase | trials | last wake median | p90 | max | median wake (median) | "
+            "Redis CPU per release | waiters' CPU per release |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for floor_phase, our_phase in zip(floor, ours, strict=False):
+            for name, phase in (("raw floor", floor_phase), ("stepbarrier", our_phase)):
+                s, m, cpu = phase["last_wake_ms"], phase["median_wake_ms"], phase["release_cpu_ms"]
+                lines.append(
+                    f"| {name} | {phase['trials']} | {_fmt(s['median'])} | {_fmt(s['p90'])} | "
+                    f"{_fmt(s['max'])} | {_fmt(m['median'])} | {cpu['redis']:.1f} ms | "
+                    f"{cpu['waiters']:.0f} ms |"
+                )
+        ratio = independent_ratio(fleet)
+        if ratio:
+            lines += [
+                "",
+                f"- all trials pooled: last wake {ratio[0]:.0f} ms vs {ratio[1]:.0f} ms for the "
+                f"floor, **{ratio[2]:.2f}x** (target 1.5x).",
+            ]
+        profiles = [p["profile"] for p in ours if p.get("profile")]
+        if profiles:
+            prof = profiles[-1]
+            lines.append(
+                f"- wake path, split where the announcement reaches the waiter's thread (last "
+                f"phase): the last arrival {prof['arrival_last_ms']['median']:.0f} ms after "
+                f"`publish` (median arrival {prof['arrival_median_ms']['median']:.0f} ms), then "
+                f"{prof['after_arrival_ms']['median']:.2f} ms (median; p99 "
+                f"{prof['after_arrival_ms']['p99']:.1f} ms) from arrival to `wait()`'s return."
+            )
+        per = first["redis_per_waiter"]
+        lines.append(
+            f"- Redis per waiting worker: {per['connections']:.2f} connections, "
+            f"{per['bytes'] / 1024:.1f} KB (connections' buffers and the registry entry)."
+        )
+        lines.append("")
+    run = fleet.get("async")
+    if run:
+        s, per = run["last_wake_ms"], run["redis_per_waiter"]
+        lines += [
+            f"**Concurrent async waits.** {run['waiters']:,} `AsyncStepWaiter.wait` calls "
+            f"({run['processes']} processes of {run['waiters'] // run['processes']:,}, one "
+            f"`AsyncStepWaiter` each), one `publish` releases all; {run['trials']} trials:",
+            "",
+            "| | n | median | p90 | p99 | max |",
+            "|---|---|---|---|---|---|",
+            f"| last wake (ms) | {s['n']} | {_fmt(s['median'])} | {_fmt(s['p90'])} | "
+            f"{_fmt(s['p99'])} | {_fmt(s['max'])} |",
+            f"| median wake (ms) | {run['median_wake_ms']['n']} | "
+            f"{_fmt(run['median_wake_ms']['median'])} | {_fmt(run['median_wake_ms']['p90'])} | "
+            f"{_fmt(run['median_wake_ms']['p99'])} | {_fmt(run['median_wake_ms']['max'])} |",
+            "",
+            f"- Redis per waiting worker: {per['connections']:.4f} connections "
+            f"({run['redis_while_waiting']['clients'] - run['redis_baseline']['clients']} in all, "
+            f"the chief's 2 included), {per['bytes']:.0f} bytes (its registry entry and target).",
+            f"- CPU per release: Redis {run['release_cpu_ms']['redis']:.1f} ms (the announcing "
+            f"script removes {run['waiters']:,} targets from the index), the waiter processes "
+            f"{run['release_cpu_ms']['waiters']:.0f} ms.",
+            f"- registration round trips per process, all trials: "
+            f"{run.get('round_trips_per_process')}.",
+            "",
+        ]
+    floor10k = fleet.get("floor10k")
+    if floor10k:
+        s = floor10k["last_wake_ms"]
+        lines += [
+            f"**The raw floor at {floor10k['subscribers']:,} subscriber connections** (asyncio "
+            f"subscribers, {floor10k['processes']} processes): last delivery median "
+            f"{_fmt(s['median'])} ms (max {_fmt(s['max'])} ms); one `PUBLISH` costs Redis "
+            f"{floor10k['release_cpu_ms']['redis']:.1f} ms of CPU. What {floor10k['subscribers']:,}"
+            f" independent waiters would cost at least, against the async waiters' shared "
+            f"subscriptions above.",
+            "",
+        ]
+    dist = fleet.get("distinct")
+    if dist:
+        late = dist["lateness_ms"]
+        lines += [
+            f"**The chief with {dist['distinct_targets']:,} distinct targets.** "
+            f"{dist['waiters']:,} async waits, one per step from 1 to {dist['waiters']:,}; the "
+            f"chief runs through them at {dist['rate_steps_per_s']:,} steps/s "
+            f"({dist['seconds']:.1f} s):",
+            "",
+            f"- writes: {dist['writes']:,} (`FCALL` sent: {dist['fcall_sent']:,}); allowed: 1 + "
+            f"{dist['heartbeats']} heartbeats + {dist['crossed_thresholds']:,} crossed "
+            f"thresholds + 1 = {dist['writes_allowed']:,}.",
+            f"- {dist['released']:,} released, {dist['released_early']} early; from the "
+            f"`publish` of a waiter's step to its release: median {late['median']:.1f} ms, p99 "
+            f"{late['p99']:.1f} ms, max {late['max']:.1f} ms.",
+            f"- errors: {dist['errors'] or 'none'}.",
+            "",
+            f"`status` over the {dist['waiters']:,} registered waiters (seconds; commands per "
+            f"call from `INFO commandstats`, in-script ones included):",
+            "",
+            "| read | median | max | commands per call |",
+            "|---|---|---|---|",
+        ]
+        labels = {
+            "read_status": "`read_status` (every waiter's entry, as `status --json`)",
+            "read_overview": "`read_overview` (`status` and each `watch` refresh: summarised)",
+            "cli_status": "`stepbarrier status`, a new process",
+            "cli_status_json": "`stepbarrier status --json`, a new process",
+            "cli_startup": "`stepbarrier --version` (the start-up alone)",
+        }
+        for key, label in labels.items():
+            entry = dist["status"][key]
+            sent = entry["commands_per_call"]
+            shown = ", ".join(f"{k} {v:g}" for k, v in sorted(sent.items(), key=lambda i: -i[1]))
+            lines.append(
+                f"| {label} | {entry['seconds']['median']:.3f} | {entry['seconds']['max']:.3f} | "
+                f"{shown or '-'} |"
+            )
+        lines.append("")
+    lines += ["![fleet wake](fleet_wake.png)", ""]
+    return lines
+
+
+def plot_fleet(fleet: dict[str, Any] | None, path: Path) -> bool:
+    if not fleet:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series: list[tuple[str, list[float], str, str]] = []
+    part = fleet.get("independent")
+    if part:
+        n = part["stepbarrier"][0]["waiters"]
+        series.append((f"{n:,} StepWaiter threads", _pooled(part["stepbarrier"]), "tab:blue", "-"))
+        series.append((f"raw floor, {n:,} subscriptions", _pooled(part["floor"]), "tab:gray", ":"))
+    if fleet.get("async"):
+        run = fleet["async"]
+        series.append(
+            (
+                f"{run['waiters']:,} AsyncStepWaiter waits ({run['processes']} processes)",
+                sorted(run["last_wake_samples_ms"]),
+                "tab:green",
+                "-",
+            )
+        )
+    if fleet.get("floor10k"):
+        run = fleet["floor10k"]
+        series.append(
+            (
+                f"raw floor, {run['subscribers']:,} subscriptions",
+                sorted(run["last_wake_samples_ms"]),
+                "tab:gray",
+                "--",
+            )
+        )
+    fig, ax = plt.subplots(figsize=(9, 5))
+    for label, values, color, line in series:
+        if values:
+            fractions = [(i + 1) / len(values) for i in range(len(values))]
+            ax.step(
+                values,
+                fractions,
+                where="post",
+                color=color,
+                linestyle=line,
+                label=f"{label} (n={len(values)})",
+            )
+    ax.set_xscale("log")
+    ax.set_xlabel("one release: publish -> the last waiter returns (ms)")
+    ax.set_ylabel("fraction of trials")
+    ax.set_title("Fleet scale on one 2-core machine (loopback, same run)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True

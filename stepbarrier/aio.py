@@ -1,0 +1,333 @@
+"""A worker's side for asyncio: many concurrent waits on one event loop, two connections.
+
+``AsyncStepWaiter.wait`` has the semantics and the errors of
+``StepWaiter.wait`` (the decisions are the same code, ``stepbarrier.wait_rules``):
+a wait registers, reads the stored state and then waits for announcements,
+reading the state again every ``fallback_interval``, after every reconnect
+and at every deadline. What differs is the I/O. However many waits run at
+once on one ``AsyncStepWaiter``, they share one subscription to the job's
+channel (``stepbarrier.aio_subscription``: an announcement is received and
+parsed once, then handed to every wait) and one command connection, on which
+their registrations, reads and unregistrations go in pipelines
+(``stepbarrier.aio_batch``).
+
+A wait that asyncio cancels (``asyncio.wait_for``, ``Task.cancel``) removes
+its registry entry before the cancellation completes.
+
+The chief stays ``StepPublisher``: ``publish`` takes a fraction of a
+microsecond and never blocks (its thread does the Redis work), so it is fit
+to be called from a coroutine as it is.
+
+.. warning::
+    Redis Cluster and Sentinel are not supported yet: they raise
+    ``ConfigurationError`` (run ``StepWaiter`` in a thread instead).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import operator
+import time
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+
+from stepbarrier.aio_batch import CallBatcher
+from stepbarrier.aio_connection import (
+    AsyncClient,
+    AsyncRedisCode,
+    call_with_retries,
+    check_async_support,
+    make_async_client,
+)
+from stepbarrier.aio_subscription import Announcement, Lost, Mailbox, SharedSubscription
+from stepbarrier.config import BarrierConfig
+from stepbarrier.errors import BarrierTimeout, RedisUnavailable
+from stepbarrier.wait_rules import ReadNow, WaitRules
+from stepbarrier.waiter_link import (
+    Snapshot,
+    leave_call,
+    new_waiter_id,
+    register_call,
+    registry_entry,
+)
+
+log = logging.getLogger("stepbarrier.aio")
+
+LEAVE_TIMEOUT = 2.0
+"""Seconds an ending (or cancelled) wait waits for its unregistration; an entry
+left behind expires by itself."""
+
+__all__ = ["AsyncStepWaiter"]
+
+
+class AsyncStepWaiter:
+    """Waits, on an asyncio event loop, for a job's chief to reach global steps.
+
+    Args:
+        config: The job's settings (``timeout``, ``stall_timeout``, ``on_timeout``
+            and ``task_id`` shape each wait).
+        client: A ``redis.asyncio.Redis`` client; one is made from ``config`` if
+            omitted (and closed by ``close``).
+        clock: Monotonic clock, injectable for tests.
+        sleep: Coroutine that sleeps between retries, injectable for tests.
+
+    Raises:
+        ConfigurationError: ``config`` names a Redis Cluster or Sentinels.
+
+    Example:
+        >>> async def main() -> None:  # doctest: +SKIP
+        ...     async with AsyncStepWaiter(BarrierConfig(job="demo", task_id=2)) as waiter:
+        ...         steps = await asyncio.gather(*(waiter.wait(t) for t in (10, 20, 30)))
+    """
+
+    def __init__(
+        self,
+        config: BarrierConfig,
+        client: AsyncClient | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        check_async_support(config)
+        self.config = config
+        self._owns_client = client is None
+        self._client = client
+        self._code: AsyncRedisCode | None = None
+        self._clock = clock
+        self._sleep = sleep
+        self._subscription = SharedSubscription(
+            self._connected, config.keys.channel, config.run_id, clock
+        )
+        self._batcher = CallBatcher(self._code_runner, config.keys)
+
+    @classmethod
+    def from_env(cls) -> AsyncStepWaiter:
+        """A waiter configured from ``STEPBARRIER_*`` variables and ``TF_CONFIG``."""
+        return cls(BarrierConfig.from_env())
+
+    @property
+    def round_trips(self) -> int:
+        """Pipelines of registrations, reads and unregistrations sent so far."""
+        return self._batcher.round_trips
+
+    async def wait(self, until_step: int, timeout: float | None = None) -> int:
+        """Wait until the chief's published step is at least ``until_step``.
+
+        Args:
+            until_step: The step to wait for; ``<= 0`` returns 0 at once without
+                touching Redis.
+            timeout: Overall limit in seconds; ``None`` uses ``config.timeout``
+                (itself ``None`` for no overall limit; the stall timeout still holds).
+
+        Returns:
+            The step seen (``>= until_step``). Under ``on_timeout="proceed"`` a
+            timeout logs a warning and returns the last step seen (0 if none).
+
+        Raises:
+            BarrierTimeout: The overall or the stall timeout passed (also when
+                Redis, once reached, stayed unreachable for that long).
+            BarrierAborted: The job finished or was reset before the step came.
+            RedisUnavailable: Redis could not be reached at all before a deadline.
+            RedisRefused: Redis refused us (authentication, ACL, TLS).
+        """
+        target = operator.index(until_step)
+        if target <= 0:
+            return 0
+        limit = self.config.timeout if timeout is None else timeout
+        wait = _AsyncWait(self, target, limit)
+        try:
+            return await wait.run()
+        except (BarrierTimeout, RedisUnavailable) as exc:
+            if self.config.on_timeout != "proceed":
+                raise
+            log.warning("%s; proceeding as STEPBARRIER_ON_TIMEOUT=proceed says", exc)
+            return wait.rules.last_step or 0
+        finally:
+            if wait.registered:
+                await wait.leave()
+
+    async def close(self) -> None:
+        """Close the subscription and the connections (the client only if made here).
+
+        Call it once the waits have ended: unregistrations still queued are sent
+        first (for at most ``LEAVE_TIMEOUT`` seconds).
+        """
+        await self._batcher.idle(LEAVE_TIMEOUT)
+        self._batcher.stop()
+        await self._subscription.aclose()
+        client, self._client, self._code = self._client, None, None
+        if self._owns_client and client is not None:
+            await client.aclose()
+        elif client is not None:
+            self._client = client  # the caller's: it stays theirs, and ours to use
+
+    def _connected(self) -> AsyncClient:
+        if self._client is None:
+            self._client = make_async_client(self.config)
+        return self._client
+
+    def _code_runner(self) -> AsyncRedisCode:
+        if self._code is None:
+            self._code = AsyncRedisCode(self._connected(), self.config)
+        return self._code
+
+    async def __aenter__(self) -> AsyncStepWaiter:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+
+class _AsyncWait:
+    """The I/O of one ``wait`` call, on the waiter's shared links; ``WaitRules`` decides."""
+
+    def __init__(self, waiter: AsyncStepWaiter, target: int, timeout: float | None) -> None:
+        self.waiter = waiter
+        self.config = waiter.config
+        self.clock = waiter._clock
+        self.rules = WaitRules(self.config, target, timeout, self.clock, log)
+        self.id = new_waiter_id(self.config)
+        self.entry = registry_entry(self.config, target, since=time.time())
+        self.registered = False
+        self.registered_at: float | None = None
+        self.mailbox = Mailbox(target)
+        self.epoch = 0
+        self.heard = 0  # the subscription's messages this wait has taken in
+
+    async def run(self) -> int:
+        subscription = self.waiter._subscription
+        subscription.add(self.mailbox)
+        try:
+            return await self._loop()
+        except RedisUnavailable as exc:
+            raise self.rules.unreachable(exc) from exc
+        finally:
+            subscription.remove(self.mailbox)
+
+    async def _loop(self) -> int:
+        rules, interval = self.rules, self.config.fallback_interval
+        rules.begin()
+        released = await self._reconnect()  # the step may have come before we did
+        if released is not None:
+            return released
+        next_read = self.clock() + interval
+        while True:
+            self._catch_up()
+            now = self.clock()
+            if now >= next_read:
+                released = await self._read(refresh=True)
+                if released is not None:
+                    return released
+                next_read = self.clock() + interval
+                now = self.clock()
+            released = await self._check_limits(now)
+            if released is not None:
+                return released
+            if rules.resubscribe:
+                self.waiter._subscription.restart(self.epoch, "the step moved, no announcement")
+            if now >= rules.next_progress:
+                rules.log_progress()
+            stop = rules.next_stop(next_read)
+            item = await self.mailbox.get(max(0.001, min(stop - now, interval)))
+            if isinstance(item, Lost):
+                if item.epoch < self.epoch:
+                    continue  # an earlier subscription's end: this wait has moved on
+                released = await self._reconnect()
+                if released is not None:
+                    return released
+                next_read = self.clock() + interval
+            elif item is not None:
+                released = await self._on_announcement(item)
+                if released is not None:
+                    return released
+
+    async def _on_announcement(self, item: Announcement) -> int | None:
+        outcome = self.rules.on_announcement(item.parsed, item.raw)
+        if isinstance(outcome, ReadNow):
+            return await self._read()
+        if outcome is not None:
+            # the chief's script that announced it removed our target from the index
+            self.registered = False
+        return outcome
+
+    async def _read(self, *, refresh: bool = False) -> int | None:
+        """Register (``refresh``, or if the entry is not fresh) and judge the stored state."""
+        call = None
+        fresh = self.registered_at is not None and (
+            self.clock() - self.registered_at < self.config.fallback_interval
+        )
+        if refresh or not self.registered or not fresh:
+            call = register_call(self.config, self.id, self.rules.target, self.entry)
+
+        async def sync() -> Snapshot:
+            if call is not None:
+                self.registered, self.registered_at = True, self.clock()
+            return await self.waiter._batcher.sync(call)
+
+        snapshot = await call_with_retries(
+            sync,
+            self.config,
+            action="read the job's state",
+            deadline=self.rules.retry_deadline(),
+            clock=self.clock,
+            sleep=self.waiter._sleep,
+        )
+        self._catch_up()
+        return self.rules.on_snapshot(snapshot)
+
+    def _catch_up(self) -> None:
+        """Take in the announcements that were not this wait's to act on (steps below
+        its target): the chief's liveness and step."""
+        subscription = self.waiter._subscription
+        if subscription.heard != self.heard:
+            self.heard = subscription.heard
+            latest = subscription.latest
+            if latest is None:
+                self.rules.heard(None, 0.0)
+            else:
+                self.rules.heard(*latest)
+
+    async def _reconnect(self) -> int | None:
+        """Subscribe (or join the subscription), then read the state (in that order)."""
+        self.epoch = await call_with_retries(
+            self.waiter._subscription.ensure,
+            self.config,
+            action=f"subscribe to {self.config.keys.channel}",
+            deadline=self.rules.retry_deadline(),
+            clock=self.clock,
+            sleep=self.waiter._sleep,
+        )
+        self.rules.subscribed()
+        # what came before the read is older than it: the read is the truth
+        self.mailbox.clear()
+        self.heard = self.waiter._subscription.heard
+        return await self._read(refresh=True)  # Redis may have restarted empty
+
+    async def _check_limits(self, now: float) -> int | None:
+        """Raise at a passed deadline, after one last read (a release may have come)."""
+        limit = self.rules.passed(now)
+        if limit is None:
+            return None
+        try:
+            released = await self._read()
+        except RedisUnavailable:
+            released = None
+        return self.rules.after_last_chance(limit, released)
+
+    async def leave(self) -> None:
+        """Unregister, even while being cancelled (one try; an entry left behind expires)."""
+        self.registered = False
+        done = self.waiter._batcher.leave(leave_call(self.config.keys, self.id))
+        # the batcher sends it whatever happens to this task; waiting for it here
+        # means that once wait() has ended, the entry is gone
+        await asyncio.wait({done}, timeout=LEAVE_TIMEOUT)
+        if done.done() and not done.cancelled() and done.exception() is not None:
+            log.debug(
+                "job %s: could not unregister (%s); it expires", self.config.job, done.exception()
+            )

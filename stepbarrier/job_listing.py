@@ -1,0 +1,246 @@
+"""Every job on a Redis at a glance: found by ``SCAN``, each read with ``read_status``.
+
+There is no index of jobs: on a Redis Cluster a key of its own would live in
+another slot than a job's keys, where the job's functions could not write it.
+So the jobs are found by their state keys, ``SCAN`` for
+``stepbarrier:{PATTERN}:state``, on every master of a Cluster. That walks the
+whole keyspace, so it is for operators only (``stepbarrier jobs``, the
+exporter), never on the path of a chief or a worker.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from redis.cluster import RedisCluster
+
+from stepbarrier.acl_rules import validate_jobs_pattern
+from stepbarrier.config import JOB_NAME, BarrierConfig
+from stepbarrier.connection import RedisClient, call_with_retries, make_client
+from stepbarrier.errors import RedisRefused
+from stepbarrier.keys import PREFIX, JobKeys
+from stepbarrier.status import STATUS_RETRY_SECONDS, JobStatus, read_status
+
+__all__ = ["MAX_JOBS", "JobListing", "JobSummary", "find_jobs", "job_of_state_key", "list_jobs"]
+
+log = logging.getLogger("stepbarrier.job_listing")
+
+MAX_JOBS = 10_000
+"""Most jobs one listing reads (each costs three round trips, the last of them one
+command per waiting worker, as ``read_status``); more are left out."""
+SCAN_COUNT = 1000
+"""Keys each ``SCAN`` call looks at: fewer round trips over a large keyspace."""
+
+_STATE_HEAD = f"{PREFIX}:{{"
+_STATE_TAIL = "}:state"
+
+
+@dataclass(frozen=True)
+class JobSummary:
+    """One line of the listing: a job's progress, without the workers one by one.
+
+    Attributes:
+        job: The job name.
+        run_id: The run id its chief stored, if any.
+        step: The chief's stored step (``None`` before any chief wrote one).
+        generation: The chief generation that wrote it.
+        done: True once the chief closed the job.
+        heartbeat_age: Seconds since the chief's last write, by Redis's clock.
+        waiting_workers: Registered waiting workers.
+        next_wait_until_step: The lowest step a worker waits for (``None``: none waits).
+        oldest_wait: Seconds the longest-waiting worker has waited, by this
+            host's clock against the worker's (``None``: none waits, or no
+            waiter stored a plausible start).
+        problems: Malformed content in the job's keys, or why it could not be read.
+    """
+
+    job: str
+    run_id: str | None
+    step: int | None
+    generation: int | None
+    done: bool
+    heartbeat_age: float | None
+    waiting_workers: int
+    next_wait_until_step: int | None
+    oldest_wait: float | None
+    problems: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, status: JobStatus, now: float) -> JobSummary:
+        """The summary of ``status``; ``now`` is the Unix time the waits are measured to."""
+        starts = [w.since for w in status.waiters if w.since is not None]
+        return cls(
+            job=status.job,
+            run_id=status.run_id,
+            step=status.step,
+            generation=status.generation,
+            done=status.done,
+            heartbeat_age=status.heartbeat_age,
+            waiting_workers=len(status.waiters),
+            next_wait_until_step=min((w.wait_until_step for w in status.waiters), default=None),
+            oldest_wait=round(max(0.0, now - min(starts)), 3) if starts else None,
+            problems=status.problems,
+        )
+
+    @classmethod
+    def unreadable(cls, job: str, reason: str) -> JobSummary:
+        """A job found but not read (the user may not read its keys)."""
+        return cls(job, None, None, None, False, None, 0, None, None, (reason,))
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dictionary (``stepbarrier jobs --json``); every number is finite."""
+        data = dataclasses.asdict(self)
+        data["problems"] = list(self.problems)
+        return data
+
+
+@dataclass(frozen=True)
+class JobListing:
+    """The jobs found, by name.
+
+    Attributes:
+        jobs: One summary per job.
+        complete: False when more than ``MAX_JOBS`` jobs matched and some were left out.
+    """
+
+    jobs: tuple[JobSummary, ...]
+    complete: bool = True
+
+
+def job_of_state_key(key: bytes | str) -> str | None:
+    """The job whose state key is ``key``, or ``None`` if ``key`` is no job's state key.
+
+    A glob cannot tell a state key from a key that only looks like one (a
+    worker's entry ``stepbarrier:{a}:waiter:x}:state`` matches
+    ``stepbarrier:{*}:state``), so the name is taken out and checked strictly.
+    """
+    try:
+        text = key.decode("ascii") if isinstance(key, bytes) else key
+    except UnicodeDecodeError:
+        return None
+    if not (text.startswith(_STATE_HEAD) and text.endswith(_STATE_TAIL)):
+        return None
+    job = text[len(_STATE_HEAD) : -len(_STATE_TAIL)]
+    if JOB_NAME.fullmatch(job) is None:
+        return None
+    return job if JobKeys.for_job(job).state == text else None
+
+
+def _scan(client: RedisClient, match: str) -> Iterator[bytes | str]:
+    if isinstance(client, RedisCluster):
+        # every master holds its own slots' keys (replicas only copies of them)
+        for node in client.get_primaries():  # type: ignore[no-untyped-call]
+            yield from client.scan_iter(match=match, count=SCAN_COUNT, target_nodes=node)
+    else:
+        yield from client.scan_iter(match=match, count=SCAN_COUNT)
+
+
+def find_jobs(client: RedisClient, pattern: str = "*", *, limit: int = MAX_JOBS) -> list[str]:
+    """The names of the jobs whose names match ``pattern``, sorted; at most ``limit + 1``.
+
+    Args:
+        client: A client of the Redis (every master of a Cluster is scanned).
+        pattern: A job name, or a glob such as ``team-a-*`` (as ``stepbarrier acl``'s).
+        limit: Stop once more than this many jobs were found.
+
+    Raises:
+        ConfigurationError: ``pattern`` is not a valid jobs pattern.
+    """
+    match = JobKeys.for_job(validate_jobs_pattern(pattern)).state
+    found: set[str] = set()  # SCAN may return a key twice
+    for key in _scan(client, match):
+        job = job_of_state_key(key)
+        if job is not None:
+            found.add(job)
+            if len(found) > limit:
+                break
+    return sorted(found)
+
+
+def list_jobs(
+    config: BarrierConfig,
+    client: RedisClient | None = None,
+    *,
+    pattern: str = "*",
+    limit: int = MAX_JOBS,
+    retry_seconds: float = STATUS_RETRY_SECONDS,
+    now: Callable[[], float] = time.time,
+) -> JobListing:
+    """Find the jobs whose names match ``pattern`` and read each one.
+
+    A job the user may not read is listed with the refusal as its problem; a
+    job whose keys vanished between the scan and its read (reset, expired) is
+    left out.
+
+    Args:
+        config: Where Redis is and who to be; its job is ignored.
+        client: A redis-py client; one is made (and closed) if omitted.
+        pattern: A job name, or a glob such as ``team-a-*``.
+        limit: Most jobs read.
+        retry_seconds: How long the scan retries an unreachable Redis (each
+            job's read retries as ``read_status`` does).
+        now: The clock that waits are measured to (Unix time).
+
+    Raises:
+        ConfigurationError: ``pattern`` is not a valid jobs pattern.
+        RedisUnavailable: Redis stayed unreachable.
+        RedisRefused: Redis refused the scan or the reads (authentication, ACL,
+            no Functions library).
+    """
+    validate_jobs_pattern(pattern)
+    made: list[RedisClient] = []
+
+    def scan() -> list[str]:
+        if client is not None:
+            return find_jobs(client, pattern, limit=limit)
+        if not made:  # a Cluster client reads the slot map at once: within the retries
+            made.append(make_client(config))
+        return find_jobs(made[0], pattern, limit=limit)
+
+    try:
+        names = call_with_retries(
+            scan,
+            config,
+            action="list the jobs",
+            deadline=time.monotonic() + retry_seconds,
+            clock=time.monotonic,
+            sleep=time.sleep,
+        )
+        active = client if client is not None else made[0]
+        summaries = [_summary(config, active, job, now) for job in names[:limit]]
+    finally:
+        for own in made:
+            own.close()
+    if len(names) > limit:
+        log.warning("more than %d jobs match %r: only the first %d are read", limit, pattern, limit)
+    found = tuple(summary for summary in summaries if summary is not None)
+    return JobListing(found, complete=len(names) <= limit)
+
+
+def _summary(
+    config: BarrierConfig, client: RedisClient, job: str, now: Callable[[], float]
+) -> JobSummary | None:
+    try:
+        status = read_status(dataclasses.replace(config, job=job), client)
+    except RedisRefused as exc:
+        if exc.kind != "permission":  # authentication, no library: the same for every job
+            raise
+        reason = " ".join(str(exc).split())
+        return JobSummary.unreadable(job, f"not readable by this user: {reason}")
+    if _vanished(status):
+        return None
+    return JobSummary.of(status, now())
+
+
+def _vanished(status: JobStatus) -> bool:
+    return (
+        status.step is None
+        and status.generation is None
+        and status.heartbeat_age is None
+        and not (status.done or status.waiters or status.problems)
+    )
