@@ -48,6 +48,7 @@ from harness import (
     RedisServer,
     child_env,
     child_process,
+    git,
     load_average,
     ms,
     save,
@@ -482,6 +483,8 @@ def distinct(server: RedisServer, quick: bool) -> dict[str, Any]:
     job = f"fleet-distinct-{uuid.uuid4().hex[:6]}"
     config = BarrierConfig(job=job, redis_url=server.url, role="chief", task_id=0)
     client = server.client()
+    # first, alone on the server: the commands counted are the reads' own
+    costs = status_costs(server.url, static_fleet(server.url, total), client)
     helpers = [
         child_process(
             "fleet.py", "--role", "aio", server.url, job, str(per_process), "0", str(1 + i),
@@ -491,7 +494,6 @@ def distinct(server: RedisServer, quick: bool) -> dict[str, Any]:
     ]  # fmt: skip
     handed: dict[int, float] = {}
     try:
-        costs = status_costs(server.url, static_fleet(server.url, total), client)
         wait_until(lambda: client.zcard(config.keys.targets) >= total, 300, "registered")
         before = client.info("commandstats")
         started = time.monotonic()
@@ -578,7 +580,11 @@ def main() -> None:
                 result[part] = distinct(server, args.quick)
             print(json.dumps(brief(result[part]), indent=1), file=sys.stderr, flush=True)
     result.update(
-        seconds=time.monotonic() - started, load_before=load_before, load_after=load_average()
+        seconds=time.monotonic() - started,
+        load_before=load_before,
+        load_after=load_average(),
+        commit=git("rev-parse", "--short", "HEAD"),
+        dirty=bool(git("status", "--porcelain", "--untracked-files=no", "stepbarrier")),
     )
     save("fleet", result)
 

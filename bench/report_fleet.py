@@ -236,6 +236,14 @@ def fleet_section(fleet: dict[str, Any] | None) -> list[str]:
                 f"{shown or '-'} |"
             )
         lines.append("")
+    if "commit" in fleet:
+        lines.append(
+            f"Run: commit {fleet['commit']}"
+            + (" with uncommitted changes in stepbarrier/" if fleet.get("dirty") else "")
+            + f", {'quick' if fleet['quick'] else 'full'}, {fleet['seconds']:.0f} s, load "
+            f"average before {fleet['load_before']}, after {fleet['load_after']}."
+        )
+        lines.append("")
     lines += ["![fleet wake](fleet_wake.png)", ""]
     return lines
 

@@ -40,9 +40,9 @@ from stepbarrier.aio_connection import (
     check_async_support,
     make_async_client,
 )
-from stepbarrier.aio_subscription import Announcement, Lost, Mailbox, SharedSubscription
+from stepbarrier.aio_subscription import Announcement, Ended, Lost, Mailbox, SharedSubscription
 from stepbarrier.config import BarrierConfig
-from stepbarrier.errors import BarrierTimeout, RedisUnavailable
+from stepbarrier.errors import BarrierTimeout, RedisUnavailable, StepBarrierError
 from stepbarrier.wait_rules import ReadNow, WaitRules
 from stepbarrier.waiter_link import (
     Snapshot,
@@ -55,8 +55,8 @@ from stepbarrier.waiter_link import (
 log = logging.getLogger("stepbarrier.aio")
 
 LEAVE_TIMEOUT = 2.0
-"""Seconds an ending (or cancelled) wait waits for its unregistration; an entry
-left behind expires by itself."""
+"""Seconds ``close`` waits for unregistrations still queued (an entry left behind
+expires by itself)."""
 
 __all__ = ["AsyncStepWaiter"]
 
@@ -97,7 +97,7 @@ class AsyncStepWaiter:
         self._clock = clock
         self._sleep = sleep
         self._subscription = SharedSubscription(
-            self._connected, config.keys.channel, config.run_id, clock
+            self._connected, config.keys.channel, config.run_id, clock, self._read_once
         )
         self._batcher = CallBatcher(self._code_runner, config.keys)
 
@@ -162,6 +162,9 @@ class AsyncStepWaiter:
         elif client is not None:
             self._client = client  # the caller's: it stays theirs, and ours to use
 
+    async def _read_once(self) -> Snapshot:
+        return await self._batcher.sync(None)
+
     def _connected(self) -> AsyncClient:
         if self._client is None:
             self._client = make_async_client(self.config)
@@ -196,7 +199,7 @@ class _AsyncWait:
         self.entry = registry_entry(self.config, target, since=time.time())
         self.registered = False
         self.registered_at: float | None = None
-        self.mailbox = Mailbox(target)
+        self.mailbox = Mailbox(target, self._judge)
         self.epoch = 0
         self.heard = 0  # the subscription's messages this wait has taken in
 
@@ -242,6 +245,11 @@ class _AsyncWait:
                 if released is not None:
                     return released
                 next_read = self.clock() + interval
+            elif isinstance(item, Ended):
+                if item.error is not None:
+                    raise item.error
+                assert item.step is not None
+                return item.step
             elif item is not None:
                 released = await self._on_announcement(item)
                 if released is not None:
@@ -279,7 +287,21 @@ class _AsyncWait:
             sleep=self.waiter._sleep,
         )
         self._catch_up()
-        return self.rules.on_snapshot(snapshot)
+        try:
+            return self.rules.on_snapshot(snapshot)
+        finally:
+            self.mailbox.generation = self.rules.generation
+
+    def _judge(self, snapshot: Snapshot) -> Ended | None:
+        """A read made for every wait (a new chief generation): ended, or go on."""
+        self._catch_up()
+        try:
+            step = self.rules.on_snapshot(snapshot)
+        except StepBarrierError as exc:
+            return Ended(None, exc)
+        finally:
+            self.mailbox.generation = self.rules.generation
+        return None if step is None else Ended(step)
 
     def _catch_up(self) -> None:
         """Take in the announcements that were not this wait's to act on (steps below
@@ -324,10 +346,11 @@ class _AsyncWait:
         """Unregister, even while being cancelled (one try; an entry left behind expires)."""
         self.registered = False
         done = self.waiter._batcher.leave(leave_call(self.config.keys, self.id))
-        # the batcher sends it whatever happens to this task; waiting for it here
-        # means that once wait() has ended, the entry is gone
-        await asyncio.wait({done}, timeout=LEAVE_TIMEOUT)
-        if done.done() and not done.cancelled() and done.exception() is not None:
-            log.debug(
-                "job %s: could not unregister (%s); it expires", self.config.job, done.exception()
-            )
+        # the batcher sends it whatever happens to this task (shielded: a second
+        # cancellation does not take it back); waiting for it here means that
+        # once wait() has ended, the entry is gone. Its round trip is bounded by
+        # the connection's timeouts.
+        try:
+            await asyncio.shield(done)
+        except Exception as exc:
+            log.debug("job %s: could not unregister (%s); it expires", self.config.job, exc)

@@ -6,7 +6,10 @@ only the waits it concerns: those whose target the announced step reached
 (a reset, a finished job, a new chief generation). The others are not woken
 for a step below their target: they take in what it says (the chief is alive,
 at that step) from ``latest`` when they next act, so a chief crossing 10,000
-distinct targets costs each announcement a lookup, not 10,000 wake-ups.
+distinct targets costs each announcement a lookup, not 10,000 wake-ups. A new
+chief generation concerns every wait (each must read the state again): the
+subscription reads it once, for all, and each wait judges that read at once,
+without waking unless it is released or aborted.
 
 When the subscription breaks (or a wait finds it dead: the step moves and no
 announcement comes) every listener gets a ``Lost`` item: each subscribes
@@ -23,7 +26,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +37,7 @@ from stepbarrier.aio_connection import AsyncClient
 from stepbarrier.connection import CONNECT_TIMEOUT
 from stepbarrier.protocol import StepAnnouncement, parse_announcement, preview
 from stepbarrier.subscription import SubscriptionLost
+from stepbarrier.waiter_link import Snapshot
 
 log = logging.getLogger("stepbarrier.aio")
 
@@ -54,7 +58,15 @@ class Lost:
     error: BaseException
 
 
-Item = Announcement | Lost
+@dataclass(frozen=True)
+class Ended:
+    """A read made for every wait ended this one: released at ``step``, or ``error``."""
+
+    step: int | None
+    error: BaseException | None = None
+
+
+Item = Announcement | Lost | Ended
 
 
 class Mailbox:
@@ -62,10 +74,15 @@ class Mailbox:
 
     Args:
         target: The step the wait waits for.
+        judge: Judges a read of the state made for every wait (``on_snapshot``
+            of the wait's rules): its ``Ended``, or ``None`` to go on waiting.
     """
 
-    def __init__(self, target: int) -> None:
+    def __init__(self, target: int, judge: Callable[[Snapshot], Ended | None]) -> None:
         self.target = target
+        self.judge = judge
+        self.generation = 0
+        """The chief generation the wait has read (kept up to date by the wait)."""
         self._items: deque[Item] = deque()
         self._waiter: asyncio.Future[None] | None = None
 
@@ -106,6 +123,7 @@ class SharedSubscription:
         channel: The job's channel.
         run_id: The waits' run id (another run's announcements concern none).
         clock: The waits' monotonic clock.
+        read: Reads the state once (one try), for every wait.
     """
 
     def __init__(
@@ -114,11 +132,14 @@ class SharedSubscription:
         channel: str,
         run_id: str | None,
         clock: Callable[[], float],
+        read: Callable[[], Awaitable[Snapshot]],
     ) -> None:
         self._connect = connect
         self._channel = channel
         self._run_id = run_id
         self._clock = clock
+        self._read_state = read
+        self._rereads: set[asyncio.Task[None]] = set()
         self._listeners: set[Mailbox] = set()
         self._targets: list[int] = []  # the listeners' targets, sorted, each once
         self._by_target: dict[int, set[Mailbox]] = {}
@@ -237,18 +258,41 @@ class SharedSubscription:
         if not parsed.reset and parsed.run_id != self._run_id:
             return  # another run's chief: it neither releases nor aborts these waits
         item = Announcement(parsed, raw)
-        if parsed.reset or parsed.done or parsed.generation != self._generation:
-            # concerns every wait: an abort, or a generation they have not read yet
+        if parsed.reset or parsed.done:  # an abort concerns every wait
             self._generation = parsed.generation
             for mailbox in list(self._listeners):
                 mailbox.put(item)
             return
+        if parsed.generation != self._generation:
+            self._generation = parsed.generation
+            # (rare: a new chief, or the first announcement heard) has every wait
+            # read this generation already? if not, one read for them all
+            if any(m.generation != parsed.generation for m in self._listeners):
+                task = asyncio.create_task(self._reread(item, list(self._listeners)))
+                self._rereads.add(task)
+                task.add_done_callback(self._rereads.discard)
+                return
         assert parsed.step is not None
         self.latest = (parsed, self._clock())
         reached = bisect.bisect_right(self._targets, parsed.step)
         for target in self._targets[:reached]:
             for mailbox in self._by_target[target]:
                 mailbox.put(item)
+
+    async def _reread(self, item: Announcement, listeners: list[Mailbox]) -> None:
+        """Read the state once for ``listeners`` (all subscribed before this read) and let
+        each judge it; if the read fails, each reads on its own."""
+        try:
+            snapshot = await self._read_state()
+        except Exception:
+            for mailbox in listeners:
+                mailbox.put(item)
+            return
+        for mailbox in listeners:
+            if mailbox in self._listeners:
+                ended = mailbox.judge(snapshot)
+                if ended is not None:
+                    mailbox.put(ended)
 
     def _drop(self, exc: BaseException) -> None:
         """Close the current subscription and tell every listener."""
@@ -258,6 +302,8 @@ class SharedSubscription:
             mailbox.put(Lost(epoch, exc))
 
     def _shut(self) -> None:
+        for task in list(self._rereads):
+            task.cancel()
         pubsub, self._pubsub = self._pubsub, None
         reader, self._reader = self._reader, None
         if reader is not None and reader is not asyncio.current_task():

@@ -430,3 +430,23 @@ def test_an_announcement_wakes_only_the_waits_whose_step_it_reached(
     released, woken = run(scenario())
     assert released == [10] * 10
     assert sorted(woken) == list(range(1, 11))  # not the 90 waits still below their step
+
+
+def test_a_new_chief_generation_is_read_once_for_every_wait(config: BarrierConfig) -> None:
+    async def scenario() -> tuple[list[int], int]:
+        async with AsyncStepWaiter(config) as waiter:
+            tasks = [asyncio.create_task(waiter.wait(t, timeout=20)) for t in range(1, 201)]
+            await registered(config, 200)
+            before = waiter.round_trips
+            with StepPublisher(config) as chief:
+                chief.publish(100)  # a chief's first write: a generation no wait has read
+                released = await asyncio.gather(*tasks[:100])
+                round_trips = waiter.round_trips - before
+                chief.publish(200)
+                await asyncio.gather(*tasks)
+            return released, round_trips
+
+    released, round_trips = run(scenario())
+    assert released == [100] * 100  # released by that one read (the step came first)
+    # one read for the 200 waits, and the released waits' unregistrations (pipelined)
+    assert round_trips <= 4, round_trips
