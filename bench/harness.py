@@ -16,13 +16,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterable, Sequence
+import threading
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import redis
 
-from stepbarrier.local_cluster import EmbeddedRedis
+from stepbarrier.cli.local_cluster import EmbeddedRedis
 
 BENCH_DIR = Path(__file__).resolve().parent
 ROOT = BENCH_DIR.parent
@@ -194,3 +195,15 @@ def save(name: str, data: dict[str, Any]) -> Path:
 def ms(seconds: Iterable[float]) -> list[float]:
     """Seconds to milliseconds."""
     return [s * 1000.0 for s in seconds]
+
+
+def run_threads(count: int, run: Callable[[int], None]) -> None:
+    """Run ``run(0) .. run(count - 1)`` at once in daemon threads; return when all end.
+
+    The helper processes use it to stand in for ``count`` waiting workers.
+    """
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()

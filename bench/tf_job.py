@@ -51,7 +51,7 @@ from harness import (
     summarize,
 )
 
-from stepbarrier.local_cluster import free_port
+from stepbarrier.cli.local_cluster import free_port
 
 PERIODS = (0.01, 0.2)
 """The chief's step periods (seconds) of the wake-latency phases."""

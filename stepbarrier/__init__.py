@@ -10,6 +10,7 @@ and ``tenacity``; TensorFlow and Keras live in ``stepbarrier.tf_hooks`` and
 ``stepbarrier.keras_callbacks``. Importing stepbarrier contacts no server.
 """
 
+from stepbarrier import _moved
 from stepbarrier.barrier import Barrier
 from stepbarrier.barrier_state import BarrierState
 from stepbarrier.config import BarrierConfig
@@ -27,6 +28,8 @@ from stepbarrier.status import BarrierInfo, JobStatus, WaiterInfo, read_status
 from stepbarrier.waiter import StepWaiter
 
 __version__ = "0.1.0"
+
+_moved.alias_moved_modules()  # the operator modules' old names: stepbarrier.exporter, ...
 
 __all__ = [
     "Barrier",

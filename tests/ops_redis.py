@@ -17,7 +17,7 @@ from pathlib import Path
 
 import redis
 
-from stepbarrier.acl_rules import password_hash
+from stepbarrier.cli.acl_rules import password_hash
 from stepbarrier.redis_code import LIBRARY_NAME
 from tests.conftest import ROOT
 from tests.redis_harness import RedisServer

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from stepbarrier import ConfigurationError
-from stepbarrier.acl_rules import (
+from stepbarrier.cli.acl_rules import (
     ADMIN_ROLES,
     JOB_ROLES,
     ROLES,
@@ -28,7 +28,7 @@ from stepbarrier.acl_rules import (
     role_rules,
     rules_for,
 )
-from stepbarrier.cli_reporting import EXIT_USAGE
+from stepbarrier.cli.reporting import EXIT_USAGE
 from stepbarrier.keys import JobKeys
 from tests.conftest import subprocess_env
 

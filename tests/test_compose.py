@@ -14,7 +14,7 @@ import compose
 import pytest
 
 from stepbarrier import BarrierConfig
-from stepbarrier.acl_rules import password_hash
+from stepbarrier.cli.acl_rules import password_hash
 from stepbarrier.config import ENVIRONMENT_VARIABLES
 from stepbarrier.redis_code import LIBRARY_VERSION, function_name
 from tests.conftest import ROOT

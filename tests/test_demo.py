@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from stepbarrier import BarrierConfig, StepPublisher, StepWaiter, read_status
-from stepbarrier.demo import default_schedule, default_step_sleep
-from stepbarrier.local_cluster import EmbeddedRedis
+from stepbarrier.cli.demo import default_schedule, default_step_sleep
+from stepbarrier.cli.local_cluster import EmbeddedRedis
 from stepbarrier.schedule import schedule_wait_until_step
 from tests.conftest import subprocess_env
 from tests.redis_harness import pid_alive
@@ -57,7 +57,9 @@ def test_default_pace_is_bounded() -> None:
 
 
 def test_the_demo_and_the_cli_do_not_import_tensorflow() -> None:
-    code = "import sys, stepbarrier.cli, stepbarrier.demo; assert 'tensorflow' not in sys.modules"
+    code = (
+        "import sys, stepbarrier.cli, stepbarrier.cli.demo; assert 'tensorflow' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], env=subprocess_env(), check=True)
 
 

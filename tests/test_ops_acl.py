@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from stepbarrier import BarrierConfig, StepPublisher, StepWaiter, read_status
-from stepbarrier.acl_rules import acl_line, password_hash
+from stepbarrier.cli.acl_rules import acl_line, password_hash
 from stepbarrier.redis_code import LIBRARY_VERSION, function_name, library_source
 from tests.conftest import subprocess_env
 from tests.ops_redis import (

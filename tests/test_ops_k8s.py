@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from stepbarrier import BarrierConfig
-from stepbarrier.acl_rules import password_hash
+from stepbarrier.cli.acl_rules import password_hash
 from stepbarrier.config import ENVIRONMENT_VARIABLES
 from stepbarrier.redis_code import LIBRARY_VERSION, function_name, library_source
 from tests.conftest import ROOT

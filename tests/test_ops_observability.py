@@ -15,9 +15,9 @@ import pytest
 import yaml
 
 from stepbarrier import BarrierConfig
-from stepbarrier.acl_rules import password_hash
-from stepbarrier.cli_ops import exporter
-from stepbarrier.exporter import DEFAULT_PORT, JOB_GAUGES, METRIC_NAMES
+from stepbarrier.cli.acl_rules import password_hash
+from stepbarrier.cli.exporter import DEFAULT_PORT, JOB_GAUGES, METRIC_NAMES
+from stepbarrier.cli.ops import exporter
 from tests.conftest import ROOT
 from tests.test_compose import resolve
 from tests.test_ops_k8s import acl_hash, find, role_password

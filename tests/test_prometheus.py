@@ -18,8 +18,8 @@ import pytest
 import yaml
 
 from stepbarrier import BarrierConfig
-from stepbarrier.exporter import serve
-from stepbarrier.local_cluster import free_port
+from stepbarrier.cli.exporter import serve
+from stepbarrier.cli.local_cluster import free_port
 from tests.conftest import ROOT
 from tests.observability import eventually, live_job, prefix
 from tests.redis_harness import RedisServer

@@ -14,7 +14,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from stepbarrier import BarrierConfig, RedisRefused, StepPublisher, StepWaiter
-from stepbarrier.acl_rules import acl_line, password_hash
+from stepbarrier.cli.acl_rules import acl_line, password_hash
 from stepbarrier.redis_code import library_source
 from tests.cluster.conftest import Timings
 from tests.cluster_harness import HOST, LocalCluster

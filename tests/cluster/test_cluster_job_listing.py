@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from stepbarrier import BarrierConfig
 from stepbarrier.cli import cli
-from stepbarrier.exporter import serve
+from stepbarrier.cli.exporter import serve
 from stepbarrier.keys import JobKeys
 from stepbarrier.redis_code import library_source
 from tests.cluster.conftest import Timings

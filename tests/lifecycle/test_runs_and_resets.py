@@ -367,7 +367,7 @@ def test_a_progress_timeout_ends_a_wait_on_a_live_chief_that_stopped_moving(
 def test_a_contributor_whose_user_may_not_write_the_step_says_so_once_and_stops(
     redis_server: RedisServer, client: redis.Redis, job: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from stepbarrier.acl_rules import role_rules
+    from stepbarrier.cli.acl_rules import role_rules
 
     client.execute_command(
         "ACL", "SETUSER", f"w-{job}", "on", ">pw", *role_rules("worker", job).split()

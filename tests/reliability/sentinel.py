@@ -15,7 +15,7 @@ from pathlib import Path
 
 import redis
 
-from stepbarrier.acl_rules import role_rules
+from stepbarrier.cli.acl_rules import role_rules
 from stepbarrier.redis_code import install_functions
 from tests.redis_harness import RedisServer, redis_binary
 from tests.reliability.processes import wait_until

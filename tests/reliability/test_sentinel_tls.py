@@ -21,7 +21,7 @@ import pytest
 
 from stepbarrier import BarrierConfig, RedisRefused, StepPublisher, read_status
 from stepbarrier import connection as connection_module
-from stepbarrier.cli_reporting import EXIT_USAGE
+from stepbarrier.cli.reporting import EXIT_USAGE
 from stepbarrier.connection import make_client
 from tests.conftest import subprocess_env
 from tests.reliability.sentinel import Lockdown, SentinelGroup

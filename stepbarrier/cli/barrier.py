@@ -7,15 +7,13 @@ until all are up (``arrive start``) and the chief until every worker is done
 
 from __future__ import annotations
 
-import functools
-import logging
 from typing import Any
 
 import click
 
 from stepbarrier.barrier import Barrier
 from stepbarrier.barrier_state import MAX_PARTIES
-from stepbarrier.cli_reporting import (
+from stepbarrier.cli.reporting import (
     EXIT_ABORTED,
     EXIT_OK,
     EXIT_TIMEOUT,
@@ -23,9 +21,9 @@ from stepbarrier.cli_reporting import (
     EXIT_USAGE,
     connection_options,
     current_session,
-    reporting,
-    variable_option,
+    reporting_warnings,
 )
+from stepbarrier.cli.wait_options import task_id_option, timeout_options
 
 ARRIVE_EXIT_CODES = f"""\b
 Exit codes:
@@ -49,29 +47,10 @@ Exit codes:
     metavar="N",
     help="How many tasks arrive: task ids 0..N-1 (the chief is 0).",
 )
-@variable_option(
-    "--task-id",
-    variable="STEPBARRIER_TASK_ID",
-    type=click.IntRange(0),
-    metavar="ID",
-    help="This task's id (or TF_CONFIG says it).",
-)
-@variable_option(
-    "--timeout",
-    variable="STEPBARRIER_TIMEOUT",
-    type=click.FloatRange(0, min_open=True),
-    metavar="SECONDS",
-    help="Give up (exit 3) after this long; no limit by default.",
-)
-@variable_option(
-    "--stall-timeout",
-    variable="STEPBARRIER_STALL_TIMEOUT",
-    type=click.FloatRange(0, min_open=True),
-    metavar="SECONDS",
-    help="Give up (exit 3) after this long without a new arrival (default 600).",
-)
+@task_id_option("This task's id (or TF_CONFIG says it).")
+@timeout_options("a new arrival")
 @click.option("--no-wait", is_flag=True, help="Record the arrival and exit at once.")
-@functools.partial(reporting, quiet_level=logging.WARNING)  # a long wait tells of trouble
+@reporting_warnings
 def arrive(name: str, parties: int, no_wait: bool, **_: Any) -> None:
     """Arrive at barrier NAME and wait until tasks 0..N-1 have all arrived.
 

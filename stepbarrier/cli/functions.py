@@ -12,7 +12,7 @@ import os
 
 import click
 
-from stepbarrier.cli_reporting import EXIT_CODES, connection_options, current_session, reporting
+from stepbarrier.cli.reporting import EXIT_CODES, connection_options, current_session, reporting
 from stepbarrier.config import BarrierConfig
 from stepbarrier.connection import with_client
 from stepbarrier.redis_code import (

@@ -272,6 +272,15 @@ def reporting(command: F, *, quiet_level: int = logging.CRITICAL) -> F:
     return run  # type: ignore[return-value]
 
 
+def reporting_warnings(command: F) -> F:
+    """``reporting`` that also shows the library's warnings without ``--verbose``.
+
+    For a command that may run long (``wait``, ``arrive``, ``exporter``): a lost
+    connection or a stalled chief is news while it runs, not only in the last line.
+    """
+    return reporting(command, quiet_level=logging.WARNING)
+
+
 def fail(exc: BaseException, session: _Session) -> None:
     """Print ``exc`` as one masked line (plus the traceback under --debug) and exit."""
     code = exit_code_for(exc)

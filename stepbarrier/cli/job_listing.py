@@ -19,7 +19,7 @@ from typing import Any
 
 from redis.cluster import RedisCluster
 
-from stepbarrier.acl_rules import validate_jobs_pattern
+from stepbarrier.cli.acl_rules import validate_jobs_pattern
 from stepbarrier.config import JOB_NAME, BarrierConfig
 from stepbarrier.connection import RedisClient, call_with_retries, make_client
 from stepbarrier.errors import RedisRefused

@@ -28,17 +28,17 @@ from typing import Any
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
-from rich.table import Table
 from rich.text import Text
 
+from stepbarrier.cli.demo_summary import release_summary
+from stepbarrier.cli.local_cluster import LOOPBACK, EmbeddedRedis, ProcessGroup, free_port
+from stepbarrier.cli.status_view import status_view
 from stepbarrier.config import BarrierConfig, validate_job
 from stepbarrier.errors import ConfigurationError, StepBarrierError
-from stepbarrier.local_cluster import LOOPBACK, EmbeddedRedis, ProcessGroup, free_port
 from stepbarrier.schedule import schedule_wait_until_step, validate_schedule
 from stepbarrier.status import JobStatus, read_status
-from stepbarrier.status_view import status_view
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "tf1_parameter_server.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tf1_parameter_server.py"
 """The training script the demo runs (in a source checkout)."""
 RAMP_SECONDS = 10.0
 """About how long the chief alone takes to reach the first worker's step."""
@@ -269,54 +269,10 @@ class _Demo:
         return data if isinstance(data, dict) else {}
 
     def _summary(self) -> RenderableType:
-        chief = self._record("chief-0")
-        step_times = [(int(s), float(t)) for s, t in chief.get("step_times") or []]
-        rows = []
-        for index in range(self.workers):
-            record = self._record(f"worker-{index}")
-            task_id = record.get("task_id", index + 1)
-            target = record.get("wait_until_step", self.targets[index])
-            latency, note = self._latency(record, target, step_times, task_id)
-            released = _text(record.get("released_at_step"))
-            trained = _text(record.get("steps_trained"))
-            rows.append((f"worker {task_id}", str(target), released, latency, trained, note))
-        table = Table(title=f"job {self.job}: {self.schedule}, {self.steps} steps")
-        headers = ["task", "wait_until_step", "released at", "wake latency", "steps trained"]
-        if any(row[-1] for row in rows):
-            headers.append("note")
-        for header in headers:
-            table.add_column(header, justify="left" if header == "note" else "right", no_wrap=True)
-        for row in rows:  # the cells come from the tasks' record files: never markup
-            table.add_row(*(Text(cell) for cell in row[: len(headers)]))
-        return Group(
-            Text(""),
-            table,
-            Text(
-                "released at: the chief's step that released the worker; wake latency: its "
-                "release time minus the time the chief finished its first step at or past "
-                "the target",
-                style="dim",
-            ),
+        return release_summary(
+            f"job {self.job}: {self.schedule}, {self.steps} steps",
+            chief=self._record("chief-0"),
+            workers=[self._record(f"worker-{index}") for index in range(self.workers)],
+            targets=self.targets,
+            first_wait=self.first_wait,
         )
-
-    def _latency(
-        self, record: dict[str, Any], target: int, step_times: list[tuple[int, float]], task_id: Any
-    ) -> tuple[str, str]:
-        released = record.get("released_at")
-        if not record:
-            return "-", "no record"
-        if target <= 0:
-            return "-", "did not wait"
-        if not isinstance(released, (int, float)):
-            return "-", "not released (aborted?)"
-        reached = next((t for s, t in step_times if s >= target), None)
-        if reached is None:
-            return "-", "chief's step times missing"
-        started = self.first_wait.get(task_id) if isinstance(task_id, int) else None
-        if started is None or started > reached:
-            return "-", "its step had passed when it started"
-        return f"{(released - reached) * 1000:.1f} ms", ""
-
-
-def _text(value: Any) -> str:
-    return "-" if value is None else str(value)

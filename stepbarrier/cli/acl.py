@@ -1,6 +1,6 @@
 """``stepbarrier acl``: one users.acl line for a role, confined to the jobs of a pattern.
 
-A thin click layer over ``stepbarrier.acl_rules``. The password is read from a
+A thin click layer over ``stepbarrier.cli.acl_rules``. The password is read from a
 file or from stdin and only its SHA-256 is printed: it appears in clear nowhere.
 """
 
@@ -10,8 +10,8 @@ import sys
 
 import click
 
-from stepbarrier.acl_rules import ROLES, acl_line, password_hash, rules_for, validate_user
-from stepbarrier.cli_reporting import EXIT_CODES, current_session, reporting
+from stepbarrier.cli.acl_rules import ROLES, acl_line, password_hash, rules_for, validate_user
+from stepbarrier.cli.reporting import EXIT_CODES, current_session, reporting
 from stepbarrier.errors import ConfigurationError
 
 

@@ -17,10 +17,10 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from stepbarrier.barrier_view import barriers_table
+from stepbarrier.cli.barrier_view import barriers_table
+from stepbarrier.cli.waiter_summary_view import summary_view
 from stepbarrier.status import JobStatus, WaiterInfo
 from stepbarrier.waiter_summary import WaiterSummary
-from stepbarrier.waiter_summary_view import summary_view
 
 UNKNOWN = "?"
 """Shown for a time a waiter's entry does not hold plausibly."""

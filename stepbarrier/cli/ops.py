@@ -1,6 +1,6 @@
 """``stepbarrier jobs`` and ``stepbarrier exporter``: every job of a Redis, for operators.
 
-A thin click layer over ``stepbarrier.job_listing`` and ``stepbarrier.exporter``.
+A thin click layer over ``stepbarrier.cli.job_listing`` and ``stepbarrier.cli.exporter``.
 Neither command needs ``STEPBARRIER_JOB`` (it is ignored): they cover every
 job, or those whose names match ``--job`` (a name, or a glob such as
 ``team-a-*``). The ``monitor`` ACL user is enough for both.
@@ -8,9 +8,7 @@ job, or those whose names match ``--job`` (a name, or a glob such as
 
 from __future__ import annotations
 
-import functools
 import json
-import logging
 import signal
 import threading
 from collections.abc import Callable
@@ -19,19 +17,20 @@ from typing import Any, TypeVar
 import click
 from rich.console import Console
 
-from stepbarrier.acl_rules import validate_jobs_pattern
-from stepbarrier.cli_reporting import (
+from stepbarrier.cli.acl_rules import validate_jobs_pattern
+from stepbarrier.cli.exporter import DEFAULT_BIND, DEFAULT_PORT, MIN_READ_INTERVAL, serve
+from stepbarrier.cli.job_listing import list_jobs
+from stepbarrier.cli.jobs_view import jobs_view
+from stepbarrier.cli.reporting import (
     EXIT_CODES,
     current_session,
     reporting,
+    reporting_warnings,
     server_options,
 )
 from stepbarrier.config import BarrierConfig
 from stepbarrier.connection import describe_redis
 from stepbarrier.errors import ConfigurationError
-from stepbarrier.exporter import DEFAULT_BIND, DEFAULT_PORT, MIN_READ_INTERVAL, serve
-from stepbarrier.job_listing import list_jobs
-from stepbarrier.jobs_view import jobs_view
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -123,7 +122,7 @@ def jobs(pattern: str, as_json: bool) -> None:
     metavar="SECONDS",
     help="Serve a reading of Redis again to scrapes this soon after it.",
 )
-@functools.partial(reporting, quiet_level=logging.WARNING)  # Redis outages are logged
+@reporting_warnings  # Redis outages are logged
 def exporter(port: int, bind: str, pattern: str, min_interval: float) -> None:
     """Serve every job's progress to Prometheus on http://ADDRESS:PORT/metrics.
 

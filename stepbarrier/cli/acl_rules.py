@@ -64,7 +64,7 @@ _COMMANDS = {
     "worker": f"{_CONNECT} +fcall {_STATUS} +hset +del +expire +zadd +zrem +rpush +ltrim "
     "+subscribe +ssubscribe +hget +zremrangebyscore +zremrangebyrank",
     # The status reads only (no FCALL: nothing that may write); PING for health
-    # checks and ZRANGE for redis-cli (README, "Monitoring through Redis keys").
+    # checks and ZRANGE for redis-cli (docs/operations.md#through-the-redis-keys).
     # SCAN: `stepbarrier jobs` and the exporter find the jobs by their state keys
     # (there is no index of jobs). SCAN names no key, so the key patterns do not
     # confine it: it shows the names (never the contents) of every key, other

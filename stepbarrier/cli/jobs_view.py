@@ -1,7 +1,7 @@
 """How the ``stepbarrier jobs`` listing looks in a terminal: one row per job.
 
 Only renders a ``JobListing``; finding and reading the jobs is
-``stepbarrier.job_listing``'s job. Whatever came from Redis (run ids, problems)
+``stepbarrier.cli.job_listing``'s job. Whatever came from Redis (run ids, problems)
 goes in as ``Text``, never as markup.
 """
 
@@ -11,8 +11,8 @@ from rich.console import Group, JustifyMethod, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from stepbarrier.job_listing import MAX_JOBS, JobListing, JobSummary
-from stepbarrier.status_view import describe_age
+from stepbarrier.cli.job_listing import MAX_JOBS, JobListing, JobSummary
+from stepbarrier.cli.status_view import describe_age
 
 
 def _seconds(value: float | None) -> str:

@@ -3,7 +3,7 @@
 It serves the Prometheus text format on ``/metrics`` and reads Redis when it
 is scraped, at most once every ``MIN_READ_INTERVAL`` seconds (several
 Prometheus servers scraping it cost one read), through
-``stepbarrier.job_listing``: it needs only the ``monitor`` ACL user. Each job
+``stepbarrier.cli.job_listing``: it needs only the ``monitor`` ACL user. Each job
 is one series per gauge, labelled ``job_name``: never ``job``, which is
 Prometheus's own target label (a clash would rename ours ``exported_job``),
 and never a worker: per-worker labels would make a series of every task of
@@ -36,10 +36,10 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 from wsgiref.simple_server import WSGIServer
 
-from stepbarrier.acl_rules import validate_jobs_pattern
+from stepbarrier.cli.acl_rules import validate_jobs_pattern
+from stepbarrier.cli.job_listing import JobListing, JobSummary, list_jobs
 from stepbarrier.config import BarrierConfig
 from stepbarrier.errors import RedisRefused, RedisUnavailable
-from stepbarrier.job_listing import JobListing, JobSummary, list_jobs
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric

@@ -1,0 +1,105 @@
+"""The ``stepbarrier`` command: a thin click layer over the library.
+
+Each option stands for a ``STEPBARRIER_*`` variable: the command line is laid
+over the environment and the result goes through ``BarrierConfig.from_env``,
+the one place that reads settings. Errors become one line on stderr and an
+exit code (``EXIT_CODES``); ``--debug`` adds the traceback. Passwords are
+masked in every message and log line.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from stepbarrier import __version__
+from stepbarrier.cli.acl import acl
+from stepbarrier.cli.barrier import arrive
+from stepbarrier.cli.functions import functions
+from stepbarrier.cli.job_control import publish, reset, wait
+from stepbarrier.cli.job_status import status, watch
+from stepbarrier.cli.ops import exporter, jobs
+from stepbarrier.cli.reporting import DEMO_EXIT_CODES, EXIT_CODES, reporting
+
+
+@click.group(
+    epilog=EXIT_CODES
+    + """
+\b
+Every option also comes from its STEPBARRIER_* variable, e.g.:
+  export STEPBARRIER_REDIS_URL=redis://redis:6379/0 STEPBARRIER_JOB=mnist-42
+  stepbarrier status
+  stepbarrier wait --until 500 --timeout 600 && ./train.sh
+  stepbarrier demo --workers 3
+"""
+)
+@click.version_option(__version__, prog_name="stepbarrier")
+def cli() -> None:
+    """Hold distributed-training workers until the chief reaches a global step."""
+
+
+@cli.command(epilog=DEMO_EXIT_CODES)
+@click.option(
+    "--workers", type=click.IntRange(1, 16), default=3, show_default=True, help="Number of workers."
+)
+@click.option(
+    "--schedule",
+    metavar="log:K",
+    default=None,
+    help="The workers' ramp (default: log:K with K chosen so the last worker starts at "
+    "60% of the steps).",
+)
+@click.option(
+    "--steps",
+    type=click.IntRange(10, 100_000),
+    default=200,
+    show_default=True,
+    help="Global steps to train.",
+)
+@click.option(
+    "--step-sleep",
+    type=click.FloatRange(0, 5),
+    default=None,
+    metavar="SECONDS",
+    help="Extra seconds after each training step (default: chosen so the chief alone "
+    "takes about 10 s to reach the first worker's step).",
+)
+@click.option("--job", default=None, metavar="NAME", help="Job name (default demo-<random>).")
+@click.option("--example", default=None, hidden=True, help="Training script to run.")
+@click.option(
+    "--redis-kind",
+    type=click.Choice(["auto", "redis-server", "fakeredis"]),
+    default="auto",
+    hidden=True,
+    help="Which embedded Redis to start.",
+)
+@reporting
+def demo(**options: Any) -> None:
+    """Run a local TensorFlow parameter-server job held back by the barrier.
+
+    Starts an embedded Redis on loopback (redis-server if installed, else
+    fakeredis), one ps, the chief and the workers as separate processes, shows
+    the live view and ends with a summary. Ctrl-C stops everything (exit 0).
+    """
+    from stepbarrier.cli.demo import run_demo  # the demo's imports are only paid for here
+
+    sys.exit(run_demo(**options))
+
+
+cli.add_command(status)
+cli.add_command(watch)
+cli.add_command(wait)
+cli.add_command(publish)
+cli.add_command(reset)
+cli.add_command(arrive)
+cli.add_command(functions)
+cli.add_command(acl)
+cli.add_command(jobs)
+cli.add_command(exporter)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point."""
+    cli.main(args=argv, prog_name="stepbarrier")
