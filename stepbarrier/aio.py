@@ -139,10 +139,7 @@ class AsyncStepWaiter:
         try:
             return await wait.run()
         except (BarrierTimeout, RedisUnavailable) as exc:
-            if self.config.on_timeout != "proceed":
-                raise
-            log.warning("%s; proceeding as STEPBARRIER_ON_TIMEOUT=proceed says", exc)
-            return wait.rules.last_step or 0
+            return wait.rules.proceed_after(exc)
         finally:
             if wait.registered:
                 await wait.leave()

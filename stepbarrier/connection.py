@@ -1,24 +1,18 @@
-"""Redis clients built from a ``BarrierConfig`` (from its URL, or through
-Sentinel), and how their errors are handled.
+"""Redis clients built from a ``BarrierConfig``: from its URL (with TLS), through
+Sentinel, or as a Redis Cluster client; and ``with_client``, which runs one
+operation on a given client or on one made (and closed) for it.
 
-Two kinds of failure are told apart here. Transient ones (connection refused or
-reset, timeouts, a server still loading, a replica that just lost its master)
-are retried with tenacity's exponential backoff and jitter, never past the
-caller's deadline. Everything else (a wrong password, a missing ACL permission,
-a TLS certificate that does not verify, a key of the wrong type) cannot get
-better by retrying, so it is turned into a clear ``RedisRefused`` at once.
+The clients' own retries are off. How their failures are judged and explained
+is ``stepbarrier.redis_failures``; how the transient ones are retried within the
+caller's deadline is ``stepbarrier.retries``. Both are re-exported here.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
-import ssl
 import time
 from collections.abc import Callable
-from types import SimpleNamespace
 from typing import Any, TypeAlias, TypeVar, cast
-from urllib.parse import urlsplit
 
 import redis
 from redis import exceptions as rex
@@ -27,29 +21,48 @@ from redis.cluster import RedisCluster
 from redis.connection import parse_url
 from redis.retry import Retry
 from redis.sentinel import MasterNotFoundError, Sentinel
-from tenacity import (
-    RetryCallState,
-    Retrying,
-    retry_if_exception,
-    wait_exponential,
-    wait_random,
-)
-from tenacity.wait import wait_base
 
 from stepbarrier.config import BarrierConfig
-from stepbarrier.errors import (
-    ConfigurationError,
-    RedisRefused,
-    RedisUnavailable,
-    StepBarrierError,
+from stepbarrier.errors import ConfigurationError
+from stepbarrier.redis_failures import (
+    REDIS_ERRORS,
+    describe_redis,
+    is_transient,
+    one_line,
+    translate,
+)
+from stepbarrier.retries import (
+    BACKOFF_INITIAL,
+    BACKOFF_JITTER,
+    BACKOFF_MAX,
+    backoff,
+    backoff_attempt,
+    call_with_retries,
+    retry_settings,
 )
 
-log = logging.getLogger("stepbarrier.connection")
+__all__ = [
+    "BACKOFF_INITIAL",
+    "BACKOFF_JITTER",
+    "BACKOFF_MAX",
+    "CONNECT_TIMEOUT",
+    "REDIS_ERRORS",
+    "SOCKET_TIMEOUT",
+    "RedisClient",
+    "backoff",
+    "backoff_attempt",
+    "call_with_retries",
+    "describe_redis",
+    "disconnect_all",
+    "is_transient",
+    "make_client",
+    "refresh_topology",
+    "retry_settings",
+    "translate",
+    "with_client",
+]
 
 T = TypeVar("T")
-
-REDIS_ERRORS = (rex.RedisError, rex.RedisClusterException)
-"""What redis-py raises (its cluster client's own exception is no RedisError)."""
 
 RedisClient: TypeAlias = "redis.Redis | RedisCluster"
 """A client of the job's Redis: one server (direct or through Sentinel) or a Cluster."""
@@ -58,27 +71,6 @@ SOCKET_TIMEOUT = 10.0
 """Seconds a command may wait for its reply before the connection counts as dead."""
 CONNECT_TIMEOUT = 3.0
 """Seconds to establish a TCP (and TLS) connection."""
-BACKOFF_INITIAL = 0.05
-"""First retry delay in seconds; it doubles up to ``BACKOFF_MAX``, with jitter."""
-BACKOFF_MAX = 2.0
-"""Longest delay between two retries, in seconds."""
-BACKOFF_JITTER = 0.25
-"""Up to this many seconds of random delay added to each retry, so clients spread out."""
-
-
-def backoff() -> wait_base:
-    """Exponential backoff with jitter: 50 ms doubling up to 2 s, plus up to 250 ms."""
-    return wait_exponential(multiplier=BACKOFF_INITIAL, max=BACKOFF_MAX) + wait_random(
-        0, BACKOFF_JITTER
-    )
-
-
-def backoff_attempt(number: int) -> RetryCallState:
-    """What ``backoff()`` needs to give the delay before try ``number + 1`` by hand.
-
-    tenacity's wait strategies read only ``attempt_number`` from its call state.
-    """
-    return cast(RetryCallState, SimpleNamespace(attempt_number=number))
 
 
 def make_client(
@@ -240,254 +232,11 @@ class _Sentinels(Sentinel):
                 return str(state["ip"]), int(state["port"])
         if errors and not any(is_transient(exc) for _, exc in errors):
             address, refusal = errors[0]
-            raise type(refusal)(f"Sentinel {address}: {_one_line(refusal)}") from refusal
-        seen = "; ".join(f"Sentinel {address}: {_one_line(exc)}" for address, exc in errors)
+            raise type(refusal)(f"Sentinel {address}: {one_line(refusal)}") from refusal
+        seen = "; ".join(f"Sentinel {address}: {one_line(exc)}" for address, exc in errors)
         raise MasterNotFoundError(
             f"no Sentinel names a healthy master {service_name!r}" + (f" ({seen})" if seen else "")
         )
-
-
-def is_transient(exc: BaseException) -> bool:
-    """True for failures that a retry may cure."""
-    cause = _cluster_cause(exc)
-    if cause is not None:
-        return is_transient(cause)
-    if isinstance(exc, (rex.AskError, rex.SlotNotCoveredError, rex.ClusterError)):
-        # a slot on the move (MOVED is an AskError; TRYAGAIN ends as ClusterError
-        # "TTL exhausted" once redis-py's own retries ran out), or not yet covered
-        return True
-    if isinstance(exc, (rex.AuthenticationError, rex.AuthorizationError)):
-        return False
-    if isinstance(exc, rex.ConnectionError) and _is_tls_failure(exc):
-        return False
-    if isinstance(exc, (rex.ReadOnlyError, rex.TryAgainError, rex.ClusterDownError)):
-        return True  # a failover is in progress; the new master will answer
-    if isinstance(exc, rex.ResponseError):
-        text = str(exc)
-        return text.startswith(("LOADING", "MASTERDOWN", "BUSY", "READONLY"))
-    return isinstance(exc, (rex.ConnectionError, rex.TimeoutError, ConnectionError))
-
-
-def _cluster_cause(exc: BaseException) -> BaseException | None:
-    # a cluster client that reached no node folds the last node's error into
-    # "Redis Cluster cannot be connected": judge and report that error instead
-    if isinstance(exc, rex.RedisClusterException) and isinstance(
-        exc.__cause__, (rex.RedisError, OSError)
-    ):
-        return exc.__cause__
-    return None
-
-
-def _is_tls_failure(exc: BaseException) -> bool:
-    seen: BaseException | None = exc
-    for _ in range(5):
-        if seen is None:
-            return False
-        if isinstance(seen, ssl.SSLError) or "CERTIFICATE_VERIFY_FAILED" in str(seen):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
-
-
-def translate(exc: BaseException, config: BarrierConfig, *, action: str) -> StepBarrierError:
-    """The stepbarrier error that explains ``exc`` (a redis-py error) to a user.
-
-    Anything that is neither a redis-py nor an OS error is a bug, not a Redis
-    problem: it becomes a plain ``StepBarrierError`` that says so.
-    """
-    cause = _cluster_cause(exc)
-    if cause is not None:
-        return translate(cause, config, action=action)
-    where = describe_redis(config)
-    user = config.redis_username or _url_username(config.redis_url) or "default"
-    detail = _one_line(exc)
-    if isinstance(exc, StepBarrierError):
-        return exc
-    if isinstance(exc, rex.RedisClusterException):
-        return RedisRefused(
-            f"{where} cannot be used as a Redis Cluster while trying to {action}: {detail}. "
-            "Check that STEPBARRIER_REDIS_URL names a node of a cluster (or unset "
-            "STEPBARRIER_REDIS_CLUSTER), and that the user may run CLUSTER SLOTS and COMMAND",
-            kind="response",
-            job=config.job,
-        )
-    if not isinstance(exc, (rex.RedisError, OSError)):
-        return StepBarrierError(
-            f"internal error while trying to {action} on {where}: {type(exc).__name__}: "
-            f"{detail} (a bug in stepbarrier or redis-py, not a Redis problem: please report it)",
-            job=config.job,
-        )
-    if isinstance(exc, (rex.AuthenticationError, rex.AuthorizationError)) or (
-        isinstance(exc, rex.ResponseError) and str(exc).startswith(("NOAUTH", "WRONGPASS"))
-    ):
-        return RedisRefused(
-            f"{where} refused authentication as user {user!r} while trying to "
-            f"{action}: {detail}. Check STEPBARRIER_REDIS_USERNAME and "
-            "STEPBARRIER_REDIS_PASSWORD(_FILE)"
-            + (" (the Sentinels get the same user and password)." if config.sentinels else "."),
-            kind="authentication",
-            job=config.job,
-        )
-    text = str(exc)
-    # inside a script, Redis words an ACL refusal as "ERR The user executing the
-    # script can't run this command or subcommand" (or "... access ... keys")
-    in_script = "user executing the script can't" in text
-    if isinstance(exc, rex.NoPermissionError) or text.startswith("NOPERM") or in_script:
-        return RedisRefused(
-            f"user {user!r} may not {action} on {where}: {detail}. Its ACL does not "
-            "allow this (see ops/redis/users.acl for the roles).",
-            kind="permission",
-            job=config.job,
-        )
-    if isinstance(exc, rex.ConnectionError) and _is_tls_failure(exc):
-        if "CERTIFICATE_VERIFY_FAILED" in _chain_text(exc):
-            names = (
-                "that it names the address the Sentinels announce"
-                if config.sentinels
-                else "the host name in STEPBARRIER_REDIS_URL"
-            )
-            hint = (
-                "The server's certificate does not verify: check STEPBARRIER_TLS_CA_FILE "
-                f"(the CA that signed it) and {names}."
-            )
-        else:
-            hint = (
-                "If the server requires client certificates, set STEPBARRIER_TLS_CERT_FILE "
-                "and STEPBARRIER_TLS_KEY_FILE; check STEPBARRIER_TLS_CA_FILE too."
-            )
-        return RedisRefused(
-            f"TLS to {where} failed while trying to {action}: {detail}. {hint}",
-            kind="tls",
-            job=config.job,
-        )
-    if is_transient(exc):
-        return RedisUnavailable(
-            f"{where} is unreachable (while trying to {action}): {detail}",
-            job=config.job,
-        )
-    return RedisRefused(
-        f"{where} answered with an error while trying to {action}: {detail}",
-        kind="response",
-        job=config.job,
-    )
-
-
-def describe_redis(config: BarrierConfig) -> str:
-    """Where the job's Redis is, for messages: its masked URL, or its Sentinels."""
-    if config.redis_cluster:
-        return f"Redis Cluster at {config.safe_url}"
-    if not config.sentinels:
-        return f"Redis at {config.safe_url}"
-    nodes = ",".join(f"{host}:{port}" for host, port in config.sentinels)
-    return f"Redis master {config.sentinel_service!r} of Sentinels {nodes}"
-
-
-def _url_username(url: str) -> str | None:
-    try:
-        return urlsplit(url).username or None
-    except ValueError:
-        return None
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()).rstrip(".") or type(exc).__name__
-    return text[:300]
-
-
-def _chain_text(exc: BaseException) -> str:
-    parts = []
-    seen: BaseException | None = exc
-    for _ in range(5):
-        if seen is None:
-            break
-        parts.append(f"{seen!r} {seen}")
-        seen = seen.__cause__ or seen.__context__
-    return " ".join(parts)
-
-
-def _stop_at(
-    deadline: float | None, clock: Callable[[], float]
-) -> Callable[[RetryCallState], bool]:
-    def stop(state: RetryCallState) -> bool:
-        return deadline is not None and clock() >= deadline
-
-    return stop
-
-
-def _wait_until(
-    deadline: float | None, clock: Callable[[], float]
-) -> Callable[[RetryCallState], float]:
-    # Never sleep past the deadline, and never give up before it: the last try
-    # starts at the deadline (Redis may be back by then).
-    strategy = backoff()
-
-    def wait(state: RetryCallState) -> float:
-        delay = strategy(state)
-        return delay if deadline is None else max(0.0, min(delay, deadline - clock()))
-
-    return wait
-
-
-def call_with_retries(
-    operation: Callable[[], T],
-    config: BarrierConfig,
-    *,
-    action: str,
-    deadline: float | None,
-    clock: Callable[[], float],
-    sleep: Callable[[float], None],
-) -> T:
-    """Run ``operation``, retrying transient Redis errors until ``deadline``.
-
-    Args:
-        operation: The Redis work to do; it is run again after a transient error.
-        config: For error messages (job, masked URL, user).
-        action: What the operation does, for messages ("read the job's state").
-        deadline: ``clock()`` value at which the last try starts (sleeps are cut
-            short to reach it); ``None`` retries for as long as the errors are
-            transient.
-        clock: Monotonic clock.
-        sleep: Sleeps between tries (injectable for tests).
-
-    Raises:
-        RedisUnavailable: Still unreachable at the deadline.
-        RedisRefused: A non-transient error, at once.
-    """
-    settings = retry_settings(config, action=action, deadline=deadline, clock=clock)
-    try:
-        return Retrying(sleep=sleep, **settings)(operation)
-    except REDIS_ERRORS as exc:
-        raise translate(exc, config, action=action) from exc
-    except OSError as exc:  # a raw socket error that redis-py did not wrap
-        raise translate(rex.ConnectionError(str(exc)), config, action=action) from exc
-
-
-def retry_settings(
-    config: BarrierConfig, *, action: str, deadline: float | None, clock: Callable[[], float]
-) -> dict[str, Any]:
-    """tenacity's settings for ``call_with_retries`` (and its asyncio twin), all but ``sleep``.
-
-    Transient errors are retried with backoff until ``deadline``, where the last
-    try starts; the first one is raised (``reraise``) for the caller to translate.
-    """
-
-    def note(state: RetryCallState) -> None:
-        if state.attempt_number in (1, 10) or state.attempt_number % 50 == 0:
-            error = state.outcome.exception() if state.outcome else None
-            log.warning(
-                "%s unavailable (%s); retrying to %s",
-                describe_redis(config),
-                _one_line(error) if error else "?",
-                action,
-            )
-
-    return {
-        "retry": retry_if_exception(is_transient),
-        "wait": _wait_until(deadline, clock),
-        "stop": _stop_at(deadline, clock),
-        "before_sleep": note,
-        "reraise": True,
-    }
 
 
 def with_client(

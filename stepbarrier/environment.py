@@ -1,10 +1,11 @@
 """The one place that reads ``STEPBARRIER_*`` variables and ``TF_CONFIG``.
 
-``BarrierConfig.from_env`` calls ``config_from_env``, and ``hooks_from_env`` and
-``callbacks_from_env`` first ask ``barrier_role_from_env``; nothing else in the
-library looks at the environment. Each variable is parsed here and checked
-again by ``BarrierConfig``; an error names the variable and what was expected,
-and never contains a secret.
+``BarrierConfig.from_env`` builds its configuration of ``settings_from_env``, and
+``hooks_from_env`` and ``callbacks_from_env`` first ask ``barrier_role_from_env``;
+nothing else in the library looks at the environment. Each variable is parsed
+here and checked again by ``BarrierConfig``; an error names the variable and
+what was expected, and never contains a secret. This module builds no
+``BarrierConfig`` itself: ``stepbarrier.config`` depends on it, not the reverse.
 """
 
 from __future__ import annotations
@@ -13,21 +14,19 @@ import math
 import os
 import re
 from collections.abc import Mapping
+from typing import TypedDict
 
 from stepbarrier.barrier_state import validate_parties
-from stepbarrier.config import (
+from stepbarrier.config_checks import check_url, mask_url, validate_job, validate_run_id
+from stepbarrier.defaults import (
     DEFAULT_DONE_TTL,
     DEFAULT_HEARTBEAT,
     DEFAULT_KEY_TTL,
     DEFAULT_REDIS_URL,
     DEFAULT_SENTINEL_SERVICE,
     DEFAULT_STALL_TIMEOUT,
-    BarrierConfig,
+    OnTimeout,
     Role,
-    _check_url,
-    mask_url,
-    validate_job,
-    validate_run_id,
 )
 from stepbarrier.errors import ConfigurationError
 from stepbarrier.schedule import MAX_STEP, validate_schedule
@@ -139,8 +138,39 @@ def _env_role(env: Mapping[str, str]) -> Role | None:
     )
 
 
-def config_from_env(env: Mapping[str, str]) -> BarrierConfig:
-    """The configuration that ``env`` (``STEPBARRIER_*`` and ``TF_CONFIG``) describes.
+class EnvSettings(TypedDict):
+    """The ``BarrierConfig`` arguments that the environment gives, checked."""
+
+    job: str
+    redis_url: str
+    redis_username: str | None
+    redis_password: str | None
+    tls_ca_file: str | None
+    tls_cert_file: str | None
+    tls_key_file: str | None
+    sentinels: tuple[tuple[str, int], ...]
+    sentinel_service: str
+    role: Role | None
+    task_id: int | None
+    wait_until_step: int | None
+    schedule: str | None
+    timeout: float | None
+    stall_timeout: float
+    on_timeout: OnTimeout
+    heartbeat: float
+    key_ttl: int
+    run_id: str | None
+    done_ttl: int
+    progress_timeout: float | None
+    use_eval: bool
+    redis_cluster: bool
+
+
+def settings_from_env(env: Mapping[str, str]) -> EnvSettings:
+    """The settings that ``env`` (``STEPBARRIER_*`` and ``TF_CONFIG``) describes.
+
+    ``stepbarrier.config.config_from_env`` (and ``BarrierConfig.from_env``) make
+    a ``BarrierConfig`` of them.
 
     Raises:
         ConfigurationError: A variable is missing or invalid; the message names it.
@@ -153,7 +183,7 @@ def config_from_env(env: Mapping[str, str]) -> BarrierConfig:
         )
     validate_job(job)
     url = _get(env, "STEPBARRIER_REDIS_URL") or DEFAULT_REDIS_URL
-    _check_url(url, "STEPBARRIER_REDIS_URL")
+    check_url(url, "STEPBARRIER_REDIS_URL")
     role, task_id, _ = _host_task(env)
     schedule = _get(env, "STEPBARRIER_SCHEDULE")
     if schedule is not None:
@@ -200,7 +230,7 @@ def config_from_env(env: Mapping[str, str]) -> BarrierConfig:
     run_id = _get(env, "STEPBARRIER_RUN_ID")
     if run_id is not None:
         validate_run_id(run_id)
-    return BarrierConfig(
+    return EnvSettings(
         job=job,
         redis_url=url,
         redis_username=_get(env, "STEPBARRIER_REDIS_USERNAME"),

@@ -26,10 +26,8 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
         f"stepbarrier.keras_barrier_callbacks needs Keras 3 ({exc})", name=exc.name
     ) from exc
 
-from stepbarrier.barrier import Barrier
-from stepbarrier.barrier_state import validate_barrier_name, validate_parties
+from stepbarrier.barrier_arrival import BarrierSpec, around, arrive
 from stepbarrier.config import BarrierConfig
-from stepbarrier.errors import BarrierTimeout
 from stepbarrier.job_finish import finish_job
 
 log = logging.getLogger("stepbarrier.keras_callbacks")
@@ -63,10 +61,10 @@ class StartBarrierCallback(keras.callbacks.Callback):  # type: ignore[misc]
         timeout: float | None = None,
     ) -> None:
         super().__init__()
-        self.parties = validate_parties(parties)
-        self.name = validate_barrier_name(name)
+        self._spec = BarrierSpec(parties, name, timeout)
+        self.parties = self._spec.parties
+        self.name = self._spec.name
         self._config = config
-        self._timeout = timeout
         self.released_at: float | None = None
 
     def on_train_begin(self, logs: Mapping[str, Any] | None = None) -> None:
@@ -75,13 +73,7 @@ class StartBarrierCallback(keras.callbacks.Callback):  # type: ignore[misc]
         if self._config is None:
             self._config = BarrierConfig.from_env()
         log.info("Waiting at barrier %r for all %d tasks.", self.name, self.parties)
-        try:
-            with Barrier(self._config, self.name, self.parties) as barrier:
-                barrier.arrive(self._timeout)
-        except BarrierTimeout as exc:
-            if self._config.on_timeout != "proceed":
-                raise
-            log.warning("%s; starting as STEPBARRIER_ON_TIMEOUT=proceed says", exc)
+        arrive(self._config, self._spec, log, then="starting")
         self.released_at = time.time()
 
 
@@ -118,10 +110,10 @@ class EndBarrierCallback(keras.callbacks.Callback):  # type: ignore[misc]
         finish_job: bool = True,
     ) -> None:
         super().__init__()
-        self.parties = validate_parties(parties)
-        self.name = validate_barrier_name(name)
+        self._spec = BarrierSpec(parties, name, timeout)
+        self.parties = self._spec.parties
+        self.name = self._spec.name
         self._config = config
-        self._timeout = timeout
         self._wait = wait
         self._finish_job = finish_job
         self._arrived = False
@@ -136,15 +128,8 @@ class EndBarrierCallback(keras.callbacks.Callback):  # type: ignore[misc]
             self._config = BarrierConfig.from_env()
         config = self._config
         wait = config.task_id == 0 if self._wait is None else self._wait
-        try:
-            with Barrier(config, self.name, self.parties) as barrier:
-                self.complete = barrier.arrive(self._timeout, wait=wait)
-        except BarrierTimeout as exc:
-            if config.on_timeout != "proceed":
-                raise
-            self.missing = exc.missing
-            log.warning("%s; proceeding as STEPBARRIER_ON_TIMEOUT=proceed says", exc)
-            return
+        arrival = arrive(config, self._spec, log, wait=wait)
+        self.complete, self.missing = arrival.complete, arrival.missing
         if self.complete and wait and self._finish_job and config.task_id == 0:
             iterations = self.model.optimizer.iterations
             finish_job(config, int(keras.ops.convert_to_numpy(iterations)))
@@ -159,6 +144,4 @@ def barrier_callbacks(
     timeout: float | None = None,
 ) -> tuple[list[Any], list[Any]]:
     """The start and end barrier callbacks that ``callbacks_from_env`` puts around the others."""
-    before = [StartBarrierCallback(parties, config=config, timeout=timeout)] if start else []
-    after = [EndBarrierCallback(parties, config=config, timeout=timeout)] if end else []
-    return before, after
+    return around(StartBarrierCallback, EndBarrierCallback, config, parties, start, end, timeout)

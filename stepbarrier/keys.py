@@ -1,8 +1,8 @@
 """Names of a job's Redis keys and channel.
 
 All of a job's keys share the hash tag ``{job}``, so in Redis Cluster they live
-in one slot and a Lua script may touch them together. README's section
-"Monitoring through Redis keys" documents each one for operators.
+in one slot and a Lua script may touch them together. docs/design.md#keys
+documents each one for operators.
 """
 
 from __future__ import annotations

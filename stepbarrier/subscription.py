@@ -14,7 +14,9 @@ is the truth).
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -123,6 +125,51 @@ class Subscription:
         """Close it, even if its connection is already dead."""
         with contextlib.suppress(Exception):
             self._pubsub.close()
+
+
+class KeptSubscription:
+    """The last wait's subscription, kept open for the waiter's next wait.
+
+    A released wait does not close its subscription (that is off the release's
+    path); the next wait takes it over if it is younger than ``max_age``, and
+    closes it otherwise. Waits of one waiter may end in several threads.
+
+    Args:
+        clock: Monotonic clock.
+        max_age: Seconds after which a kept subscription is not taken over.
+    """
+
+    def __init__(self, clock: Callable[[], float], max_age: float) -> None:
+        self._lock = threading.Lock()
+        self._clock = clock
+        self._max_age = max_age
+        self._idle: Subscription | None = None
+        self._idle_since = 0.0
+
+    def take(self) -> Subscription | None:
+        """The kept subscription if it is younger than ``max_age`` (then no longer kept)."""
+        with self._lock:
+            idle, self._idle = self._idle, None
+            fresh = self._clock() - self._idle_since < self._max_age
+        if idle is not None and not fresh:
+            idle.close()
+            return None
+        return idle
+
+    def keep(self, subscription: Subscription) -> None:
+        """Keep ``subscription`` for the next wait."""
+        with self._lock:
+            old, self._idle = self._idle, subscription
+            self._idle_since = self._clock()
+        if old is not None:  # two waits ended: one subscription is enough
+            old.close()
+
+    def close(self) -> None:
+        """Close the kept subscription, if any."""
+        with self._lock:
+            idle, self._idle = self._idle, None
+        if idle is not None:
+            idle.close()
 
 
 def _text(raw: object) -> str:

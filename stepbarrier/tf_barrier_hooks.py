@@ -36,10 +36,8 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
         name=exc.name,
     ) from exc
 
-from stepbarrier.barrier import Barrier
-from stepbarrier.barrier_state import validate_barrier_name, validate_parties
+from stepbarrier.barrier_arrival import BarrierSpec, around, arrive, check_task
 from stepbarrier.config import BarrierConfig
-from stepbarrier.errors import BarrierTimeout
 from stepbarrier.job_finish import finish_job
 
 log = logging.getLogger("stepbarrier.tf_hooks")
@@ -76,28 +74,22 @@ class StartBarrierHook(tf.compat.v1.train.SessionRunHook):  # type: ignore[misc]
         config: BarrierConfig | None = None,
         timeout: float | None = None,
     ) -> None:
-        self.parties = validate_parties(parties)
-        self.name = validate_barrier_name(name)
+        self._spec = BarrierSpec(parties, name, timeout)
+        self.parties = self._spec.parties
+        self.name = self._spec.name
         self._config = config
-        self._timeout = timeout
         self.released_at: float | None = None
 
     def begin(self) -> None:
         if self._config is None:
             self._config = BarrierConfig.from_env()  # a bad setting fails before the session
-        Barrier(self._config, self.name, self.parties).close()  # checks the task id, no I/O
+        check_task(self._config, self._spec)
 
     def before_run(self, run_context: Any) -> Any:
         if self.released_at is None:
             assert self._config is not None, "begin() was not called"
             log.info("Waiting at barrier %r for all %d tasks.", self.name, self.parties)
-            try:
-                with Barrier(self._config, self.name, self.parties) as barrier:
-                    barrier.arrive(self._timeout)
-            except BarrierTimeout as exc:
-                if self._config.on_timeout != "proceed":
-                    raise
-                log.warning("%s; starting as STEPBARRIER_ON_TIMEOUT=proceed says", exc)
+            arrive(self._config, self._spec, log, then="starting")
             self.released_at = time.time()
         return None
 
@@ -141,10 +133,10 @@ class EndBarrierHook(tf.compat.v1.train.SessionRunHook):  # type: ignore[misc]
         wait: bool | None = None,
         finish_job: bool = True,
     ) -> None:
-        self.parties = validate_parties(parties)
-        self.name = validate_barrier_name(name)
+        self._spec = BarrierSpec(parties, name, timeout)
+        self.parties = self._spec.parties
+        self.name = self._spec.name
         self._config = config
-        self._timeout = timeout
         self._last_step = None if last_step is None else operator.index(last_step)
         self._wait = wait
         self._finish_job = finish_job
@@ -156,7 +148,7 @@ class EndBarrierHook(tf.compat.v1.train.SessionRunHook):  # type: ignore[misc]
     def begin(self) -> None:
         if self._config is None:
             self._config = BarrierConfig.from_env()
-        Barrier(self._config, self.name, self.parties).close()  # checks the task id, no I/O
+        check_task(self._config, self._spec)
         self._global_step = tf.compat.v1.train.get_global_step()
 
     def end(self, session: Any) -> None:
@@ -170,15 +162,8 @@ class EndBarrierHook(tf.compat.v1.train.SessionRunHook):  # type: ignore[misc]
         self._arrived = True
         wait = self._config.task_id == 0 if self._wait is None else self._wait
         log.info("Arriving at barrier %r%s.", self.name, " to wait for all" if wait else "")
-        try:
-            with Barrier(self._config, self.name, self.parties) as barrier:
-                self.complete = barrier.arrive(self._timeout, wait=wait)
-        except BarrierTimeout as exc:
-            if self._config.on_timeout != "proceed":
-                raise
-            self.missing = exc.missing
-            log.warning("%s; proceeding as STEPBARRIER_ON_TIMEOUT=proceed says", exc)
-            return
+        arrival = arrive(self._config, self._spec, log, wait=wait)
+        self.complete, self.missing = arrival.complete, arrival.missing
         if self.complete and wait and self._finish_job and self._config.task_id == 0:
             final = self._read_step(session)  # the workers may have moved it meanwhile
             if final is None:
@@ -205,6 +190,4 @@ def barrier_hooks(
     timeout: float | None = None,
 ) -> tuple[list[Any], list[Any]]:
     """The start and end barrier hooks that ``hooks_from_env`` puts around the others."""
-    before = [StartBarrierHook(parties, config=config, timeout=timeout)] if start else []
-    after = [EndBarrierHook(parties, config=config, timeout=timeout)] if end else []
-    return before, after
+    return around(StartBarrierHook, EndBarrierHook, config, parties, start, end, timeout)

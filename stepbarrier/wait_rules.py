@@ -374,6 +374,21 @@ class WaitRules:
             message, job=job, target=target, last_step=last, heartbeat_age=age, stalled=not overall
         )
 
+    def proceed_after(self, exc: BarrierTimeout | RedisUnavailable) -> int:
+        """What a wait that ended with ``exc`` returns under ``on_timeout="proceed"``.
+
+        Returns:
+            The last step seen (0 if none), after a warning.
+
+        Raises:
+            BarrierTimeout: ``exc`` itself, unless the config says proceed.
+            RedisUnavailable: ``exc`` itself, likewise.
+        """
+        if self.config.on_timeout != "proceed":
+            raise exc
+        self.log.warning("%s; proceeding as STEPBARRIER_ON_TIMEOUT=proceed says", exc)
+        return self.last_step or 0
+
     def aborted(self, reason: str) -> BarrierAborted:
         """The error of a job that finished (``"done"``) or was reset (``"reset"``)."""
         what = "finished" if reason == "done" else "was reset"

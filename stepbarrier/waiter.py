@@ -34,7 +34,7 @@ from stepbarrier.connection import RedisClient, call_with_retries, make_client
 from stepbarrier.errors import BarrierTimeout, RedisUnavailable
 from stepbarrier.freshness import fresh_heartbeat_limit as _fresh_limit
 from stepbarrier.protocol import parse_announcement
-from stepbarrier.subscription import Subscription
+from stepbarrier.subscription import KeptSubscription, Subscription
 from stepbarrier.wait_rules import PROGRESS_EVERY, ReadNow, WaitRules
 from stepbarrier.waiter_link import WaiterLink
 
@@ -80,8 +80,7 @@ class StepWaiter:
         self._client_lock = threading.Lock()
         self._clock = clock
         self._sleep = sleep
-        self._idle: Subscription | None = None  # the last wait's, for the next one
-        self._idle_since = 0.0
+        self._kept = KeptSubscription(clock, config.fallback_interval)  # for the next wait
 
     @classmethod
     def from_env(cls) -> StepWaiter:
@@ -116,10 +115,7 @@ class StepWaiter:
         try:
             return wait.run()
         except (BarrierTimeout, RedisUnavailable) as exc:
-            if self.config.on_timeout != "proceed":
-                raise
-            log.warning("%s; proceeding as STEPBARRIER_ON_TIMEOUT=proceed says", exc)
-            return wait.last_step or 0
+            return wait.rules.proceed_after(exc)
         finally:
             wait.leave()
 
@@ -127,31 +123,12 @@ class StepWaiter:
         """Close the last wait's subscription, and the client if the waiter made it."""
         with self._client_lock:
             client, self._client = self._client, None
-            idle, self._idle = self._idle, None
-        if idle is not None:
-            idle.close()
+        self._kept.close()
         if self._owns_client and client is not None:
             client.close()
         elif client is not None:
             with self._client_lock:  # the caller's client stays the waiter's to use
                 self._client = self._client or client
-
-    def _take_subscription(self) -> Subscription | None:
-        """The last wait's subscription if it is younger than ``fallback_interval``."""
-        with self._client_lock:
-            idle, self._idle = self._idle, None
-            fresh = self._clock() - self._idle_since < self.config.fallback_interval
-        if idle is not None and not fresh:
-            idle.close()
-            return None
-        return idle
-
-    def _keep_subscription(self, subscription: Subscription) -> None:
-        with self._client_lock:
-            old, self._idle = self._idle, subscription
-            self._idle_since = self._clock()
-        if old is not None:  # two waits ended: one subscription is enough
-            old.close()
 
     def _connected(self) -> RedisClient:
         with self._client_lock:
@@ -183,10 +160,6 @@ class _Wait:
         self.link = WaiterLink(waiter._connected, self.config, target, since=time.time())
         self.pubsub: Subscription | None = None
         self.subscriptions = 0
-
-    @property
-    def last_step(self) -> int | None:
-        return self.rules.last_step
 
     # -- the loop -----------------------------------------------------------------
 
@@ -262,7 +235,7 @@ class _Wait:
 
     def _resume(self) -> int | None:
         """Take over the last wait's subscription if it is fresh, else subscribe; then read."""
-        pubsub = self.waiter._take_subscription()
+        pubsub = self.waiter._kept.take()
         if pubsub is None:
             return self._reconnect()
         if not pubsub.drain():  # what came before the read is older than it
@@ -325,4 +298,4 @@ class _Wait:
         finally:
             pubsub, self.pubsub = self.pubsub, None
             if pubsub is not None:
-                self.waiter._keep_subscription(pubsub)
+                self.waiter._kept.keep(pubsub)

@@ -23,7 +23,7 @@ from stepbarrier import (
 )
 from stepbarrier.aio import AsyncStepWaiter
 from stepbarrier.aio_subscription import Mailbox, SharedSubscription
-from stepbarrier.local_cluster import free_port
+from stepbarrier.cli.local_cluster import free_port
 from stepbarrier.redis_code import LIBRARY_NAME
 from stepbarrier.reset import reset_job
 

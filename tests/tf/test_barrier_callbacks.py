@@ -14,7 +14,7 @@ import keras
 import numpy as np
 import pytest
 
-from stepbarrier import Barrier, BarrierConfig, ConfigurationError, read_status
+from stepbarrier import Barrier, BarrierConfig, BarrierTimeout, ConfigurationError, read_status
 from stepbarrier.keras_callbacks import (
     EndBarrierCallback,
     StartBarrierCallback,
@@ -74,6 +74,34 @@ def test_the_start_callback_holds_fit_until_every_party_arrived(config: BarrierC
     for callback in [*callbacks, chief]:
         assert callback.released_at is not None
         assert callback.released_at * 1000 >= state.completed_ms
+
+
+def test_under_proceed_the_hooks_and_callbacks_go_on_and_name_who_is_missing(
+    config: BarrierConfig, caplog: pytest.LogCaptureFixture
+) -> None:
+    """STEPBARRIER_ON_TIMEOUT=proceed: a start barrier that times out lets the
+    task start, an end barrier records the missing tasks; neither raises."""
+    chief = dataclasses.replace(as_task(config, 0), on_timeout="proceed")
+    start_hook = StartBarrierHook(3, config=chief, timeout=0.3)
+    start_hook.begin()
+    start_hook.before_run(None)
+    end_hook = EndBarrierHook(3, name="end-hook", config=chief, timeout=0.3)
+    end_hook.begin()
+    end_hook.end(None)
+    start_callback = StartBarrierCallback(3, name="start-cb", config=chief, timeout=0.3)
+    start_callback.on_train_begin()
+    end_callback = EndBarrierCallback(3, name="end-cb", config=chief, timeout=0.3)
+    end_callback.on_train_end()
+    assert start_hook.released_at is not None and start_callback.released_at is not None
+    assert (end_hook.complete, end_hook.missing) == (False, (1, 2))
+    assert (end_callback.complete, end_callback.missing) == (False, (1, 2))
+    said = [r.getMessage() for r in caplog.records if "ON_TIMEOUT=proceed" in r.getMessage()]
+    assert len(said) == 4 and sum("; starting as" in line for line in said) == 2
+    assert not read_status(config).done  # an incomplete end barrier finishes nothing
+    with pytest.raises(BarrierTimeout):  # and without proceed, the same wait raises
+        hook = StartBarrierHook(3, name="strict", config=as_task(config, 0), timeout=0.3)
+        hook.begin()
+        hook.before_run(None)
 
 
 def test_the_chiefs_end_callback_waits_for_the_workers_then_finishes_the_job(

@@ -1,0 +1,100 @@
+"""One arrival at a named barrier as the TF hooks and Keras callbacks make it.
+
+Both frameworks' start and end barriers do the same thing around
+``Barrier.arrive``: a timeout raises ``BarrierTimeout`` unless the job says
+``STEPBARRIER_ON_TIMEOUT=proceed``, in which case the task logs who is missing
+and goes on. This module holds that rule once, with no framework import.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from stepbarrier.barrier import Barrier
+from stepbarrier.barrier_state import validate_barrier_name, validate_parties
+from stepbarrier.config import BarrierConfig
+from stepbarrier.errors import BarrierTimeout
+
+
+@dataclass(frozen=True)
+class BarrierSpec:
+    """Which barrier a hook or callback arrives at, validated when it is made.
+
+    Args:
+        parties: The chief and the workers: task ids ``0..parties-1``.
+        name: The barrier's name (one per run).
+        timeout: Seconds before ``BarrierTimeout``; ``None`` uses
+            ``STEPBARRIER_TIMEOUT`` (the stall timeout holds in any case).
+    """
+
+    parties: int
+    name: str
+    timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "parties", validate_parties(self.parties))
+        object.__setattr__(self, "name", validate_barrier_name(self.name))
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """How an arrival ended: ``complete`` when the barrier released this task
+    while waiting; ``missing`` names the absent tasks of a timeout let pass."""
+
+    complete: bool
+    missing: tuple[int, ...] = ()
+
+
+def arrive(
+    config: BarrierConfig,
+    spec: BarrierSpec,
+    log: logging.Logger,
+    *,
+    wait: bool = True,
+    then: str = "proceeding",
+) -> Arrival:
+    """Arrive at ``spec``'s barrier (and wait for every party if ``wait``).
+
+    Raises:
+        BarrierTimeout: The barrier did not complete in time and the job's
+            ``on_timeout`` is ``"raise"``. Under ``"proceed"`` the timeout is
+            logged (``"<reason>; <then> as STEPBARRIER_ON_TIMEOUT=proceed says"``)
+            and returned as an incomplete ``Arrival`` instead.
+    """
+    try:
+        with Barrier(config, spec.name, spec.parties) as barrier:
+            return Arrival(barrier.arrive(spec.timeout, wait=wait))
+    except BarrierTimeout as exc:
+        if config.on_timeout != "proceed":
+            raise
+        log.warning("%s; %s as STEPBARRIER_ON_TIMEOUT=proceed says", exc, then)
+        return Arrival(False, exc.missing)
+
+
+def check_task(config: BarrierConfig, spec: BarrierSpec) -> None:
+    """Fail early (ConfigurationError) if ``config``'s task cannot be a party; no I/O."""
+    Barrier(config, spec.name, spec.parties).close()
+
+
+class _BarrierParty(Protocol):
+    def __init__(
+        self, parties: int, *, config: BarrierConfig | None, timeout: float | None
+    ) -> None: ...
+
+
+def around(
+    start_type: type[_BarrierParty],
+    end_type: type[_BarrierParty],
+    config: BarrierConfig,
+    parties: int,
+    start: bool,
+    end: bool,
+    timeout: float | None,
+) -> tuple[list[Any], list[Any]]:
+    """The start barrier to put before a framework's other hooks or callbacks,
+    and the end barrier to put after them (each list empty when not asked for)."""
+    before = [start_type(parties, config=config, timeout=timeout)] if start else []
+    after = [end_type(parties, config=config, timeout=timeout)] if end else []
+    return before, after
