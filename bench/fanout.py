@@ -19,13 +19,21 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from pathlib import Path
 
 import redis
-from harness import RedisServer, child_process, load_average, ms, save, stop_process, summarize
+from harness import (
+    RedisServer,
+    child_process,
+    load_average,
+    ms,
+    run_threads,
+    save,
+    stop_process,
+    summarize,
+)
 from redis.cluster import RedisCluster
 
 STEP_GAP = 10
@@ -59,11 +67,7 @@ def waiter_process(url: str, job: str, threads: int, trials: int, cluster: bool)
         except Exception as exc:
             errors.append(repr(exc))
 
-    workers = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(threads)]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join()
+    run_threads(threads, run)
     print(json.dumps({"woke": woke, "errors": errors}))
 
 

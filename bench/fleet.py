@@ -51,6 +51,7 @@ from harness import (
     git,
     load_average,
     ms,
+    run_threads,
     save,
     stop_process,
     summarize,
@@ -104,11 +105,7 @@ def sync_role(url: str, job: str, threads: int, trials: int, profile: bool) -> N
         except Exception as exc:
             errors.append(repr(exc))
 
-    workers = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(threads)]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join()
+    run_threads(threads, run)
     print(json.dumps({"woke": woke, "arrived": came if profile else None, "errors": errors}))
 
 
@@ -133,11 +130,7 @@ def floor_role(url: str, threads: int, trials: int) -> None:
         except Exception as exc:
             errors.append(repr(exc))
 
-    workers = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(threads)]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join()
+    run_threads(threads, run)
     print(json.dumps({"woke": received, "errors": errors}))
 
 

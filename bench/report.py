@@ -198,25 +198,28 @@ def load_section(load_result: dict[str, Any] | None) -> list[str]:
     lines = [
         "## 5. Load on Redis",
         "",
-        "\"Sent\" counts the commands that cross the network. Redis 7's `INFO commandstats` "
-        "also counts every command a Lua script calls; those are listed as in-script.",
+        '"Sent" counts the commands that cross the network. Redis\'s `INFO commandstats` '
+        "also counts every command a function calls; those are listed as in-script. "
+        "A chief's write is one `FCALL`; a waiter's periodic check is an `FCALL` (register) "
+        "and an `FCALL_RO` (read) in one pipeline: one round trip.",
         "",
-        "| chief steps/s (achieved) | seconds | EVALSHA sent/s | all sent/s | sent "
-        "| in-script commands/s | EVALSHA allowed (1 + beats + thresholds + close) | verdict |",
+        "| chief steps/s (achieved) | seconds | FCALL sent/s | all sent/s | sent "
+        "| in-script commands/s | FCALL allowed (1 + beats + thresholds + close) | verdict |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for run in load_result["chief"]:
         lines.append(
             f"| {run['target_rate']:,} ({run['achieved_rate']:,.0f}) | {run['seconds']:.1f} | "
-            f"{run['evalsha_per_s']:.2f} | {run['sent_per_s']:.2f} | {run['sent']} | "
-            f"{run['in_script_per_s']:.1f} | {run['evalsha_allowed']} | "
+            f"{run['script_calls_per_s']:.2f} | {run['sent_per_s']:.2f} | {run['sent']} | "
+            f"{run['in_script_per_s']:.1f} | {run['script_calls_allowed']} | "
             f"{verdict(run['pass'])} |"
         )
     idle = load_result["idle_waiter"]
     lines += [
         "",
-        f"Idle waiter over {idle['seconds']:.0f} s: {idle['waiter_sent_per_s']:.3f} "
-        f"commands/s ({idle['waiter_sent']}), target <= 0.2/s: {verdict(idle['pass'])}.",
+        f"Idle waiter over {idle['seconds']:.0f} s: {idle['waiter_round_trips_per_s']:.3f} "
+        f"round trips/s ({idle['waiter_commands_per_s']:.3f} commands/s: "
+        f"{idle['waiter_sent']}), target <= 0.2 round trips/s: {verdict(idle['pass'])}.",
         "",
     ]
     return lines
@@ -229,9 +232,9 @@ def scale_section(load_result: dict[str, Any] | None, fanout: dict[str, Any] | N
     # steady state: the writes that are neither the generation's start, nor a
     # crossed threshold, nor close()'s final one
     slowest = load_result["chief"][0]
-    beats = slowest["sent"].get("evalsha", 0) - 2 - slowest["crossed_thresholds"]
+    beats = slowest["script_calls"] - 2 - slowest["crossed_thresholds"]
     chief_rate = max(beats, 1) / slowest["seconds"]
-    idle = max(load_result["idle_waiter"]["waiter_sent_per_s"], 1e-9)
+    idle = max(load_result["idle_waiter"]["waiter_round_trips_per_s"], 1e-9)
     write_cost = 1.0 / cap["chief_write"]["requests_per_s"]
     sync_cost = sum(
         1.0 / cap[part]["requests_per_s"] for part in ("waiter_sync", "waiter_read") if part in cap
@@ -251,15 +254,16 @@ def scale_section(load_result: dict[str, Any] | None, fanout: dict[str, Any] | N
         f"{cap['ping']['requests_per_s']:,.0f} PINGs/s (`redis-benchmark`, "
         f"{cap['clients']} connections, no pipelining, on this 2-core machine).",
         "",
-        f"- A running job's chief sends {chief_rate:.2f} EVALSHA/s in steady state (heartbeat "
+        f"- A running job's chief sends {chief_rate:.2f} FCALL/s in steady state (heartbeat "
         f"1 s; plus one per crossed threshold and a BLPOP per registration or 30 s): "
         f"{1e6 * chief_core:.0f} us of Redis CPU per second, {100 * chief_core:.3f}% of a core.",
-        f"- A waiting worker sends {idle:.2f} commands/s: {1e6 * waiter_core:.1f} us/s, "
+        f"- A waiting worker makes {idle:.2f} round trips/s (a register and a read in one "
+        f"pipeline each): {1e6 * waiter_core:.1f} us/s, "
         f"{100 * waiter_core:.4f}% of a core; a release costs one announcement per job "
         f"(fan-out to N subscribers inside Redis; the announcing script also deletes the "
         f"released workers' registry entries).",
-        f"- A job with W workers waiting sends about {chief_rate:.1f} + {idle:.1f} W "
-        f"commands/s (a 100-worker ramp: {chief_rate + 100 * idle:.0f}/s).",
+        f"- A job with W workers waiting makes about {chief_rate:.1f} + {idle:.1f} W "
+        f"round trips/s (a 100-worker ramp: {chief_rate + 100 * idle:.0f}/s).",
         f"- With {int(100 * budget)}% of one core: about {jobs_cpu:,.0f} concurrent jobs' chiefs, "
         f"or {waiters_cpu:,.0f} waiting workers. CPU is not the limit.",
         f"- Connections are: a chief holds 2 (writes, registration listener), a waiting "
@@ -503,61 +507,87 @@ def targets_section(
         for period in ("10ms", "200ms"):
             s = tf["latency_ms"].get(f"stepbarrier@{period}", {})
             if s.get("n"):
-                rows.append((
-                    f"1. stepbarrier hook median <= 2 ms (chief step {period})",
-                    f"{s['median']:.2f} ms", verdict(s["median"] <= TARGETS["wake_median_ms"]),
-                ))
-                rows.append((
-                    f"1. stepbarrier hook p99 <= 10 ms (chief step {period})",
-                    f"{s['p99']:.2f} ms", verdict(s["p99"] <= TARGETS["wake_p99_ms"]),
-                ))
+                rows.append(
+                    (
+                        f"1. stepbarrier hook median <= 2 ms (chief step {period})",
+                        f"{s['median']:.2f} ms",
+                        verdict(s["median"] <= TARGETS["wake_median_ms"]),
+                    )
+                )
+                rows.append(
+                    (
+                        f"1. stepbarrier hook p99 <= 10 ms (chief step {period})",
+                        f"{s['p99']:.2f} ms",
+                        verdict(s["p99"] <= TARGETS["wake_p99_ms"]),
+                    )
+                )
     if floor:
         ratio = floor["core_over_floor_median"]
-        rows.append((
-            "2. stepbarrier core median within 2x of the raw pub/sub floor",
-            f"{ratio:.2f}x", verdict(ratio <= TARGETS["floor_ratio"]),
-        ))
+        rows.append(
+            (
+                "2. stepbarrier core median within 2x of the raw pub/sub floor",
+                f"{ratio:.2f}x",
+                verdict(ratio <= TARGETS["floor_ratio"]),
+            )
+        )
         if tf:
             s = tf["latency_ms"].get("stepbarrier@10ms", {})
             if s.get("n"):
                 ratio = s["median"] / floor["floor_ms"]["median"]
-                rows.append((
-                    "2. stepbarrier TF hook median (10 ms steps) within 2x of the floor",
-                    f"{ratio:.2f}x", verdict(ratio <= TARGETS["floor_ratio"]),
-                ))
+                rows.append(
+                    (
+                        "2. stepbarrier TF hook median (10 ms steps) within 2x of the floor",
+                        f"{ratio:.2f}x",
+                        verdict(ratio <= TARGETS["floor_ratio"]),
+                    )
+                )
     if fanout:
         run = next((r for r in fanout["runs"] if r["waiters"] == 256), None)
         if run:
             median = run["last_wake_ms"]["median"]
-            rows.append((
-                "3. 256 waiters: last wake median <= 50 ms",
-                f"{median:.1f} ms", verdict(median <= TARGETS["fanout_256_median_ms"]),
-            ))
+            rows.append(
+                (
+                    "3. 256 waiters: last wake median <= 50 ms",
+                    f"{median:.1f} ms",
+                    verdict(median <= TARGETS["fanout_256_median_ms"]),
+                )
+            )
     if tf and tf.get("chief_slowdown_with", {}).get("n"):
         slow = tf["chief_slowdown_with"]["median"]
-        rows.append((
-            "4. TF chief with `GlobalStepPublisherHook` at most 3% slower",
-            f"{100 * slow:.1f}%", verdict(slow <= TARGETS["chief_slowdown"]),
-        ))
+        rows.append(
+            (
+                "4. TF chief with `GlobalStepPublisherHook` at most 3% slower",
+                f"{100 * slow:.1f}%",
+                verdict(slow <= TARGETS["chief_slowdown"]),
+            )
+        )
     if publish:
         median = max(r["single_call_us"]["median"] for r in publish["runs"])
-        rows.append((
-            "4. `publish()` median <= 5 us a call",
-            f"{median:.3f} us", verdict(median <= TARGETS["publish_us"]),
-        ))
+        rows.append(
+            (
+                "4. `publish()` median <= 5 us a call",
+                f"{median:.3f} us",
+                verdict(median <= TARGETS["publish_us"]),
+            )
+        )
     if load_result:
         for run in load_result["chief"]:
-            rows.append((
-                f"5. chief at {run['target_rate']:,} steps/s: EVALSHA <= heartbeats + "
-                "crossed thresholds",
-                f"{run['sent'].get('evalsha', 0)} <= {run['evalsha_allowed']}",
-                verdict(run["pass"]),
-            ))
+            rows.append(
+                (
+                    f"5. chief at {run['target_rate']:,} steps/s: FCALL <= heartbeats + "
+                    "crossed thresholds",
+                    f"{run['script_calls']} <= {run['script_calls_allowed']}",
+                    verdict(run["pass"]),
+                )
+            )
         idle = load_result["idle_waiter"]
-        rows.append((
-            "5. idle waiter <= 0.2 commands/s",
-            f"{idle['waiter_sent_per_s']:.3f}/s", verdict(idle["pass"]),
-        ))
+        rows.append(
+            (
+                "5. idle waiter <= 0.2 round trips/s",
+                f"{idle['waiter_round_trips_per_s']:.3f}/s",
+                verdict(idle["pass"]),
+            )
+        )
     rows += extra
     lines = ["## Targets", "", "| target | measured | verdict |", "|---|---|---|"]
     lines += [f"| {a} | {b} | {c} |" for a, b, c in rows]
@@ -589,8 +619,14 @@ def plot(tf: dict[str, Any] | None, floor: dict[str, Any] | None, path: Path) ->
         if not values:
             continue
         fractions = [(i + 1) / len(values) for i in range(len(values))]
-        ax.step(values, fractions, where="post", color=color, linestyle=line,
-                label=f"{label} (n={len(values)})")
+        ax.step(
+            values,
+            fractions,
+            where="post",
+            color=color,
+            linestyle=line,
+            label=f"{label} (n={len(values)})",
+        )
     ax.set_xscale("log")
     ax.set_xlabel("wake latency: end of the chief's run reaching step K -> waiter returns (ms)")
     ax.set_ylabel("fraction of trials")
