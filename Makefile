@@ -5,10 +5,10 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
-EXTRAS ?= dev,tensorflow,jax,fast,exporter
+EXTRAS ?= dev,docs,tensorflow,jax,fast,exporter
 PYTEST_ARGS ?=
 
-.PHONY: all demo test test-core lint venv redis-server prometheus bench bench-quick clean
+.PHONY: all demo test test-core lint docs dist venv redis-server prometheus bench bench-quick clean
 
 all: lint test
 
@@ -59,6 +59,17 @@ lint: venv
 	$(VENV)/bin/ruff format --check stepbarrier
 	$(VENV)/bin/mypy stepbarrier
 
+# The documentation site: --strict turns a broken link, a missing page or an
+# unresolved API reference into a failure.
+docs: venv
+	$(VENV)/bin/mkdocs build --strict --site-dir site
+
+# The sdist and wheel as PyPI would get them, checked by twine.
+dist: venv
+	rm -rf dist
+	$(PY) -m build --outdir dist .
+	$(VENV)/bin/twine check --strict dist/*
+
 bench: venv redis-server
 	$(PY) bench/run_all.py
 
@@ -66,4 +77,4 @@ bench-quick: venv redis-server
 	$(PY) bench/run_all.py --quick
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build dist site *.egg-info

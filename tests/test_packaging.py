@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -12,9 +14,16 @@ from tests.conftest import ROOT, subprocess_env
 
 CORE = [
     "config",
+    "config_checks",
+    "defaults",
     "environment",
     "tf_config",
     "connection",
+    "redis_failures",
+    "retries",
+    "publisher_thread",
+    "fetch_schedule",
+    "subscription",
     "errors",
     "keys",
     "protocol",
@@ -32,6 +41,7 @@ CORE = [
     "aio_connection",
     "aio_subscription",
     "waiter_summary",
+    "barrier_arrival",
 ]
 
 
@@ -75,15 +85,66 @@ def test_public_api() -> None:
         assert name in stepbarrier.__all__ and hasattr(stepbarrier, name)
 
 
-def test_the_wheel_ships_py_typed(tmp_path: Path) -> None:
+def build(target: str, into: Path) -> Path:
+    """Build the ``wheel`` or ``sdist`` with hatchling (no network) and return it."""
     done = subprocess.run(
-        [sys.executable, "-m", "hatchling", "build", "-t", "wheel", "-d", str(tmp_path)],
+        [sys.executable, "-m", "hatchling", "build", "-t", target, "-d", str(into)],
         cwd=ROOT,
         capture_output=True,
         timeout=300,
     )
     assert done.returncode == 0, done.stderr.decode()
-    (wheel,) = tmp_path.glob("*.whl")
-    names = zipfile.ZipFile(wheel).namelist()
+    (artefact,) = into.iterdir()
+    return artefact
+
+
+def test_the_wheel_ships_py_typed_and_the_cli_package(tmp_path: Path) -> None:
+    names = zipfile.ZipFile(build("wheel", tmp_path)).namelist()
     assert "stepbarrier/py.typed" in names
     assert "stepbarrier/waiter.py" in names
+    assert "stepbarrier/cli/__init__.py" in names
+    assert not [name for name in names if name.startswith(("tests/", "docs/", "bench/"))]
+
+
+def test_the_sdist_holds_what_a_packager_expects(tmp_path: Path) -> None:
+    """Sources, tests, docs, examples, deployment files, licence and changelog;
+    no caches or local state."""
+    sdist = build("sdist", tmp_path)
+    assert sdist.name == f"stepbarrier-{stepbarrier.__version__}.tar.gz"
+    top = f"stepbarrier-{stepbarrier.__version__}/"
+    with tarfile.open(sdist) as archive:
+        names = {name.removeprefix(top) for name in archive.getnames()}
+    for expected in [
+        "pyproject.toml",
+        "PKG-INFO",
+        "README.md",
+        "CHANGELOG.md",
+        "LICENSE",
+        "Makefile",
+        "mkdocs.yml",
+        "docs/index.md",
+        "stepbarrier/py.typed",
+        "stepbarrier/__init__.py",
+        "tests/conftest.py",
+        "examples/plain_loop.py",
+        "ops/redis/users.acl",
+        "docker-compose.yml",
+        "bench/run_all.py",
+    ]:
+        assert expected in names, f"{expected} missing from the sdist"
+    unwanted = [n for n in names if "__pycache__" in n or n.startswith((".venv", "site/", "dist/"))]
+    assert not unwanted, unwanted
+
+
+def test_the_version_has_one_source() -> None:
+    """pyproject.toml takes the version from stepbarrier/__init__.py; the
+    installed metadata agrees with it."""
+    # tomllib is 3.11+ and the package supports 3.10: read the lines we need
+    pyproject = Path(ROOT, "pyproject.toml").read_text().splitlines()
+    assert not [line for line in pyproject if line.startswith("version")]
+    assert 'dynamic = ["version"]' in pyproject
+    hatch_version = pyproject.index("[tool.hatch.version]")
+    assert pyproject[hatch_version + 1] == 'path = "stepbarrier/__init__.py"'
+    assert importlib.metadata.version("stepbarrier") == stepbarrier.__version__
+    changelog = Path(ROOT, "CHANGELOG.md").read_text()
+    assert f"## [{stepbarrier.__version__}]" in changelog
