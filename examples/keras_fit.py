@@ -15,7 +15,7 @@ Environment variables (this script reads no command-line arguments):
     STEPBARRIER_WAIT_UNTIL_STEP a worker's step to wait for, or
     STEPBARRIER_SCHEDULE        a ramp such as "log:20": int(20 * log(task_id + 1)).
     TF_CONFIG                   optional: the role and task id, as TensorFlow sets it.
-    (every other STEPBARRIER_* variable of the README works too)
+    (every other STEPBARRIER_* variable works too: docs/configuration.md)
     TRAIN_STEPS                 training batches of each task (default 200).
     STEP_SLEEP                  extra seconds of sleep after each batch (default 0).
     WAIT_FOR_WAITERS            chief only: before training, wait up to 120 s until

@@ -25,7 +25,7 @@ Environment variables (this script reads no command-line arguments):
                                 override the barrier role and task id that
                                 TF_CONFIG gives; the barrier's chief is also
                                 the session's chief (every other STEPBARRIER_*
-                                variable of the README works too).
+                                variable works too: docs/configuration.md).
     TRAIN_STEPS                 every task stops once the global step reaches it
                                 (default 200); the chief's session ending there
                                 finishes the job (workers still waiting abort).

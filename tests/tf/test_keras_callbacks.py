@@ -15,8 +15,8 @@ import pytest
 
 from stepbarrier import BarrierAborted, BarrierConfig, StepPublisher, StepWaiter, read_status
 from stepbarrier import keras_callbacks as callbacks
+from stepbarrier.cli.local_cluster import free_port
 from stepbarrier.keras_callbacks import StepPublisherCallback, StepWaiterCallback
-from stepbarrier.local_cluster import free_port
 from tests.conftest import subprocess_env
 from tests.redis_harness import RedisServer
 from tests.tf.example_processes import ExampleProcesses
