@@ -17,11 +17,9 @@ chief recovering its session, say) releases no newly arriving worker.
 
 from __future__ import annotations
 
-import math
 import operator
 import os
 import socket
-import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
@@ -30,9 +28,7 @@ from stepbarrier.config import BarrierConfig
 from stepbarrier.connection import RedisClient
 from stepbarrier.errors import StepBarrierError
 from stepbarrier.protocol import MAX_STEP
-from stepbarrier.publisher_thread import LOG_EVERY, PublisherThread, log
-from stepbarrier.registrations import RegistrationListener
-from stepbarrier.step_write import StepWriter
+from stepbarrier.publisher_loop import LOG_EVERY, PublisherLoop, log
 
 __all__ = ["LOG_EVERY", "STEP_TIME_SMOOTHING", "StepPublisher"]
 
@@ -40,7 +36,7 @@ STEP_TIME_SMOOTHING = 0.2
 """Weight of the newest gap in the running mean of the time between two publishes."""
 
 
-class StepPublisher(PublisherThread):
+class StepPublisher:
     """Publishes the chief's global step for a job's waiting workers.
 
     Args:
@@ -74,54 +70,16 @@ class StepPublisher(PublisherThread):
     ) -> None:
         self.config = config
         self.contributor = contributor
-        self._owns_client = client is None
-        # made in the thread, at the first write (a cluster client reads the slot
-        # map at once: a Redis that is down must not fail the chief's start)
-        self._client: RedisClient | None = client
         self._clock = clock
-        chief = (description or f"{socket.gethostname()}:{os.getpid()}")[:200]
-        self._chief_name = chief
-        self._writer_of: StepWriter | None = None
-        # Shared with the training thread: plain attribute reads and writes only.
-        self._latest: int | None = None
-        self._handed = 0
-        self._handed_at = clock()
-        self._step_time: float | None = None
-        self._next_threshold: float = -1.0
-        # Owned by the background threads.
-        self._lock = threading.Lock()
-        self._stored = threading.Condition(self._lock)
-        self._stored_seq = 0
-        self._refusals = 0
-        self._pending: tuple[int, ...] = ()
-        self._stored_step = -1
-        self._heard_targets: set[int] = set()
-        self._generation: int | None = None
-        self._epoch = 0
-        self._generation_wanted = 1
-        self._generation_begun = 0
-        self._ignore_until_handed = 0
-        # "superseded", "reset" or "refused" (a contributor): this writer is done for good
-        self._ended: str | None = None
-        self._final_done: bool | None = None
-        self._close_deadline = math.inf
         self._closed = False
-        self._wake = threading.Event()
-        self._stopping = threading.Event()
-        self.writes = 0
-        """Number of successful writes to Redis (for tests and benchmarks)."""
-        self.last_error: str | None = None
-        """The most recent error as one clear line, ``None`` after a successful write."""
-        self.last_failure: StepBarrierError | None = None
-        """The most recent Redis error (``RedisRefused``, ``RedisUnavailable``), or ``None``
-        after a successful write; after ``close``, why its final write failed."""
-        self._thread = threading.Thread(
-            target=self._run, name=f"stepbarrier-publisher-{config.job}", daemon=True
+        chief = (description or f"{socket.gethostname()}:{os.getpid()}")[:200]
+        # The background side: the writer thread and the registration listener.
+        self._loop = PublisherLoop(
+            config, client, clock=clock, contributor=contributor, chief_name=chief
         )
-        self._listener = None if contributor else RegistrationListener(config, self._heard)
-        self._thread.start()
-        if self._listener is not None:
-            self._listener.start()
+        # What publish() writes and reads: plain attributes, no lock (see Handover).
+        self._handover = self._loop.handover
+        self._loop.start()
 
     @classmethod
     def from_env(cls) -> StepPublisher:
@@ -144,15 +102,16 @@ class StepPublisher(PublisherThread):
         value = operator.index(step)
         if not 0 <= value <= MAX_STEP:
             raise ValueError(f"step must be from 0 to 2**53, got {value}")
+        handover = self._handover
         now = self._clock()
-        gap = now - self._handed_at
-        mean = self._step_time
-        self._step_time = gap if mean is None else mean + STEP_TIME_SMOOTHING * (gap - mean)
-        self._handed_at = now
-        self._latest = value
-        self._handed += 1
-        if value >= self._next_threshold:
-            self._wake.set()
+        gap = now - handover.handed_at
+        mean = handover.step_time
+        handover.step_time = gap if mean is None else mean + STEP_TIME_SMOOTHING * (gap - mean)
+        handover.handed_at = now
+        handover.latest = value
+        handover.handed += 1
+        if value >= handover.next_threshold:
+            self._loop.wake.set()
 
     @property
     def next_threshold(self) -> float:
@@ -163,17 +122,35 @@ class StepPublisher(PublisherThread):
         step only when it matters. ``-1`` until the first write of a generation
         got through: that write goes out with the next ``publish``.
         """
-        return self._next_threshold
+        return self._handover.next_threshold
 
     @property
     def active(self) -> bool:
         """False once a newer chief took the job over or the job was reset."""
-        return self._ended is None
+        return self._loop.active
 
     @property
     def step_time(self) -> float | None:
         """Running mean of the seconds between two ``publish`` calls (``None`` before two)."""
-        return self._step_time
+        return self._handover.step_time
+
+    @property
+    def writes(self) -> int:
+        """Number of successful writes to Redis (for tests and benchmarks)."""
+        return self._loop.writes
+
+    @property
+    def last_error(self) -> str | None:
+        """The most recent error as one clear line, ``None`` after a successful write."""
+        return self._loop.last_error
+
+    @property
+    def last_failure(self) -> StepBarrierError | None:
+        """The most recent Redis error (``RedisRefused``, ``RedisUnavailable``), or ``None``.
+
+        ``None`` after a successful write; after ``close``, why its final write failed.
+        """
+        return self._loop.last_failure
 
     def new_generation(self) -> None:
         """Start a new chief generation (after a restart or a checkpoint restore).
@@ -182,15 +159,7 @@ class StepPublisher(PublisherThread):
         waiters follow the real step rather than a stale maximum. A write already
         on its way under the old generation no longer counts for ``flush``.
         """
-        if self._ended is not None:
-            return  # superseded or reset: this publisher never writes again
-        with self._lock:
-            self._latest = None
-            self._stored_step = -1
-            self._next_threshold = -1.0
-            self._heard_targets = set()
-            if not self.contributor:
-                self._generation_wanted += 1
+        self._loop.new_generation()
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until the last handed-over step is stored in Redis.
@@ -200,26 +169,11 @@ class StepPublisher(PublisherThread):
             newer chief generation has taken the job over, the job was reset, or
             Redis refused a write (a wrong password, an ACL) while waiting.
         """
-        wanted = self._handed
-        if self._latest is None:
+        wanted = self._handover.handed
+        if self._handover.latest is None:
             return True
         deadline = None if timeout is None else self._clock() + timeout
-        self._wake.set()
-        with self._stored:
-            refusals = self._refusals
-            while self._stored_seq < wanted:
-                remaining = None if deadline is None else deadline - self._clock()
-                expired = remaining is not None and remaining <= 0
-                if (
-                    expired
-                    or self._ended is not None
-                    or self._refusals != refusals
-                    or not self._thread.is_alive()
-                ):
-                    return False
-                self._wake.set()
-                self._stored.wait(0.05 if remaining is None else min(remaining, 0.05))
-        return True
+        return self._loop.wait_stored(wanted, deadline)
 
     def close(self, done: bool = True, *, timeout: float = 10.0) -> bool:
         """Publish the last step, optionally mark the job finished, and stop.
@@ -238,24 +192,16 @@ class StepPublisher(PublisherThread):
             return True
         self._closed = True
         deadline = self._clock() + timeout
-        self._close_deadline = deadline
-        self._final_done = done and not self.contributor
-        self._stopping.set()
-        self._wake.set()
-        self._stop_listener(0.0)
-        self._thread.join(max(0.0, deadline - self._clock()) + 1.0)
-        self._stop_listener(1.0)
-        ok = self._ended is None and self._stored_seq >= self._handed and self.last_error is None
-        if not ok and self._ended is None and self._latest is not None:
+        ok = self._loop.stop(done=done and not self.contributor, deadline=deadline)
+        latest, ended = self._handover.latest, self._loop.ended
+        if not ok and ended is None and latest is not None:
             log.warning(
                 "job %s: the final step %s may not have reached Redis (%s)",
                 self.config.job,
-                self._latest,
+                latest,
                 self.last_error or "timed out",
             )
-        if self._owns_client and self._client is not None:
-            self._client.close()
-        return ok or (self._latest is None and self._ended is None)
+        return ok or (latest is None and ended is None)
 
     def __enter__(self) -> StepPublisher:
         return self

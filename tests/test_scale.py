@@ -200,7 +200,7 @@ def test_the_chiefs_writes_stay_bounded_with_10000_distinct_targets(
             publisher.publish(step)
             time.sleep(0.002)
         assert publisher.flush(5.0)
-        pending = len(publisher._pending)
+        pending = len(publisher._loop.pending)
     finally:
         publisher.close(done=False)
     elapsed = time.monotonic() - started
