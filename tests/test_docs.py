@@ -117,16 +117,33 @@ def page_anchors(page: str) -> frozenset[str]:
     return frozenset(markdown_anchors(DOCS / page))
 
 
-def repository_text_files() -> list[Path]:
-    """Every file git knows or would add (tracked, or new and not ignored), but docs/."""
+NOT_SOURCES = {".git", ".venv", "site", "dist", "build", "__pycache__"}
+"""Outside a git checkout (an unpacked sdist): folders that are not the project's files."""
+
+
+def repository_file_names() -> list[str]:
+    """Every file git knows or would add (tracked, or new and not ignored); in an
+    unpacked sdist, which has no .git, every file of the tree but local state."""
+    if not (ROOT / ".git").exists():
+        return [
+            path.relative_to(ROOT).as_posix()
+            for path in ROOT.rglob("*")
+            if not NOT_SOURCES.intersection(path.relative_to(ROOT).parts)
+            and not any(part.endswith("_cache") for part in path.relative_to(ROOT).parts)
+        ]
     listed = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
         cwd=ROOT,
         check=True,
         capture_output=True,
     ).stdout.decode()
+    return list(filter(None, listed.split("\0")))
+
+
+def repository_text_files() -> list[Path]:
+    """Every text file of the project (see ``repository_file_names``) but docs/."""
     files = []
-    for name in sorted(set(filter(None, listed.split("\0")))):
+    for name in sorted(set(repository_file_names())):
         path = ROOT / name
         if name.startswith("docs/") or not path.is_file() or path.is_symlink():
             continue
