@@ -9,6 +9,7 @@ and goes on. This module holds that rule once, with no framework import.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -16,6 +17,7 @@ from stepbarrier.barrier import Barrier
 from stepbarrier.barrier_state import validate_barrier_name, validate_parties
 from stepbarrier.config import BarrierConfig
 from stepbarrier.errors import BarrierTimeout
+from stepbarrier.job_finish import finish_job
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,37 @@ def arrive(
             raise
         log.warning("%s; %s as STEPBARRIER_ON_TIMEOUT=proceed says", exc, then)
         return Arrival(False, exc.missing)
+
+
+def arrive_at_end(
+    config: BarrierConfig,
+    spec: BarrierSpec,
+    log: logging.Logger,
+    *,
+    wait: bool | None,
+    finish: bool,
+    final_step: Callable[[], int | None],
+) -> Arrival:
+    """Arrive at the end barrier; the chief waits and, once complete, finishes the job.
+
+    Args:
+        wait: Whether this task waits for the others; ``None``: only the chief
+            (task 0) does, a worker arrives and goes.
+        finish: Whether the chief marks the job done (``finish_job``) once
+            every party has arrived.
+        final_step: Reads the global step to finish at, after the wait (the
+            workers may have moved it meanwhile); ``None`` when there is none.
+    """
+    waits = config.task_id == 0 if wait is None else wait
+    log.info("Arriving at barrier %r%s.", spec.name, " to wait for all" if waits else "")
+    arrival = arrive(config, spec, log, wait=waits)
+    if arrival.complete and waits and finish and config.task_id == 0:
+        step = final_step()
+        if step is None:
+            log.warning("job %s: no global step to finish the job at", config.job)
+        else:
+            finish_job(config, step)
+    return arrival
 
 
 def check_task(config: BarrierConfig, spec: BarrierSpec) -> None:

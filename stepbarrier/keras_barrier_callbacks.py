@@ -26,9 +26,8 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
         f"stepbarrier.keras_barrier_callbacks needs Keras 3 ({exc})", name=exc.name
     ) from exc
 
-from stepbarrier.barrier_arrival import BarrierSpec, around, arrive
+from stepbarrier.barrier_arrival import BarrierSpec, around, arrive, arrive_at_end
 from stepbarrier.config import BarrierConfig
-from stepbarrier.job_finish import finish_job
 
 log = logging.getLogger("stepbarrier.keras_callbacks")
 
@@ -126,13 +125,18 @@ class EndBarrierCallback(keras.callbacks.Callback):  # type: ignore[misc]
         self._arrived = True
         if self._config is None:
             self._config = BarrierConfig.from_env()
-        config = self._config
-        wait = config.task_id == 0 if self._wait is None else self._wait
-        arrival = arrive(config, self._spec, log, wait=wait)
+        arrival = arrive_at_end(
+            self._config,
+            self._spec,
+            log,
+            wait=self._wait,
+            finish=self._finish_job,
+            final_step=self._optimizer_step,
+        )
         self.complete, self.missing = arrival.complete, arrival.missing
-        if self.complete and wait and self._finish_job and config.task_id == 0:
-            iterations = self.model.optimizer.iterations
-            finish_job(config, int(keras.ops.convert_to_numpy(iterations)))
+
+    def _optimizer_step(self) -> int:
+        return int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
 
 
 def barrier_callbacks(

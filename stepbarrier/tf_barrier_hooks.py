@@ -36,9 +36,8 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
         name=exc.name,
     ) from exc
 
-from stepbarrier.barrier_arrival import BarrierSpec, around, arrive, check_task
+from stepbarrier.barrier_arrival import BarrierSpec, around, arrive, arrive_at_end, check_task
 from stepbarrier.config import BarrierConfig
-from stepbarrier.job_finish import finish_job
 
 log = logging.getLogger("stepbarrier.tf_hooks")
 
@@ -160,16 +159,15 @@ class EndBarrierHook(tf.compat.v1.train.SessionRunHook):  # type: ignore[misc]
             if step is None or step < self._last_step:
                 return  # a session that ends before the last step: not the end of training
         self._arrived = True
-        wait = self._config.task_id == 0 if self._wait is None else self._wait
-        log.info("Arriving at barrier %r%s.", self.name, " to wait for all" if wait else "")
-        arrival = arrive(self._config, self._spec, log, wait=wait)
+        arrival = arrive_at_end(
+            self._config,
+            self._spec,
+            log,
+            wait=self._wait,
+            finish=self._finish_job,
+            final_step=lambda: self._read_step(session),
+        )
         self.complete, self.missing = arrival.complete, arrival.missing
-        if self.complete and wait and self._finish_job and self._config.task_id == 0:
-            final = self._read_step(session)  # the workers may have moved it meanwhile
-            if final is None:
-                log.warning("job %s: no global step to finish the job at", self._config.job)
-            else:
-                finish_job(self._config, final)
 
     def _read_step(self, session: Any) -> int | None:
         if self._global_step is None:
