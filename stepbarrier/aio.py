@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import operator
 import time
 from collections.abc import Awaitable, Callable
 from types import TracebackType
@@ -43,7 +42,8 @@ from stepbarrier.aio_connection import (
 from stepbarrier.aio_subscription import Announcement, Ended, Lost, Mailbox, SharedSubscription
 from stepbarrier.config import BarrierConfig
 from stepbarrier.errors import BarrierTimeout, RedisUnavailable, StepBarrierError
-from stepbarrier.wait_rules import ReadNow, WaitRules
+from stepbarrier.protocol import StepAnnouncement
+from stepbarrier.wait_rules import ReadNow, WaitRules, wait_target
 from stepbarrier.waiter_link import (
     Snapshot,
     leave_call,
@@ -131,7 +131,7 @@ class AsyncStepWaiter:
             RedisUnavailable: Redis could not be reached at all before a deadline.
             RedisRefused: Redis refused us (authentication, ACL, TLS).
         """
-        target = operator.index(until_step)
+        target = wait_target(until_step)
         if target <= 0:
             return 0
         limit = self.config.timeout if timeout is None else timeout
@@ -255,13 +255,15 @@ class _AsyncWait:
     async def _on_announcement(self, item: Announcement) -> int | None:
         outcome = self.rules.on_announcement(item.parsed, item.raw)
         if isinstance(outcome, ReadNow):
-            return await self._read()
+            return await self._read(after=item.parsed)
         if outcome is not None:
             # the chief's script that announced it removed our target from the index
             self.registered = False
         return outcome
 
-    async def _read(self, *, refresh: bool = False) -> int | None:
+    async def _read(
+        self, *, refresh: bool = False, after: StepAnnouncement | None = None
+    ) -> int | None:
         """Register (``refresh``, or if the entry is not fresh) and judge the stored state."""
         call = None
         fresh = self.registered_at is not None and (
@@ -285,15 +287,16 @@ class _AsyncWait:
         )
         self._catch_up()
         try:
-            return self.rules.on_snapshot(snapshot)
+            return self.rules.on_snapshot(snapshot, after)
         finally:
             self.mailbox.generation = self.rules.generation
 
-    def _judge(self, snapshot: Snapshot) -> Ended | None:
-        """A read made for every wait (a new chief generation): ended, or go on."""
+    def _judge(self, snapshot: Snapshot, after: StepAnnouncement | None) -> Ended | None:
+        """A read made for every wait (a new chief generation, announced by ``after``):
+        ended, or go on."""
         self._catch_up()
         try:
-            step = self.rules.on_snapshot(snapshot)
+            step = self.rules.on_snapshot(snapshot, after)
         except StepBarrierError as exc:
             return Ended(None, exc)
         finally:

@@ -22,8 +22,8 @@ from typing import Any
 
 from stepbarrier.aio_connection import AsyncRedisCode
 from stepbarrier.keys import JobKeys
-from stepbarrier.redis_code import Call
-from stepbarrier.waiter_link import Snapshot, parse_snapshot, read_call
+from stepbarrier.redis_code import Call, is_out_of_memory
+from stepbarrier.waiter_link import Snapshot, parse_snapshot, read_call, warn_unregistered
 
 MAX_BATCH = 500
 """Most registrations in one pipeline (Redis serves other clients between two)."""
@@ -116,11 +116,16 @@ class CallBatcher:
             reply = None if request.call is None else next(own)
             if request.future.done():
                 continue  # its wait was cancelled
-            if isinstance(reply, Exception):
+            if isinstance(reply, Exception) and not (
+                # a full Redis refuses the registration, not the read: go on reading
+                request.reads and is_out_of_memory(reply) and isinstance(snapshot, Snapshot)
+            ):
                 request.future.set_exception(reply)
             elif isinstance(snapshot, BaseException) and request.reads:
                 request.future.set_exception(snapshot)
             else:
+                if isinstance(reply, Exception):
+                    warn_unregistered(self._keys.job, reply)
                 request.future.set_result(snapshot if request.reads else None)
 
     @staticmethod

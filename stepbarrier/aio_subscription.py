@@ -78,7 +78,9 @@ class Mailbox:
             of the wait's rules): its ``Ended``, or ``None`` to go on waiting.
     """
 
-    def __init__(self, target: int, judge: Callable[[Snapshot], Ended | None]) -> None:
+    def __init__(
+        self, target: int, judge: Callable[[Snapshot, StepAnnouncement | None], Ended | None]
+    ) -> None:
         self.target = target
         self.judge = judge
         self.generation = 0
@@ -290,7 +292,7 @@ class SharedSubscription:
             return
         for mailbox in listeners:
             if mailbox in self._listeners:
-                ended = mailbox.judge(snapshot)
+                ended = mailbox.judge(snapshot, item.parsed)
                 if ended is not None:
                     mailbox.put(ended)
 

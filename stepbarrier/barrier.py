@@ -137,6 +137,10 @@ class Barrier:
     def read(self) -> BarrierState | None:
         """The barrier as stored (``None`` before the first arrival).
 
+        As stored means it may be stale: begun under an earlier barrier epoch
+        (``.epoch``) than the job's current one, before a reset or the job's
+        finish, in which case the next arrival begins it anew.
+
         Raises:
             RedisUnavailable: Redis was unreachable for ``READ_RETRY_SECONDS``.
             RedisRefused: Redis refused the read (authentication, ACL).

@@ -3,9 +3,17 @@
 Registered in ``scripts.BODIES`` with the rest of the library, so it runs as a
 function of the Redis Functions library and uses its helpers (``whole``,
 ``now_ms``, ``publish_command``). A barrier is one hash under the job's hash
-tag: ``parties``, ``arrived``, ``created_ms``, ``run_id``, ``last_ms``,
-``completed_ms`` once complete, and ``t<task id>`` -> arrival time (ms) per task.
-The job's barrier index (a sorted set) lets ``status`` and ``reset`` find them.
+tag: ``parties``, ``arrived`` (a hint: completion is counted from the task
+fields), ``created_ms``, ``run_id``, ``epoch`` (the job's barrier epoch token
+when it was begun), ``last_ms``, ``completed_ms`` once complete, and
+``t<task id>`` -> arrival time (ms) per task.
+
+The job's barrier epoch (a hash, ``JobKeys.barrier_epoch``) holds a unique
+token; a reset replaces it and the job's finish deletes it, so every barrier
+begun before is stale at once, whatever the barrier index holds: the next
+arrival begins it anew. Forgetting (an expired or evicted epoch, a Redis that
+restarted empty) can only make a task wait, never release one early. The
+barrier index (a sorted set) is only for ``status`` to show the open barriers.
 """
 
 from __future__ import annotations
@@ -15,17 +23,37 @@ BARRIER_RECORDED = 1
 BARRIER_OTHER_PARTIES = 0
 """BARRIER_ARRIVE reply status: the barrier was begun with another number of parties."""
 
+BARRIER_EPOCH_ENDED = 2
+"""BARRIER_ARRIVE reply status: a reset or the job's finish ended the epoch the caller
+arrived in; nothing is recorded (the reply's last field says which: 'reset' or 'finish')."""
+
+BARRIER_RESTORABLE = 1
+"""BARRIER_ARRIVE reply field: the caller's arrivals of an earlier epoch may be recorded."""
+
 BARRIER_ARRIVE_BODY = """
--- KEYS[1] the barrier's hash, KEYS[2] the job's barrier index (sorted set)
+-- KEYS[1] the barrier's hash, KEYS[2] the job's barrier index (sorted set),
+-- KEYS[3] the job's barrier epoch (hash: token, by)
 -- ARGV[1] the barrier (its name, or name:run_id), ARGV[2] this task's id,
 -- ARGV[3] parties, ARGV[4] key TTL (s), ARGV[5] barrier channel, ARGV[6]
 -- 'PUBLISH' or 'SPUBLISH' (see PUBLISH_STEP), ARGV[7] run id ('' for none),
--- ARGV[8] most barriers the index keeps
--- Records the task's arrival (a re-arrival keeps the first time) and, if it is
--- the last one, marks the barrier complete and announces it. Returns
---   {status, now ms, arrived, parties, completed ms ('0' while open), repaired}
+-- ARGV[8] most barriers the index keeps, ARGV[9] the epoch token the caller's
+-- earlier arrival was recorded under ('' for none), ARGV[10..] pairs of a task
+-- id and its arrival time (ms): arrivals the caller saw at this barrier that
+-- Redis lost, recorded again on their behalf
+-- Records the arrivals (a re-arrival keeps the first time) and, if that makes
+-- the barrier complete, marks it so and announces it (the announcement is a
+-- hint: readers count the task fields). A barrier begun under another epoch
+-- than the current one is stale and begins anew; with no epoch (the job's
+-- first barrier, a finished job, or one Redis lost) a new one begins, its
+-- token greater than the barrier's and the caller's. The arrivals of an
+-- earlier epoch are refused when a reset began the current one. Returns
+--   {status, now ms, arrived, parties, completed ms ('0' while open), repaired,
+--    epoch token, restorable (1: the caller's arrivals of an earlier epoch may
+--    be recorded in this one; 0: a reset began it, they are refused)}
 -- status: 1 recorded (now or before), 0 the barrier has another number of
--- parties (nothing is recorded; the reply holds the stored number)
+-- parties (nothing is recorded; the reply holds the stored number), 2 the
+-- caller's epoch was ended by a reset or the job's finish (nothing is recorded;
+-- a ninth field says 'reset' or 'finish')
 local task, parties = whole(ARGV[2]), whole(ARGV[3])
 if task == nil or parties == nil or parties < 1 or task >= parties then
   return redis.error_reply('ERR stepbarrier: the task id must be in 0..parties-1')
@@ -35,46 +63,121 @@ if #member > 129 or not (string.match(member, '^[%w._-]+$')
                          or string.match(member, '^[%w._-]+:[%w._-]+$')) then
   return redis.error_reply('ERR stepbarrier: malformed barrier name')
 end
-local now = string.format('%.0f', now_ms())
+if #ARGV < 9 or (#ARGV - 9) % 2 ~= 0 then
+  return redis.error_reply('ERR stepbarrier: arrivals to record come in pairs of task and time')
+end
+local now = now_ms()
+local now_text = string.format('%.0f', now)
 local repaired = 0
 local kind = redis.call('TYPE', KEYS[1]).ok
-local stored, arrived = nil, nil
+local stored, arrived, begun = nil, nil, nil
 if kind == 'hash' then
   stored = whole(redis.call('HGET', KEYS[1], 'parties'))
   arrived = whole(redis.call('HGET', KEYS[1], 'arrived'))
+  begun = whole(redis.call('HGET', KEYS[1], 'epoch'))
 end
-if kind ~= 'none' and (stored == nil or arrived == nil) then
-  -- not a barrier as we write one (another type, or its counts are gone): begin anew
-  redis.call('DEL', KEYS[1]); repaired = 1; stored = nil
+-- the job's barrier epoch
+local epoch, by = nil, nil
+local epoch_kind = redis.call('TYPE', KEYS[3]).ok
+if epoch_kind == 'hash' then
+  epoch = whole(redis.call('HGET', KEYS[3], 'token'))
+  by = redis.call('HGET', KEYS[3], 'by')
+elseif epoch_kind ~= 'none' then
+  repaired = 1
+end
+local known = whole(ARGV[9])
+if epoch == nil then
+  local clock = redis.call('TIME')
+  epoch = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+  for _, floor in ipairs({begun or 0, known or 0}) do
+    if floor >= epoch and floor < 9007199254740992 then epoch = floor + 1 end
+  end
+  by = 'arrival'
+  redis.call('DEL', KEYS[3])
+  redis.call('HSET', KEYS[3], 'token', string.format('%.0f', epoch), 'by', by)
+end
+redis.call('EXPIRE', KEYS[3], ARGV[4])
+local token = string.format('%.0f', epoch)
+if known and known ~= epoch and (by == 'reset' or by == 'finish') then
+  -- the caller arrived in an epoch a reset or the job's finish ended: it is not a
+  -- party of the next one (a rerun's barrier of the same name starts without it)
+  return {2, now_text, '0', ARGV[3], '0', repaired, token, 0, by}
+end
+if kind ~= 'none' and (stored == nil or arrived == nil or begun ~= epoch) then
+  -- not a barrier as we write one (another type, or its counts are gone), or
+  -- one begun under another epoch (stale): begin anew
+  if stored == nil or arrived == nil then repaired = 1 end
+  redis.call('DEL', KEYS[1]); stored = nil
 end
 if stored == nil then
   redis.call('HSET', KEYS[1], 'parties', string.format('%.0f', parties), 'arrived', '0',
-             'created_ms', now, 'run_id', ARGV[7])
+             'created_ms', now_text, 'run_id', ARGV[7], 'epoch', token)
   stored, arrived = parties, 0
 elseif stored ~= parties then
-  return {0, now, string.format('%.0f', arrived), string.format('%.0f', stored), '0', repaired}
+  return {0, now_text, string.format('%.0f', arrived), string.format('%.0f', stored), '0',
+          repaired, token, 1}
 end
-local field = 't' .. string.format('%.0f', task)
-if not redis.call('HGET', KEYS[1], field) then
-  arrived = arrived + 1
-  redis.call('HSET', KEYS[1], field, now, 'last_ms', now, 'arrived', string.format('%.0f', arrived))
+local restorable = 1
+-- a party's remembered arrivals of an epoch that a reset or the job's finish
+-- ended are not carried into the next one (Redis forgetting is another matter)
+if known ~= epoch and (by == 'reset' or by == 'finish') then restorable = 0 end
+local last = whole(redis.call('HGET', KEYS[1], 'last_ms')) or 0
+local added = 0
+local function record(id, at)
+  local field = 't' .. string.format('%.0f', id)
+  if not whole(redis.call('HGET', KEYS[1], field)) then
+    redis.call('HSET', KEYS[1], field, string.format('%.0f', at))
+    arrived = arrived + 1
+    added = added + 1
+    if at > last then last = at end
+  end
+end
+record(task, now)
+if restorable == 1 then
+  for i = 10, #ARGV, 2 do
+    local id, at = whole(ARGV[i]), whole(ARGV[i + 1])
+    if id and id < parties then record(id, (at and at <= now) and at or now) end
+  end
+end
+if added > 0 then
+  redis.call('HSET', KEYS[1], 'arrived', string.format('%.0f', arrived),
+             'last_ms', string.format('%.0f', last))
+end
+local complete = false
+if arrived >= parties then
+  -- the counter says complete, but whoever may write the hash could have set
+  -- it: count the task fields themselves, as the readers do
+  local count = 0
+  local fields = redis.call('HGETALL', KEYS[1])
+  for i = 1, #fields, 2 do
+    local id = string.match(fields[i], '^t([1-9]%d*)$') or (fields[i] == 't0' and '0')
+    if id and #id <= 9 and tonumber(id) < parties and whole(fields[i + 1]) then
+      count = count + 1
+    end
+  end
+  if count ~= arrived then
+    arrived = count
+    redis.call('HSET', KEYS[1], 'arrived', string.format('%.0f', count))
+  end
+  complete = count >= parties
 end
 local completed = redis.call('HGET', KEYS[1], 'completed_ms')
-if not whole(completed) and arrived >= parties then
-  completed = now
-  redis.call('HSET', KEYS[1], 'completed_ms', now)
+if complete and (added > 0 or not whole(completed)) then
+  completed = now_text
+  redis.call('HSET', KEYS[1], 'completed_ms', now_text)
   redis.call(publish_command(ARGV[6]), ARGV[5], '{"barrier":"' .. member .. '","complete":true}')
 end
+if not complete then completed = '0' end
 redis.call('EXPIRE', KEYS[1], ARGV[4])
--- the index lets status and reset find the barriers without scanning the keyspace;
+-- the index lets status show the open barriers without scanning the keyspace;
 -- it forgets barriers whose keys have expired, and the oldest beyond ARGV[8]
 kind = redis.call('TYPE', KEYS[2]).ok
 if kind ~= 'zset' and kind ~= 'none' then redis.call('DEL', KEYS[2]); repaired = 1 end
-redis.call('ZADD', KEYS[2], now, member)
-local expired = string.format('%.0f', tonumber(now) - tonumber(ARGV[4]) * 1000)
+redis.call('ZADD', KEYS[2], now_text, member)
+local expired = string.format('%.0f', now - tonumber(ARGV[4]) * 1000)
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. expired)
 redis.call('ZREMRANGEBYRANK', KEYS[2], 0, -tonumber(ARGV[8]) - 1)
 redis.call('EXPIRE', KEYS[2], ARGV[4])
-return {1, now, string.format('%.0f', arrived), string.format('%.0f', parties),
-        whole(completed) and completed or '0', repaired}
+return {1, now_text, string.format('%.0f', arrived), string.format('%.0f', parties),
+        completed, repaired, token, restorable}
 """

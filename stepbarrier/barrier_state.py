@@ -74,7 +74,11 @@ class BarrierState:
         arrivals: ``(task id, Redis time in ms)`` of each arrival, by task id.
         created_ms: Redis time of the first arrival.
         last_ms: Redis time of the latest arrival.
-        completed_ms: Redis time of the last arrival, once all arrived.
+        completed_ms: Redis time at which the arrivals completed it, as stored
+            (a record only: ``complete`` counts the arrivals themselves).
+        epoch: The job's barrier epoch token it was begun under (``None``: none
+            stored). A barrier of another epoch than the current one is stale:
+            the next arrival begins it anew.
     """
 
     name: str
@@ -84,11 +88,14 @@ class BarrierState:
     created_ms: int | None = None
     last_ms: int | None = None
     completed_ms: int | None = None
+    epoch: str | None = None
 
     @property
     def complete(self) -> bool:
-        """True once every party arrived."""
-        return self.completed_ms is not None
+        """True once every party arrived: each task's own field, counted (never the
+        stored ``arrived`` counter or ``completed_ms``, which anyone who may write
+        the barrier could set, nor an announcement)."""
+        return len(self.arrivals) >= self.parties
 
     @property
     def arrived(self) -> tuple[int, ...]:
@@ -126,7 +133,14 @@ def parse_barrier(member: str, fields: Mapping[bytes, object]) -> BarrierState |
         created_ms=parse_int(fields.get(b"created_ms")),
         last_ms=parse_int(fields.get(b"last_ms")),
         completed_ms=parse_int(fields.get(b"completed_ms")),
+        epoch=epoch_token(fields.get(b"epoch")),
     )
+
+
+def epoch_token(raw: object) -> str | None:
+    """An epoch token as stored (compared for equality only), ``None`` if malformed."""
+    token = parse_int(raw)
+    return None if token is None else str(token)
 
 
 def list_tasks(tasks: Iterable[int], *, limit: int = 50) -> str:

@@ -2,7 +2,9 @@
 
 Barriers are found through the job's barrier index (a sorted set the arrivals
 keep), never by scanning the keyspace; ``read_open_barriers`` only reads, so
-the read-only ``monitor`` user may run it. Malformed content becomes a problem
+the read-only ``monitor`` user may run it. The index is for this display only:
+a barrier of another epoch than the job's current one (begun before a reset or
+the job's finish) is stale, and not shown. Malformed content becomes a problem
 line, never an exception.
 """
 
@@ -14,7 +16,7 @@ from typing import Any
 
 import redis
 
-from stepbarrier.barrier_state import parse_barrier
+from stepbarrier.barrier_state import epoch_token, parse_barrier
 from stepbarrier.connection import RedisClient
 from stepbarrier.keys import JobKeys
 from stepbarrier.waiter_registry import printable
@@ -48,7 +50,8 @@ class BarrierInfo:
 
 
 def barrier_keys(client: RedisClient, keys: JobKeys) -> list[bytes]:
-    """The hash of every barrier the job's index names (for ``reset``).
+    """The hash of every barrier the job's index names (for tidying up only: a
+    barrier the index no longer names is made stale by a new epoch all the same).
 
     Raises:
         redis.exceptions.NoPermissionError: The user may not read the index.
@@ -76,7 +79,13 @@ def read_open_barriers(
     """
     pipe = client.pipeline(transaction=False)
     pipe.zrangebyscore(keys.barrier_index, "-inf", "+inf", withscores=True)
-    (index,) = pipe.execute(raise_on_error=False)
+    pipe.hgetall(keys.barrier_epoch)
+    index, epoch_fields = pipe.execute(raise_on_error=False)
+    epoch = None
+    if isinstance(epoch_fields, Exception):
+        problems.append("the barrier epoch is malformed (not a hash): every barrier is stale")
+    elif epoch_fields:
+        epoch = epoch_token(epoch_fields.get(b"token"))
     if isinstance(index, Exception):
         problems.append(f"barriers not shown: {' '.join(str(index).split())[:160]}")
         return ()
@@ -100,7 +109,7 @@ def read_open_barriers(
         state = parse_barrier(member, fields)
         if state is None:
             problems.append(f"barrier {member!r} is malformed (no valid number of parties)")
-        elif not state.complete:
+        elif epoch is not None and state.epoch == epoch and not state.complete:
             found.append(
                 BarrierInfo(
                     name=state.name,

@@ -1,25 +1,39 @@
 """One arrival at a named barrier, from the arrival to the release (``Barrier.arrive``).
 
-Arrive, subscribe (and read Redis's confirmation), then read the barrier and the
-job's reset marker: whatever happened before the subscription is in what is
-read, whatever happens after it is announced. The announcement of the last
-arrival releases the wait; the stored barrier is the truth and is read again
-after every reconnect and every ``fallback_interval``. A barrier that lost this
-task's arrival (expired, or a Redis that restarted empty) is arrived at again.
+Read the job's reset marker and arrive (one round trip), subscribe (and read
+Redis's confirmation), then read the barrier and the marker: whatever happened
+before the subscription is in what is read, whatever happens after it is
+announced. Announcements are hints: the last arrival's, or a reset's, only
+makes the wait read again, and the stored barrier decides: complete once each
+party's own arrival is stored under the epoch this task arrived in; aborted
+once the stored reset marker differs from the one read before the arrival (a
+token, compared for equality only).
+
+The wait remembers every arrival it has read. A read that finds the barrier
+gone, begun anew, or missing arrivals it had seen (a Redis that restarted
+empty, an eviction) arrives again and records them again on their tasks'
+behalf, so a worker that arrived and left (``wait=False``) is not lost; an
+arrival lost before any waiting party read it is named as missing, and the
+timeout says that Redis lost arrivals.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import redis
 
-from stepbarrier.barrier_scripts import BARRIER_OTHER_PARTIES
+from stepbarrier.barrier_scripts import (
+    BARRIER_EPOCH_ENDED,
+    BARRIER_OTHER_PARTIES,
+    BARRIER_RESTORABLE,
+)
 from stepbarrier.barrier_state import (
     BarrierState,
     describe_tasks,
+    epoch_token,
     list_tasks,
     parse_barrier_notice,
     state_from_read,
@@ -27,7 +41,7 @@ from stepbarrier.barrier_state import (
 from stepbarrier.connection import call_with_retries
 from stepbarrier.errors import BarrierAborted, BarrierTimeout, ConfigurationError, RedisUnavailable
 from stepbarrier.protocol import parse_int
-from stepbarrier.redis_code import publish_command
+from stepbarrier.redis_code import Call, publish_command
 from stepbarrier.subscription import Subscription
 
 if TYPE_CHECKING:
@@ -36,9 +50,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("stepbarrier.barrier")
 
 MAX_INDEXED_BARRIERS = 1000
-"""Most barriers a job's index keeps (the newest); older ones only expire."""
+"""Most barriers a job's index keeps (the newest; ``status`` shows them). Nothing
+else depends on the index: older barriers expire, and are stale after a reset
+or the job's finish whatever it holds."""
 PROGRESS_EVERY = 30.0
 """Seconds between progress lines while a wait goes on."""
+_UNREAD = object()
+"""The reset marker before the wait has read it."""
 
 
 class BarrierWait:
@@ -52,7 +70,11 @@ class BarrierWait:
         self.deadline = None if timeout is None else self.started + timeout
         self.last_alive = self.started
         self.start_ms: int | None = None
-        self.state: BarrierState | None = None
+        self.state: BarrierState | None = None  # the latest read of this task's epoch
+        self.epoch = ""  # the epoch token this task's arrival was recorded under
+        self.seen: dict[int, int] = {}  # task -> arrival (ms): every arrival read
+        self.reset_marker: object = _UNREAD  # the marker read before the arrival
+        self.lost = False  # a read found arrivals gone that were stored before
         self.seen_last_ms: int | None = None
         self.pubsub: Subscription | None = None
         self.subscriptions = 0
@@ -60,7 +82,7 @@ class BarrierWait:
 
     def run(self, *, wait: bool) -> bool:
         try:
-            if self._arrive():
+            if self._arrive(read_marker=wait):
                 return True
             return self._wait() if wait else False
         except RedisUnavailable as exc:
@@ -83,15 +105,24 @@ class BarrierWait:
             sleep=self.barrier._sleep,
         )
 
-    def _arrive(self) -> bool:
-        """Record this task (again); True if that completed the barrier or it was."""
+    def _arrive(self, *, read_marker: bool = False, restore: Sequence[int] = ()) -> bool:
+        """Record this task (again), and the arrivals of ``restore`` on their behalf;
+        True if the stored arrivals complete the barrier (now or before).
+
+        ``read_marker``: read the reset marker first, in the same round trip.
+        """
         b, keys = self.barrier, self.config.keys
-        args = [b.member, b.task_id, b.parties, self.config.key_ttl, keys.barrier_channel]
-        args += [publish_command(self.config), self.config.run_id or "", MAX_INDEXED_BARRIERS]
-        reply = self._retry(
-            lambda: b._code().call("barrier_arrive", [b.key, keys.barrier_index], args),
-            f"arrive at barrier {b.name!r}",
-        )
+        args: list[object] = [b.member, b.task_id, b.parties, self.config.key_ttl]
+        args += [keys.barrier_channel, publish_command(self.config), self.config.run_id or ""]
+        args += [MAX_INDEXED_BARRIERS, self.epoch]
+        for task in restore:
+            args += [task, self.seen[task]]
+        calls: list[Call] = [("waiter_read", [b.key, keys.reset], [])] if read_marker else []
+        calls.append(("barrier_arrive", [b.key, keys.barrier_index, keys.barrier_epoch], args))
+        replies = self._retry(lambda: b._code().pipeline(calls), f"arrive at barrier {b.name!r}")
+        if read_marker:
+            self._check_reset(replies[0][1])
+        reply = replies[-1]
         status, now_ms, _arrived, parties, completed_ms = (parse_int(r) or 0 for r in reply[:5])
         if status == BARRIER_OTHER_PARTIES:
             raise ConfigurationError(
@@ -100,6 +131,16 @@ class BarrierWait:
                 variable="parties",
                 job=self.config.job,
             )
+        if status == BARRIER_EPOCH_ENDED:
+            ended_by = reply[8].decode() if isinstance(reply[8], bytes) else str(reply[8])
+            raise self._aborted("done" if ended_by == "finish" else "reset")
+        epoch = epoch_token(reply[6]) or ""
+        if epoch != self.epoch:
+            if self.epoch and parse_int(reply[7]) != BARRIER_RESTORABLE:
+                # a reset began the new epoch: what this wait saw belongs to the old one
+                self.seen.clear()
+            self.epoch, self.state = epoch, None
+        self.seen.setdefault(b.task_id, now_ms)
         if self.start_ms is None:
             self.start_ms = now_ms
             log.info(
@@ -142,11 +183,12 @@ class BarrierWait:
                 next_read = self.clock() + self.config.fallback_interval
                 continue
             notice = None if message is None else parse_barrier_notice(message)
-            if notice == "reset":
-                raise self._aborted()
-            if notice == self.barrier.member:
-                self._released("the last arrival's announcement")
-                return True
+            if notice == "reset" or notice == self.barrier.member:
+                # a hint (anyone who may arrive may announce): the stored barrier
+                # and reset marker, read after it, decide
+                if self._read():
+                    return True
+                next_read = self.clock() + self.config.fallback_interval
 
     def _reconnect(self) -> bool:
         """Subscribe, read the confirmation, then read the barrier (in that order)."""
@@ -170,15 +212,28 @@ class BarrierWait:
             lambda: list(b._code().call("waiter_read", [b.key, self.config.keys.reset], [])),
             f"read barrier {b.name!r}",
         )
-        reset_ms = parse_int(reply[1]) if reply[1] else None
-        assert self.start_ms is not None
-        if reset_ms is not None and reset_ms >= self.start_ms:
-            raise self._aborted()
+        self._check_reset(reply[1])
         state = state_from_read(b.member, reply)
-        if state is None or b.task_id not in state.arrived:
-            # gone (expired, or a Redis that restarted empty) or not ours: arrive again
-            log.info("job %s: barrier %r lost our arrival; arriving again", self.config.job, b.name)
-            return self._arrive()
+        if state is not None and state.epoch == self.epoch:
+            for task, at in state.arrivals:
+                self.seen.setdefault(task, at)
+            stored = set(state.arrived)
+            lost = sorted(task for task in self.seen if task not in stored)
+        else:
+            # gone (expired, evicted, a Redis that restarted empty), or begun anew
+            # under another epoch since this task arrived: nothing of it is ours
+            lost = sorted(self.seen)
+        if lost:
+            self.lost = True
+            log.warning(
+                "job %s: barrier %r lost arrivals of task(s) %s; arriving again and "
+                "recording them again",
+                self.config.job,
+                b.name,
+                describe_tasks(lost),
+            )
+            return self._arrive(restore=[task for task in lost if task != b.task_id])
+        assert state is not None
         self.state = state
         if state.complete:
             self._released("a read of the barrier")
@@ -203,11 +258,21 @@ class BarrierWait:
             raise self._timeout(stalled=not overall)
         return False
 
+    def _check_reset(self, marker: object) -> None:
+        """Abort if the stored reset marker is another than the one read first.
+
+        The marker is a token: only equality counts, never its value. A marker
+        that is gone (expired, or a Redis that restarted empty) is no reset.
+        """
+        if self.reset_marker is _UNREAD:
+            self.reset_marker = marker
+        elif marker is not None and marker != self.reset_marker:
+            raise self._aborted()
+
     def _missing(self) -> tuple[int, ...]:
-        if self.state is not None:
-            return self.state.missing
-        b = self.barrier  # never read: only this task is known to have arrived
-        return tuple(task for task in range(b.parties) if task != b.task_id)
+        """The tasks this wait has not seen arrive (in any read, or stored now)."""
+        arrived = set(self.seen) | set(self.state.arrived if self.state is not None else ())
+        return tuple(task for task in range(self.barrier.parties) if task not in arrived)
 
     def _timeout(self, *, stalled: bool, cause: str | None = None) -> BarrierTimeout:
         b, missing = self.barrier, self._missing()
@@ -218,10 +283,17 @@ class BarrierWait:
         else:
             assert self.deadline is not None
             why = f"overall timeout of {self.deadline - self.started:g} s passed"
+        lost = ""
+        if self.lost:
+            lost = (
+                "; Redis lost arrivals at this barrier while this task waited (its record "
+                "disappeared or was begun anew: a restart or an eviction?), so a missing "
+                "task may have arrived before that, unseen by this task"
+            )
         return BarrierTimeout(
             f"job {self.config.job}: gave up at barrier {b.name!r} after "
             f"{self.clock() - self.started:.1f} s: {why}; {b.parties - len(missing)} of "
-            f"{b.parties} tasks arrived, missing task(s) {list_tasks(missing)}",
+            f"{b.parties} tasks arrived, missing task(s) {list_tasks(missing)}{lost}",
             job=self.config.job,
             stalled=stalled,
             barrier=b.name,
@@ -236,12 +308,13 @@ class BarrierWait:
         )
         return self._timeout(stalled=not overall, cause=f"{exc}; retried until the timeout")
 
-    def _aborted(self) -> BarrierAborted:
+    def _aborted(self, reason: str = "reset") -> BarrierAborted:
+        what = "finished" if reason == "done" else "was reset"
         return BarrierAborted(
-            f"job {self.config.job} was reset while task {self.barrier.task_id} waited at "
+            f"job {self.config.job} {what} while task {self.barrier.task_id} waited at "
             f"barrier {self.barrier.name!r}",
             job=self.config.job,
-            reason="reset",
+            reason=reason,
             barrier=self.barrier.name,
         )
 

@@ -22,9 +22,12 @@ DEFAULT_KEY_TTL = 7 * 24 * 3600
 """Seconds a job's keys live after the chief's last write."""
 DEFAULT_SENTINEL_SERVICE = "mymaster"
 """Sentinel service name when only ``STEPBARRIER_SENTINELS`` is set."""
-DEFAULT_DONE_TTL = 300
-"""Seconds a finished job's keys live after the chief marks it done, so that a
-rerun under the same job name (without a run id) starts clean after that."""
+DEFAULT_DONE_TTL = 3600
+"""Seconds a finished job's keys live after the chief marks it done. A rerun
+under the same job name needs no wait (its chief's newer generation replaces
+the finished state); the record must outlive the longest a worker may be cut
+off and still be waiting, so the chief keeps it at least its stall timeout
+plus a minute, whatever this says (docs/protocol.md#done)."""
 FALLBACK_INTERVAL = 5.0
 """Seconds between a waiter's re-reads of the stored step (pub/sub is only a hint)."""
 

@@ -1,75 +1,75 @@
-"""When a stored step may release a worker: the chief's heartbeat and its last publish.
+"""When a writer vouches for its step: probation and the confirmation window.
 
-Two clocks vouch for a stored step, both measured by Redis's own clock:
+A writer (the chief, or a contributor) decides on its **own monotonic clock**
+whether the step it writes may release a worker, and says so in each write
+(``vouch``); waiters never compare a stored time with their own or Redis's
+clock (docs/protocol.md#vouch). It vouches when both hold:
 
-- the **heartbeat** says the writer's process is alive; it is fresh for three of
-  the writer's own heartbeat periods (at least ``MIN_FRESH`` seconds), the
-  period being the one the writer stored, not the reader's setting;
-- the **last publish** says the training loop itself handed the step over; a
-  step vouches for itself for its *confirmation window*: ``CONFIRM_STEPS``
-  times the loop's running mean time per step, at least the heartbeat limit.
-  A chief whose session is recovering (a preempted parameter server, a
-  checkpoint restore) keeps heartbeating a step it may never reach again; once
-  the window passes, that step releases no newly arriving worker until the
-  loop publishes again. A slow chief (long steps) has a long window.
+- it is out of **probation**: a write that found no valid state (Redis
+  restarted empty, the key was evicted or deleted, or the job is new) made
+  the state, and whoever wrote it may be a zombie whose newer successor has
+  not written since Redis forgot it. Any live newer chief writes within one
+  heartbeat and supersedes it, so the state vouches only after
+  ``fence_time`` has passed on the writer's clock with its writes accepted;
+- its training loop handed the step over within the **confirmation window**
+  (``confirm_window``): a chief whose session is recovering (a preempted
+  parameter server, a checkpoint restore) keeps writing a step it may never
+  reach again, and stops vouching for it once the window passes.
 
-A finished job's step (``done``) needs neither: it is final.
+The final write of a finished job vouches without the window (its step is
+final), and so does the first write of a step the generation has not stored yet
+(its loop did hand it over, however late the write comes): the window is for a
+stale step rewritten heartbeat after heartbeat.
 """
 
 from __future__ import annotations
 
-from stepbarrier.protocol import ChiefState
-
-MIN_FRESH = 5.0
-"""Seconds a heartbeat or a publish is fresh at least, whatever the periods."""
+MIN_CONFIRM = 5.0
+"""Seconds a handed-over step vouches for itself at least."""
 CONFIRM_STEPS = 4.0
-"""How many of the loop's mean step times a published step vouches for itself."""
+"""How many of the loop's mean step times a handed-over step vouches for itself."""
+MIN_FENCE = 3.0
+"""Seconds of probation at least, whatever the heartbeat."""
+FENCE_HEARTBEATS = 3.0
+"""Probation in heartbeats: a live newer chief writes within one."""
+STALE_HEARTBEATS = 3.0
+"""For operators' views only: a chief unheard for this many heartbeats (at least
+``MIN_CONFIRM`` seconds, by Redis's clock) is shown as stale."""
 
 
-def fresh_heartbeat_limit(heartbeat: float) -> float:
-    """Seconds after which a heartbeat of period ``heartbeat`` no longer vouches."""
-    return max(3 * heartbeat, MIN_FRESH)
+def fence_time(heartbeat: float) -> float:
+    """Seconds a writer that created the state stays on probation."""
+    return max(FENCE_HEARTBEATS * heartbeat, MIN_FENCE)
 
 
-def confirm_window(heartbeat: float, step_time: float | None) -> float:
+def confirm_window(step_time: float | None) -> float:
     """Seconds a step handed over by a loop of mean ``step_time`` vouches for itself."""
-    window = fresh_heartbeat_limit(heartbeat)
-    if step_time is not None:
-        window = max(window, CONFIRM_STEPS * step_time)
-    return window
+    if step_time is None:
+        return MIN_CONFIRM
+    return max(MIN_CONFIRM, CONFIRM_STEPS * step_time)
 
 
-def heartbeat_age(state: ChiefState, now_ms: int) -> float | None:
-    """Seconds since the writer's last heartbeat, by Redis's clock."""
-    if state.heartbeat_ms is None:
-        return None
-    return max(0.0, (now_ms - state.heartbeat_ms) / 1000.0)
+def vouches(
+    *,
+    now: float,
+    probation_until: float,
+    handed_at: float,
+    step_time: float | None,
+    done: bool,
+    new_step: bool = False,
+) -> bool:
+    """True if a write made at ``now`` (the writer's clock) vouches for its step.
 
-
-def vouches_for_step(state: ChiefState, now_ms: int, default_heartbeat: float) -> bool:
-    """True if ``state``'s step may release a worker that reads it now.
-
-    Args:
-        state: The stored state, with a step.
-        now_ms: Redis's clock when it was read.
-        default_heartbeat: The reader's heartbeat setting, used only when the
-            writer (an older version) did not store its own period.
+    ``done``: the job's final write; ``new_step``: a step the generation has not
+    stored before. Neither needs the confirmation window; both need the end of
+    probation.
     """
-    if state.done:
-        return True
-    age = heartbeat_age(state, now_ms)
-    if age is None:
+    if now < probation_until:
         return False
-    period = (
-        state.heartbeat_period_ms / 1000.0
-        if state.heartbeat_period_ms is not None
-        else default_heartbeat
-    )
-    if age > fresh_heartbeat_limit(period):
-        return False
-    if state.published_ms is None:
-        return True  # written by a version that did not say; the heartbeat decides
-    window = (
-        state.confirm_ms / 1000.0 if state.confirm_ms is not None else fresh_heartbeat_limit(period)
-    )
-    return (now_ms - state.published_ms) / 1000.0 <= window
+    return done or new_step or now - handed_at <= confirm_window(step_time)
+
+
+def stale_after(heartbeat: float) -> float:
+    """Seconds after which an operator's view calls a chief of period ``heartbeat``
+    stale (display only: no waiter decides by it)."""
+    return max(STALE_HEARTBEATS * heartbeat, MIN_CONFIRM)

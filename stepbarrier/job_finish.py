@@ -5,10 +5,11 @@ only when every worker has arrived, that is, finished training. Nothing can
 still need the job then, so the chief marks it done, as ``last_step`` or
 ``stepbarrier publish STEP --done`` do: a step wait that is not a party (an
 evaluator's, say) ends with ``BarrierAborted`` rather than waiting for ever,
-``stepbarrier watch --until-done`` ends, and the job's keys, this run's
-barriers with them, expire after ``STEPBARRIER_DONE_TTL``, so that a rerun under
-the same job name (without a run id) starts clean instead of passing its start
-barrier at once.
+``stepbarrier watch --until-done`` ends, and the job's keys expire after
+``STEPBARRIER_DONE_TTL``. The chief also ends the job's barrier epoch, so that
+a rerun under the same job name (without a run id) begins every barrier anew
+instead of passing its start barrier at once, however many barriers the job
+had; this run's barriers the index names also get the shorter TTL, to tidy up.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from stepbarrier.barrier_state import split_member
 from stepbarrier.barrier_status import barrier_keys
 from stepbarrier.config import BarrierConfig
 from stepbarrier.connection import RedisClient, with_client
+from stepbarrier.protocol import parse_int
 from stepbarrier.publisher import StepPublisher
 
 log = logging.getLogger("stepbarrier.job_finish")
@@ -30,7 +32,7 @@ FINISH_TIMEOUT = 10.0
 
 
 def finish_job(config: BarrierConfig, final_step: int, client: RedisClient | None = None) -> bool:
-    """Mark the job done at ``final_step`` and let this run's barriers expire with it.
+    """Mark the job done at ``final_step`` and end the job's barrier epoch.
 
     The chief writes as a new chief incarnation (the training session's
     publisher has ended), so ``final_step`` must be the true final global step.
@@ -38,22 +40,61 @@ def finish_job(config: BarrierConfig, final_step: int, client: RedisClient | Non
     Returns:
         True if the job is marked done; if not, a warning says why.
     """
+    # written as a final fact (like an operator's): the chief's session has
+    # ended, and a probation would only keep the finished job from releasing
     publisher = StepPublisher(
-        config, client, description=f"end barrier {socket.gethostname()}:{os.getpid()}"
+        config,
+        client,
+        description=f"end barrier {socket.gethostname()}:{os.getpid()}",
+        operator=True,
     )
     publisher.publish(final_step)
     if not publisher.close(done=True, timeout=FINISH_TIMEOUT):
         return False
     try:
-        expire_run_barriers(config, config.done_ttl, client)
+        end_barrier_epoch(config, client)
     except Exception as exc:  # the job is done; the barriers still expire by their TTL
+        log.warning(
+            "job %s: the barrier epoch could not be ended (%s): until its barriers expire, "
+            "a rerun under this job name without a run id may pass a barrier this run "
+            "completed; give reruns their own STEPBARRIER_RUN_ID",
+            config.job,
+            exc,
+        )
+    try:
+        expire_run_barriers(config, config.done_ttl, client)
+    except Exception as exc:  # stale already; they expire by their TTL
         log.warning("job %s: the barriers keep their TTL (%s)", config.job, exc)
     log.info("job %s: every party finished; job marked done at step %d", config.job, final_step)
     return True
 
 
+def end_barrier_epoch(config: BarrierConfig, client: RedisClient | None = None) -> None:
+    """Make every barrier of the job stale at once, whatever the barrier index holds.
+
+    A new epoch token is written, marked ``by=finish``: every barrier of the
+    ended epoch is stale, and a party's remembered arrivals of it are never
+    carried into the next one (a rerun's barrier of the same name starts
+    empty). A party still waiting at a barrier that completed in the ended
+    epoch is released all the same: its arrival's epoch is the barrier's.
+    """
+    key = config.keys.barrier_epoch
+
+    def write(active: RedisClient) -> None:
+        seconds, micros = active.time()
+        token = int(seconds) * 1_000_000 + int(micros)
+        old = parse_int(active.hget(key, "token"))
+        if old is not None and old >= token:
+            token = old + 1  # tokens only grow (docs/protocol.md#barriers)
+        active.hset(key, mapping={"token": str(token), "by": "finish"})
+        active.expire(key, max(config.key_ttl, 24 * 3600))
+
+    with_client(config, client, write, action="end the job's barrier epoch", retry_seconds=5.0)
+
+
 def expire_run_barriers(config: BarrierConfig, ttl: int, client: RedisClient | None = None) -> int:
-    """Let this run's barriers expire within ``ttl`` seconds (never later than they would).
+    """Let this run's barriers the index names expire within ``ttl`` seconds (never
+    later than they would); only to tidy up, as ``end_barrier_epoch`` made them stale.
 
     Returns:
         How many barriers were given the shorter TTL.

@@ -27,6 +27,13 @@ class JobKeys:
             ``name:run_id``) -> Redis time (ms) of its last arrival.
         barrier_prefix: Prefix of the barrier hashes (``stepbarrier.barrier``).
         barrier_channel: Pub/sub channel carrying barrier completions and resets.
+        barrier_epoch: Hash: ``token``, the job's current barrier epoch (a
+            unique Redis time in microseconds), and ``by`` (``arrival`` or
+            ``reset``: what began it). A barrier holds the token current when it
+            was begun; one holding another (or any, once the epoch is gone) is
+            stale and begins anew at the next arrival. Its name lies under the
+            barrier prefix (``@`` is no barrier name's) so that every role's
+            barrier key rights cover it.
     """
 
     job: str
@@ -39,6 +46,7 @@ class JobKeys:
     barrier_index: str
     barrier_prefix: str
     barrier_channel: str
+    barrier_epoch: str
 
     @classmethod
     def for_job(cls, job: str) -> JobKeys:
@@ -55,6 +63,7 @@ class JobKeys:
             barrier_index=f"{base}:barrier-index",
             barrier_prefix=f"{base}:barrier:",
             barrier_channel=f"{base}:barriers",
+            barrier_epoch=f"{base}:barrier:@epoch",
         )
 
     def waiter(self, waiter_id: str) -> str:

@@ -9,6 +9,7 @@ description of the problem, never an exception.
 from __future__ import annotations
 
 import json
+import operator
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -24,32 +25,50 @@ _STORED_NUMBER = re.compile(r"-?[0-9]{1,16}")
 
 @dataclass(frozen=True)
 class StepAnnouncement:
-    """A valid message from the job's channel."""
+    """A valid message from the job's channel: a hint that a write happened.
+
+    Attributes:
+        step: The stored step after the write (``None`` for a reset notice).
+        generation: The generation that wrote it.
+        done: The job is finished.
+        reset: A reset notice (a hint only: the reset marker decides).
+        run_id: The writer's run id (``None``: no run id).
+        beat: The generation's write counter after the write (0 if not said).
+        vouch: The writer vouches for the step (docs/protocol.md#vouch).
+        pinned: An operator's pinned step (``stepbarrier publish``).
+    """
 
     step: int | None
     generation: int | None
     done: bool
     reset: bool
     run_id: str | None = None
+    beat: int = 0
+    vouch: bool = False
+    pinned: bool = False
 
 
 @dataclass(frozen=True)
 class ChiefState:
     """The chief's stored state, read from the job's ``state`` hash.
 
+    Only ``step``, ``generation``, ``run_id``, ``beat``, ``vouch``, ``done`` and
+    ``pinned`` take part in a waiter's decisions (docs/protocol.md#keys); the
+    times are Redis's clock and serve operators only.
+
     Attributes:
         step: The stored step, or ``None`` if there is none (or it is malformed).
         generation: The chief generation that wrote it.
         done: True when the chief closed the job.
-        heartbeat_ms: Redis time (ms) of the chief's last write.
-        chief: ``host:pid`` of the chief that wrote it.
+        heartbeat_ms: Redis time (ms) of the last write (display only).
+        chief: ``host:pid`` of the last writer.
         problem: Description of malformed content, if any.
         run_id: The run id of the chief that wrote it (``None``: no run id).
-        published_ms: Redis time (ms) at which a training loop last handed over
-            the step (``None`` if an older chief did not say).
+        beat: The generation's write counter (0 if absent).
+        vouch: The writer vouches for the step.
+        pinned: An operator's pinned step.
         heartbeat_period_ms: The chief's own heartbeat period (ms), if stored.
-        confirm_ms: How long after ``published_ms`` the step vouches for itself.
-        done_ms: Redis time (ms) at which the job was marked finished.
+        done_ms: Redis time (ms) at which the job was marked finished (display only).
     """
 
     step: int | None
@@ -59,15 +78,23 @@ class ChiefState:
     chief: str | None
     problem: str | None = None
     run_id: str | None = None
-    published_ms: int | None = None
+    beat: int = 0
+    vouch: bool = False
+    pinned: bool = False
     heartbeat_period_ms: int | None = None
-    confirm_ms: int | None = None
     done_ms: int | None = None
 
     @classmethod
     def empty(cls, problem: str | None = None) -> ChiefState:
         """The state of a job no chief has written to (yet)."""
         return cls(None, None, False, None, None, problem)
+
+    @property
+    def mark(self) -> tuple[int, int] | None:
+        """``(generation, beat)``: which write this state is, in order (``None``: no state)."""
+        if self.generation is None or self.step is None:
+            return None
+        return (self.generation, self.beat)
 
 
 def _to_text(raw: object) -> str | None:
@@ -100,6 +127,23 @@ def parse_int(raw: object, *, low: int = 0, high: int = MAX_STEP) -> int | None:
     if not low <= value <= high:
         return None
     return value
+
+
+def checked_step(value: object, *, what: str, low: int = 1) -> int:
+    """``value`` as a step from ``low`` to ``MAX_STEP``, for an argument a caller passed.
+
+    Raises:
+        TypeError: ``value`` is not an integer (a ``bool`` is not one: ``True`` is
+            no step 1; a float is not one either).
+        ValueError: ``value`` is out of range: no chief can publish a step
+            above ``MAX_STEP`` (2**53, the largest Lua's doubles carry exactly).
+    """
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"{what} must be an integer, got {type(value).__name__} {value!r}")
+    number = operator.index(value)
+    if not low <= number <= MAX_STEP:
+        raise ValueError(f"{what} must be from {low} to 2**53 ({MAX_STEP}), got {number}")
+    return number
 
 
 def parse_run_id(raw: object) -> str | None:
@@ -148,9 +192,10 @@ def parse_state(raw: object) -> ChiefState:
         chief,
         problem,
         run_id=run_id,
-        published_ms=parse_int(fields.get("published_ms")),
+        beat=parse_int(fields.get("beat")) or 0,
+        vouch=_to_text(fields.get("vouch")) == "1",
+        pinned=_to_text(fields.get("pinned")) == "1",
         heartbeat_period_ms=parse_int(fields.get("heartbeat_period_ms"), low=1),
-        confirm_ms=parse_int(fields.get("confirm_ms"), low=1),
         done_ms=parse_int(fields.get("done_ms")),
     )
 
@@ -180,7 +225,14 @@ def parse_announcement(raw: object) -> StepAnnouncement | None:
     run_id = parse_run_id(run_raw)
     if not isinstance(run_raw, str) or (run_raw and run_id is None):
         return None
-    return StepAnnouncement(step_value, generation_value, done, False, run_id)
+    beat = data.get("beat", 0)
+    vouch, pinned = data.get("vouch", False), data.get("pinned", False)
+    beat_value = parse_int(beat) if isinstance(beat, int) else None
+    if beat_value is None or not isinstance(vouch, bool) or not isinstance(pinned, bool):
+        return None
+    return StepAnnouncement(
+        step_value, generation_value, done, False, run_id, beat_value, vouch, pinned
+    )
 
 
 def _preview(raw: object) -> str:

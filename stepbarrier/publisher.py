@@ -17,7 +17,6 @@ chief recovering its session, say) releases no newly arriving worker.
 
 from __future__ import annotations
 
-import operator
 import os
 import socket
 import time
@@ -27,7 +26,7 @@ from types import TracebackType
 from stepbarrier.config import BarrierConfig
 from stepbarrier.connection import RedisClient
 from stepbarrier.errors import StepBarrierError
-from stepbarrier.protocol import MAX_STEP
+from stepbarrier.protocol import checked_step
 from stepbarrier.publisher_loop import LOG_EVERY, PublisherLoop, log
 
 __all__ = ["LOG_EVERY", "STEP_TIME_SMOOTHING", "StepPublisher"]
@@ -51,6 +50,14 @@ class StepPublisher:
             generation, never mark the job finished.
         description: Who publishes, stored as the state's ``chief`` field for
             operators; ``host:pid`` by default.
+        operator: Publish as an operator (``stepbarrier publish``): the step is
+            *pinned*: it releases every waiter of the job at or below it, also
+            those that arrive later, until a chief's newer generation or a reset
+            replaces it (docs/protocol.md#operator-publish).
+        join_generation: (A contributor) the chief generation to report into,
+            e.g. the one this worker's own wait was released by
+            (``StepWaiter.last_generation``); by default the first one found.
+            A contributor never reports into another generation.
 
     Example:
         >>> with StepPublisher(BarrierConfig(job="demo")) as publisher:  # doctest: +SKIP
@@ -67,7 +74,11 @@ class StepPublisher:
         clock: Callable[[], float] = time.monotonic,
         contributor: bool = False,
         description: str | None = None,
+        operator: bool = False,
+        join_generation: int | None = None,
     ) -> None:
+        if contributor and operator:
+            raise ValueError("a publisher is a contributor or an operator, not both")
         self.config = config
         self.contributor = contributor
         self._clock = clock
@@ -75,8 +86,15 @@ class StepPublisher:
         chief = (description or f"{socket.gethostname()}:{os.getpid()}")[:200]
         # The background side: the writer thread and the registration listener.
         self._loop = PublisherLoop(
-            config, client, clock=clock, contributor=contributor, chief_name=chief
+            config,
+            client,
+            clock=clock,
+            contributor=contributor,
+            chief_name=chief,
+            operator=operator,
         )
+        if contributor and join_generation is not None:
+            self._loop.state.join(_checked_generation(join_generation))
         # What publish() writes and reads: plain attributes, no lock (see Handover).
         self._handover = self._loop.handover
         self._loop.start()
@@ -96,12 +114,10 @@ class StepPublisher:
                 NumPy integer), never more than the true step.
 
         Raises:
-            TypeError: ``step`` is not an integer.
+            TypeError: ``step`` is not an integer (``True`` is not step 1).
             ValueError: ``step`` is negative or above 2**53.
         """
-        value = operator.index(step)
-        if not 0 <= value <= MAX_STEP:
-            raise ValueError(f"step must be from 0 to 2**53, got {value}")
+        value = checked_step(step, what="step", low=0)
         handover = self._handover
         now = self._clock()
         gap = now - handover.handed_at
@@ -214,3 +230,7 @@ class StepPublisher:
     ) -> None:
         # A crash is not the end of the job: a restarted chief may carry on.
         self.close(done=exc_type is None)
+
+
+def _checked_generation(generation: int) -> int:
+    return checked_step(generation, what="join_generation", low=1)

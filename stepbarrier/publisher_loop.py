@@ -27,9 +27,10 @@ from stepbarrier.connection import (
 )
 from stepbarrier.connection import backoff as retry_backoff
 from stepbarrier.errors import RedisUnavailable, StepBarrierError
+from stepbarrier.freshness import fence_time
 from stepbarrier.publisher_state import Handover, PublisherState, log
 from stepbarrier.registrations import RegistrationListener
-from stepbarrier.step_write import StepWriter
+from stepbarrier.step_write import Beginning, StepWriter
 
 __all__ = ["LOG_EVERY", "Handover", "PublisherLoop", "log"]
 
@@ -54,9 +55,11 @@ class PublisherLoop:
         clock: Callable[[], float],
         contributor: bool,
         chief_name: str,
+        operator: bool = False,
     ) -> None:
         self.config = config
         self.contributor = contributor
+        self.operator = operator
         self._owns_client = client is None
         # made in the thread, at the first write (a cluster client reads the slot
         # map at once: a Redis that is down must not fail the chief's start)
@@ -159,7 +162,11 @@ class PublisherLoop:
             if self._client is None:
                 self._client = make_client(self.config)
             self._writer_of = StepWriter(
-                self._client, self.config, self._chief_name, contributor=self.contributor
+                self._client,
+                self.config,
+                self._chief_name,
+                contributor=self.contributor,
+                operator=self.operator,
             )
         return self._writer_of
 
@@ -184,6 +191,9 @@ class PublisherLoop:
                     log.info("Redis is back; published step %s", self.handover.latest)
                 failures = 0
                 next_beat = self._clock() + self.config.heartbeat
+                if self.state.probation_until > self._clock():
+                    # the probation's end is a write: it is what releases workers
+                    next_beat = min(next_beat, self.state.probation_until + 0.001)
                 if wrote:
                     self._forget_stale_wake()
             except Exception as exc:  # the chief must never die of a Redis problem
@@ -235,26 +245,36 @@ class PublisherLoop:
         if self.handover.latest is None or self.ended is not None or self._final_done is None:
             return
         done = self._final_done
-        try:
-            call_with_retries(
-                lambda: self._write(done=done),
-                self.config,
-                action="publish the final step",
-                deadline=self._close_deadline,
-                clock=self._clock,
-                sleep=time.sleep,
-            )
-        except Exception as exc:
-            self._note_failure(exc)  # stop() reports it
+        for _ in range(2):
+            # a final step written on probation vouches for nothing: wait it out
+            # (within the close's deadline) and write it again, so that the
+            # finished job releases its waiters
+            wait = min(self.state.probation_until, self._close_deadline) - self._clock()
+            if wait > 0:
+                time.sleep(wait + 0.001)
+            try:
+                call_with_retries(
+                    lambda: self._write(done=done),
+                    self.config,
+                    action="publish the final step",
+                    deadline=self._close_deadline,
+                    clock=self._clock,
+                    sleep=time.sleep,
+                )
+            except Exception as exc:
+                self._note_failure(exc)  # stop() reports it
+                return
+            if self.ended is not None or self.state.probation_until <= self._clock():
+                return
 
     def _write(self, *, done: bool) -> bool:
         """One write; False if there was nothing (new) to write."""
         wanted, needs_generation = self.state.generation_to_begin()
         if needs_generation:
-            generation = self.writer().begin_generation()
-            if not self.state.begin_generation(wanted, generation):
-                return False  # yet another generation was asked for meanwhile
-            log.info("job %s: chief generation %d begins", self.config.job, generation)
+            beginning = self._begin()
+            if beginning is None or not self.state.begin_generation(wanted, beginning):
+                return False  # another run's chief is live, or yet another generation was asked for
+            log.info("job %s: chief generation %d begins", self.config.job, beginning.generation)
         upcoming = self.state.next_write(done=done)
         if upcoming is None:
             return False
@@ -266,6 +286,54 @@ class PublisherLoop:
         if result.repaired:
             log.warning("job %s: replaced malformed content in its state keys", self.config.job)
         return self.state.take_reply(result, seq, wanted)
+
+    def _begin(self) -> Beginning | None:
+        """Begin a generation, unless another run's chief is live (docs/protocol.md#runs).
+
+        A chief that finds the state of another run id, not finished, watches it
+        for ``fence_time`` on its own clock: if that run's writes went on, both
+        runs would share one job's keys, so this chief refuses (an ERROR naming
+        both runs) instead of silently superseding it.
+        """
+        beginning = self.writer().begin_generation()
+        found = beginning.stored
+        if self.operator or found is None or found.done or found.run_id == self.config.run_id:
+            return beginning
+        fence = fence_time(self.config.heartbeat)
+        log.info(
+            "job %s: the stored state belongs to run %s (chief %s); watching it for %.1f s "
+            "before taking the job over",
+            self.config.job,
+            found.run_id or "(none)",
+            found.chief or "unknown",
+            fence,
+        )
+        if self._stopping.wait(fence):
+            return None
+        beginning = self.writer().begin_generation()
+        again = beginning.stored
+        if (
+            again is not None
+            and again.run_id == found.run_id
+            and not again.done
+            and (again.generation, again.beat) != (found.generation, found.beat)
+        ):
+            self.state.conflict(
+                f"job {self.config.job} is in use by run {found.run_id or '(none)'} (chief "
+                f"{again.chief or 'unknown'}, still writing); this chief of run "
+                f"{self.config.run_id or '(none)'} does not take it over and publishes nothing. "
+                "Give each concurrent run its own STEPBARRIER_JOB, or stop the other run "
+                "(`stepbarrier reset` clears its state)"
+            )
+            return None
+        if again is not None and again.run_id == found.run_id:
+            log.warning(
+                "job %s: taking the job over from run %s, whose chief wrote nothing for %.1f s",
+                self.config.job,
+                found.run_id or "(none)",
+                fence,
+            )
+        return beginning
 
     def _stop_listener(self, timeout: float) -> None:
         if self.listener is not None:

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 from stepbarrier import scripts
 from stepbarrier.config import BarrierConfig
-from stepbarrier.freshness import confirm_window
-from stepbarrier.step_write import StepWrite, WriteResult
+from stepbarrier.freshness import fence_time, vouches
+from stepbarrier.step_write import Beginning, StepWrite, WriteResult
 
 # the name these messages always had: log filters and tests select by it
 log = logging.getLogger("stepbarrier.publisher")
@@ -87,13 +87,27 @@ class PublisherState:
         self.refusals = 0  # writes that failed for good
         self.pending: tuple[int, ...] = ()  # the lowest targets, from the last write
         self._stored_step = -1
+        # the highest step a vouching write carried since this generation began
+        # (or since Redis last lost its state): a higher one is news
+        self._vouched_step = -1
+        self._sent: tuple[int, bool] = (-1, False)  # the last write's step and vouch
         self._heard_targets: set[int] = set()
         self.generation: int | None = None
-        self.epoch = 0
+        # the reset marker this writer began under: a write under another is refused
+        self.reset_marker = ""
+        self._marker_taken = False  # the first generation took its marker (maybe none)
+        # the writer's own clock: until then its writes do not vouch (it made the
+        # state from nothing; docs/protocol.md#probation)
+        self.probation_until = -math.inf
+        self._begun_at = -math.inf  # when the current generation began (writer's clock)
+        self._written = False  # a write of the current generation was accepted
+        # a contributor joins one generation (the first it finds, or the one its
+        # own wait was released by) and never another
+        self.joined: int | None = None
         self._generation_wanted = 1
         self._generation_begun = 0
-        self._ignore_until_handed = 0
-        # "superseded", "reset" or "refused" (a contributor): this writer is done for good
+        # "superseded", "reset", "conflict" (another run's live chief owns the
+        # job) or "refused" (a contributor): this writer is done for good
         self.ended: str | None = None
         self.end_message: str | None = None  # why, as one line (set before ``ended``)
 
@@ -106,6 +120,7 @@ class PublisherState:
         with self.lock:
             self.handover.latest = None
             self._stored_step = -1
+            self._vouched_step = -1
             self.handover.next_threshold = -1.0
             self._heard_targets = set()
             if not self.contributor:
@@ -119,30 +134,60 @@ class PublisherState:
             wanted = self._generation_wanted
             return wanted, not self.contributor and self._generation_begun != wanted
 
-    def begin_generation(self, wanted: int, generation: int) -> bool:
-        """Take in the ``generation`` Redis began for ``wanted``; False if it came too late."""
+    def begin_generation(self, wanted: int, beginning: Beginning) -> bool:
+        """Take in the generation Redis began for ``wanted``; False if it came too late."""
         with self.lock:
             if self._generation_wanted != wanted:
                 return False  # yet another generation was asked for meanwhile
-            self.generation, self._generation_begun = generation, wanted
-            self.epoch = self.epoch or generation
+            self.generation, self._generation_begun = beginning.generation, wanted
+            self._begun_at, self._written = self._clock(), False
+            if not self._marker_taken:
+                # the first generation takes the marker it found (maybe none);
+                # later ones of this publisher keep it, so that a reset since the
+                # publisher began still stops it
+                self.reset_marker, self._marker_taken = beginning.reset_marker, True
             return True
+
+    def join(self, generation: int) -> None:
+        """(A contributor) report into ``generation`` only: the one this worker's wait saw."""
+        with self.lock:
+            self.joined = self.generation = generation
+
+    def conflict(self, message: str) -> None:
+        """Another run's live chief owns the job: stop for good, saying ``message``."""
+        with self.stored:
+            self._end("conflict", message)
 
     def next_write(self, *, done: bool) -> tuple[StepWrite, int] | None:
         """The values of the next write and the hand-overs it counts; ``None``: nothing new."""
         handover = self.handover
         with self.lock:
             step, seq = handover.latest, handover.handed
-            if step is None or seq <= self._ignore_until_handed:
+            if step is None:
                 return None
             values = StepWrite(
                 generation=self.generation or 0,
                 step=step,
                 done=done,
-                publish_age=max(0.0, self._clock() - handover.handed_at),
-                confirm_window=confirm_window(self._config.heartbeat, handover.step_time),
-                epoch=self.epoch,
+                vouch=vouches(
+                    now=self._clock(),
+                    probation_until=self.probation_until,
+                    handed_at=handover.handed_at,
+                    step_time=handover.step_time,
+                    done=done,
+                    # a step this generation has not stored yet is news however
+                    # late its write: the loop did hand it over (only a stale one,
+                    # rewritten heartbeat after heartbeat, needs the window)
+                    new_step=step > self._vouched_step,
+                ),
+                reset_marker=self.reset_marker,
+                # a generation just begun is the newest: if Redis has no state,
+                # its first write is no zombie's (a pause between the begin and
+                # this write, longer than the fence, loses that trust)
+                first=not self._written
+                and self._clock() - self._begun_at < fence_time(self._config.heartbeat),
             )
+            self._sent = (values.step, values.vouch)
         return values, seq
 
     def take_reply(self, result: WriteResult, seq: int, wanted: int) -> bool:
@@ -195,15 +240,36 @@ class PublisherState:
             return False
         if result.status == scripts.NOTHING_TO_JOIN:
             return False  # no live chief state of this run yet: try again next heartbeat
-        if result.status == scripts.REJOIN:
-            # steps handed over before we learnt of the new generation may have
-            # been read before the chief restored an older checkpoint: drop them
-            self.generation = result.stored_generation or 0
-            self.epoch = self.epoch or (result.stored_generation or 0)
-            self._ignore_until_handed = self.handover.handed
-            self._stored_step = -1
-            self.wake.set()
+        if result.status == scripts.OTHER_GENERATION:
+            if self.joined is None and self.generation is None:
+                # not yet joined: the generation found is the one to report into
+                self.joined = self.generation = result.stored_generation or 0
+                self.wake.set()
+                return False
+            # another chief generation took over: a contributor reports only into
+            # the generation it joined (its steps may be an earlier run's, or read
+            # before that chief restored an older checkpoint), so it stops
+            self._end(
+                "superseded",
+                f"the job now has chief generation {result.stored_generation}; this worker "
+                f"reported into generation {self.generation} only and stops reporting",
+            )
             return False
+        if result.created and not self.contributor:
+            # no valid state was stored: this write made it; it vouches for
+            # nothing until a newer chief, if there is one, could have fenced it
+            self.probation_until = self._clock() + fence_time(self._config.heartbeat)
+            log.info(
+                "job %s: no state was stored (a new job, or Redis forgot it); this chief's "
+                "step releases workers after %.1f s of probation",
+                self._config.job,
+                fence_time(self._config.heartbeat),
+            )
+        self._written = True
+        if result.created:
+            self._vouched_step = -1  # this write's vouch was dropped: probation
+        elif self._sent[1]:
+            self._vouched_step = max(self._vouched_step, self._sent[0])
         stored = -1 if result.stored_step is None else result.stored_step
         self._stored_step = stored
         self._heard_targets = {t for t in self._heard_targets if t > stored}
@@ -218,7 +284,7 @@ class PublisherState:
         if self.ended is None:
             self.end_message = message
             self.ended = why
-            level = logging.ERROR if why == "reset" else logging.WARNING
+            level = logging.ERROR if why in ("reset", "conflict") else logging.WARNING
             log.log(level, "job %s: %s", self._config.job, message)
         self.handover.next_threshold = math.inf
         self.stored.notify_all()
@@ -241,8 +307,13 @@ class PublisherState:
 
     def heard(self, target: int) -> None:
         """A new waiter registered ``target`` (called by the registration listener)."""
-        if target <= self._stored_step or self.ended is not None:
-            return  # that waiter reads a step it already has
+        if self.ended is not None:
+            return
+        if target <= self._stored_step:
+            # a late worker: its step is reached, and it is released by a write it
+            # sees happen (docs/protocol.md#observed-writes): write one now
+            self.wake.set()
+            return
         with self.lock:
             self._heard_targets.add(target)
             self._refresh_threshold()

@@ -31,7 +31,7 @@ from stepbarrier.config import BarrierConfig
 from stepbarrier.connection import RedisClient, refresh_topology
 from stepbarrier.errors import RedisRefused
 
-LIBRARY_VERSION = 1
+LIBRARY_VERSION = 2
 """Version of the Functions library; raise it whenever ``scripts.BODIES`` change
 (a test compares ``LIBRARY_SHA256`` with the code)."""
 LIBRARY_NAME = f"stepbarrier_v{LIBRARY_VERSION}"
@@ -160,15 +160,26 @@ class RedisCode:
                 or the server has no Functions.
             redis.RedisError: Whatever else a call raised (the first error).
         """
+        replies = self.replies(calls)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return replies
+
+    def replies(self, calls: Sequence[Call]) -> list[Any]:
+        """Like ``pipeline``, but each call's error is returned in its reply's place.
+
+        Raises:
+            RedisRefused: The library is missing and this user may not load it,
+                or the server has no Functions.
+            redis.RedisError: The round trip itself failed (a connection error).
+        """
         replies = self._run(calls)
         if not self._config.use_eval and any(
             isinstance(r, Exception) and is_missing_function(r) for r in replies
         ):
             self._load_or_explain(next(r for r in replies if isinstance(r, Exception)))
             replies = self._run(calls)
-        for reply in replies:
-            if isinstance(reply, Exception):
-                raise reply
         return replies
 
     def _run(self, calls: Sequence[Call]) -> list[Any]:
@@ -260,3 +271,14 @@ def explain_refusal(
             "install` as an administrator (see ops/redis/users.acl)"
         )
     return RedisRefused(message, kind="functions", job=config.job)
+
+
+def is_out_of_memory(reply: object) -> bool:
+    """True for Redis's refusal of a write when it is full (``maxmemory``, ``noeviction``).
+
+    A waiter's registration is only guidance for the chief: a full Redis must
+    not fail a wait whose read (which needs no memory) succeeded.
+    """
+    return isinstance(reply, rex.OutOfMemoryError) or (
+        isinstance(reply, rex.ResponseError) and str(reply).startswith("OOM")
+    )

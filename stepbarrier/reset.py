@@ -1,7 +1,10 @@
 """Ending a job by hand: delete its keys and abort whoever still waits.
 
 The waiters' registry entries are found through the job's index (the targets
-sorted set), the named barriers through theirs, never by scanning the keyspace.
+sorted set), never by scanning the keyspace. The named barriers need no
+finding: the reset begins a new barrier epoch, so every barrier begun before it
+is stale at once, however many there are (the ones the barrier index names are
+deleted too, to tidy up).
 """
 
 from __future__ import annotations
@@ -11,7 +14,6 @@ import redis
 from stepbarrier.barrier_status import barrier_keys
 from stepbarrier.config import BarrierConfig
 from stepbarrier.connection import RedisClient, with_client
-from stepbarrier.errors import StepBarrierError
 from stepbarrier.redis_code import RedisCode, publish_command
 from stepbarrier.waiter_registry import indexed_keys
 
@@ -21,12 +23,11 @@ RESET_BATCH = 1000
 """Registry keys deleted per command (the last batch goes with the reset script)."""
 MAX_RESET_WAITERS = 100_000
 """Most registry entries one reset deletes; any others expire by their TTL."""
-RESET_ATTEMPTS = 20
-"""Reads of the barrier index one reset makes while barriers keep being begun."""
 
 
 def reset_job(config: BarrierConfig, client: RedisClient | None = None) -> int:
-    """Delete the job's keys, its barriers too; waiting tasks get ``BarrierAborted`` at once.
+    """Delete the job's keys and make every barrier stale; waiting tasks get
+    ``BarrierAborted`` at once.
 
     A marker with the reset's time stays for ``RESET_MARKER_TTL``: a waiter that
     began before it and missed the announcement aborts on its next read, and a
@@ -43,19 +44,12 @@ def reset_job(config: BarrierConfig, client: RedisClient | None = None) -> int:
         last = batches.pop() if batches else []
         removed = sum(int(active.delete(*batch)) for batch in batches)
         removed += int(active.exists(*last)) if last else 0
-        fixed = [keys.state, keys.targets, keys.registrations, keys.reset, keys.barrier_index]
-        args = [keys.channel, RESET_MARKER_TTL, publish_command(config)]
-        args += [keys.barrier_channel, keys.barrier_prefix]
-        for _ in range(RESET_ATTEMPTS):
-            # refused (None) if a barrier was begun since its index was read
-            barriers = barrier_keys(active, keys)
-            code = RedisCode(active, config)
-            if code.call("reset_job", [*fixed, *last, *barriers], args) is not None:
-                return removed
-        raise StepBarrierError(
-            f"job {config.job}: new barriers kept being begun while resetting; try again",
-            job=config.job,
-        )
+        fixed = [keys.state, keys.targets, keys.registrations, keys.reset]
+        fixed += [keys.barrier_index, keys.barrier_epoch]
+        args = [keys.channel, RESET_MARKER_TTL, publish_command(config), keys.barrier_channel]
+        barriers = barrier_keys(active, keys)  # to tidy up: the new epoch makes all stale
+        RedisCode(active, config).call("reset_job", [*fixed, *last, *barriers], args)
+        return removed
 
     return with_client(config, client, run, action="reset the job", retry_seconds=5.0)
 

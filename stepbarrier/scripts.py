@@ -36,17 +36,38 @@ end
 """
 
 _BEGIN_GENERATION = """
--- KEYS[1] state hash
--- Returns a generation number above every one this job has used: the Redis
--- clock in microseconds, or the stored generation + 1 if that is higher (the
--- clock went back, or two chiefs began in the same microsecond).
+-- KEYS[1] state hash, KEYS[2] reset marker
+-- Returns a generation number above every one this job's state shows (the
+-- Redis clock in microseconds, or the stored generation + 1 if that is
+-- higher: the clock went back, or two chiefs began in the same microsecond),
+-- and what the new chief must know before its first write:
+--   {generation, reset marker ('' for none), stored run id, stored beat,
+--    stored done (0/1), stored chief, stored generation ('0' for none)}
+-- The reset marker is a token: the chief's writes carry it, and a write under
+-- another marker is refused (docs/protocol.md#reset).
 local now = redis.call('TIME')
 local generation = tonumber(now[1]) * 1000000 + tonumber(now[2])
+local run, beat, done, chief, stored = '', '0', '0', '', nil
 if redis.call('TYPE', KEYS[1]).ok == 'hash' then
-  local stored = whole(redis.call('HGET', KEYS[1], 'generation'))
-  if stored and stored >= generation then generation = stored + 1 end
+  stored = whole(redis.call('HGET', KEYS[1], 'generation'))
+  if stored and whole(redis.call('HGET', KEYS[1], 'step')) then
+    if stored >= generation then generation = stored + 1 end
+    run = redis.call('HGET', KEYS[1], 'run_id') or ''
+    beat = redis.call('HGET', KEYS[1], 'beat') or '0'
+    done = redis.call('HGET', KEYS[1], 'done') or '0'
+    chief = redis.call('HGET', KEYS[1], 'chief') or ''
+  else
+    stored = nil
+  end
 end
-return string.format('%.0f', generation)
+local marker = ''
+if redis.call('TYPE', KEYS[2]).ok == 'string' then
+  marker = redis.call('GET', KEYS[2])
+  if #marker > 64 then marker = 'oversized' end
+end
+return {string.format('%.0f', generation), marker, string.sub(run, 1, 64),
+        string.sub(beat, 1, 16), string.sub(done, 1, 1), string.sub(chief, 1, 200),
+        stored and string.format('%.0f', stored) or '0'}
 """
 
 ACCEPTED = 1
@@ -57,42 +78,52 @@ WAS_RESET = 2
 """PUBLISH_STEP reply status: the job was reset after this chief began."""
 NOTHING_TO_JOIN = 3
 """PUBLISH_STEP reply status (contributor): no live state of this run to add to."""
-REJOIN = 4
-"""PUBLISH_STEP reply status (contributor): the state has another generation now."""
+OTHER_GENERATION = 4
+"""PUBLISH_STEP reply status (contributor): the state belongs to another generation now;
+a contributor never joins another one (docs/protocol.md#contributors)."""
 
 _PUBLISH_STEP = """
 -- KEYS[1] state hash, KEYS[2] targets zset, KEYS[3] reset marker
 -- ARGV[1] generation, ARGV[2] step, ARGV[3] done (0/1), ARGV[4] key TTL (s),
--- ARGV[5] channel, ARGV[6] chief description, ARGV[7] max targets to return,
--- ARGV[8] (unused: the waiters' registry prefix, no longer touched), ARGV[9] run id
--- ('' for none), ARGV[10] ms since the training loop last handed over the step,
--- ARGV[11] the writer's heartbeat period (ms), ARGV[12] how long (ms) a handed
--- step vouches for itself, ARGV[13] TTL (s) of a finished job's keys,
--- ARGV[14] the writer's first generation (a reset after it refuses the writer),
--- ARGV[15] 'chief' or 'contributor' (a training worker adding its step),
--- ARGV[16] 'PUBLISH', or 'SPUBLISH' on a Redis Cluster (sharded: the channel
--- lives in the job's slot, so an announcement costs one shard).
--- A chief stores the step if it is greater (same generation) or replaces it
--- (newer generation); a contributor only raises the step of the generation it
--- joined. Either refreshes the heartbeat and TTLs, announces a change, and
--- returns what the writer needs for its next write:
---   {status, stored step, stored generation, repaired (0/1), pending targets...}
+-- ARGV[5] channel, ARGV[6] writer description (host:pid), ARGV[7] max targets
+-- to return, ARGV[8] run id ('' for none), ARGV[9] vouch (0/1: the writer
+-- vouches for the step, judged on its own clock), ARGV[10] the writer's
+-- heartbeat period (ms, for operators), ARGV[11] TTL (s) of a finished job's
+-- keys, ARGV[12] the reset marker the writer began under ('' for none),
+-- ARGV[13] 'chief', 'contributor' (a training worker raising its generation's
+-- step) or 'operator' (stepbarrier publish: a pinned step), ARGV[14] 'PUBLISH',
+-- or 'SPUBLISH' on a Redis Cluster (the channel lives in the job's slot),
+-- ARGV[15] '1' for the first write of a generation just begun (by the writer's
+-- clock), '0' otherwise.
+-- The rules are docs/protocol.md's. A chief (or operator) stores the step if it
+-- is greater (same generation) or replaces the state (newer generation, or
+-- none stored); a contributor only raises the step of the generation it
+-- joined. Every accepted write adds one to the generation's beat (waiters
+-- judge liveness by the beat moving while they watch, never by clocks) and is
+-- announced. Returns
+--   {status, stored step, stored generation, repaired (0/1), created (0/1),
+--    pending targets...}
 -- status: 1 accepted, 0 superseded, 2 reset after the writer began,
---         3 nothing to join (contributor), 4 rejoin (contributor: new generation)
+--         3 nothing to join (contributor), 4 another generation (contributor).
+-- created: no valid state was stored and this write, not the first of a
+-- generation just begun, made it: the writer may be a zombie whose successor's
+-- state Redis forgot, so it is on probation (its state does not vouch) until a
+-- newer chief could have fenced it (docs/protocol.md#probation). A generation
+-- just begun is the newest one: its first write needs no probation.
 local generation = tonumber(ARGV[1])
 local step = tonumber(ARGV[2])
-local run_id = ARGV[9]
-local contributor = ARGV[15] == 'contributor'
+local run_id = ARGV[8]
+local mode = ARGV[13]
+local contributor = mode == 'contributor'
 if #run_id > 64 or not string.match(run_id, '^[%w._-]*$') then
   return redis.error_reply('ERR stepbarrier: malformed run id')
 end
 local now = now_ms()
 local repaired = 0
-local reset_ms = nil
-if redis.call('TYPE', KEYS[3]).ok == 'string' then reset_ms = whole(redis.call('GET', KEYS[3])) end
-local epoch = tonumber(ARGV[14])
-if reset_ms and epoch > 0 and reset_ms * 1000 >= epoch then
-  return {2, '-1', '0', 0}
+if not contributor and redis.call('TYPE', KEYS[3]).ok == 'string' then
+  -- the marker is a token: any marker but the one this writer began under
+  -- means a reset came after it began (equality only: no clock is compared)
+  if redis.call('GET', KEYS[3]) ~= ARGV[12] then return {2, '-1', '0', 0, 0} end
 end
 local kind = redis.call('TYPE', KEYS[1]).ok
 if kind ~= 'hash' and kind ~= 'none' then
@@ -105,78 +136,82 @@ end
 local stored_gen = whole(redis.call('HGET', KEYS[1], 'generation'))
 local stored_step = whole(redis.call('HGET', KEYS[1], 'step'))
 local stored_run = redis.call('HGET', KEYS[1], 'run_id') or ''
+local beat = whole(redis.call('HGET', KEYS[1], 'beat')) or 0
 local was_done = redis.call('HGET', KEYS[1], 'done') == '1'
+local pinned = redis.call('HGET', KEYS[1], 'pinned') == '1'
+local created = 0
 if stored_gen == nil or stored_step == nil then
-  -- nothing trustworthy is stored (no state, or malformed)
+  -- nothing trustworthy is stored (none, lost, or malformed)
   if redis.call('EXISTS', KEYS[1]) == 1 then repaired = 1 end
-  stored_gen = 0
+  stored_gen = nil
   stored_step = nil
 end
-local changed = false
+local vouch = ARGV[9]
 if contributor then
-  if stored_step == nil or was_done or stored_run ~= run_id then
-    return {3, '-1', '0', repaired}
+  if stored_gen == nil or was_done or pinned or stored_run ~= run_id then
+    return {3, '-1', '0', repaired, 0}
   end
   if stored_gen ~= generation then
-    return {4, string.format('%.0f', stored_step), string.format('%.0f', stored_gen), repaired}
+    return {4, string.format('%.0f', stored_step), string.format('%.0f', stored_gen), repaired, 0}
   end
   if step > stored_step then
     redis.call('HSET', KEYS[1], 'step', string.format('%.0f', step))
     stored_step = step
-    changed = true
   end
+  -- the vouch stays the chief's: a contributor can neither end a chief's
+  -- probation nor revive a step its chief stopped vouching for
 else
-  if stored_gen > generation then
-    return {0, string.format('%.0f', stored_step or -1),
-            string.format('%.0f', stored_gen), repaired}
+  if stored_gen ~= nil and stored_gen > generation then
+    return {0, string.format('%.0f', stored_step), string.format('%.0f', stored_gen), repaired, 0}
   end
-  if stored_gen < generation or stored_step == nil then
+  if stored_gen == nil or stored_gen < generation then
+    if stored_gen == nil and mode == 'chief' and ARGV[15] ~= '1' then
+      -- Redis forgot the state (or this is the job's first write): a zombie
+      -- may be the one writing now, so this state vouches for nothing until
+      -- the writer's probation ends (docs/protocol.md#probation)
+      created = 1
+      vouch = '0'
+    end
     redis.call('DEL', KEYS[1])
     redis.call('HSET', KEYS[1], 'generation', string.format('%.0f', generation),
-               'step', string.format('%.0f', step), 'done', '0', 'run_id', run_id)
-    stored_step = step
-    was_done = false
-    changed = true
+               'step', string.format('%.0f', step), 'done', '0', 'run_id', run_id,
+               'pinned', mode == 'operator' and '1' or '0')
+    stored_gen, stored_step, was_done, beat = generation, step, false, 0
+    pinned = mode == 'operator'
   elseif step > stored_step then
     redis.call('HSET', KEYS[1], 'step', string.format('%.0f', step))
     stored_step = step
-    changed = true
   end
   if ARGV[3] == '1' and not was_done then
     redis.call('HSET', KEYS[1], 'done', '1', 'done_ms', string.format('%.0f', now))
     was_done = true
-    changed = true
   end
-  redis.call('HSET', KEYS[1], 'chief', ARGV[6], 'heartbeat_period_ms', ARGV[11],
-             'confirm_ms', ARGV[12])
+  redis.call('HSET', KEYS[1], 'chief', ARGV[6], 'heartbeat_period_ms', ARGV[10],
+             'vouch', vouch, 'reset_seen', ARGV[12])
 end
--- the step was last handed over by the training loop this long ago: a step that
--- no loop has confirmed lately (a chief recovering its session) releases nobody
--- (the chief says when its loop last did; a contributor can only make it later)
-local published = now - tonumber(ARGV[10])
-local stored_published = whole(redis.call('HGET', KEYS[1], 'published_ms'))
-if not contributor or stored_published == nil or published > stored_published then
-  redis.call('HSET', KEYS[1], 'published_ms', string.format('%.0f', published))
-end
-redis.call('HSET', KEYS[1], 'heartbeat_ms', string.format('%.0f', now))
--- a finished job's keys go soon, so that a rerun under the same name starts clean
+beat = beat + 1
+redis.call('HSET', KEYS[1], 'beat', string.format('%.0f', beat),
+           'heartbeat_ms', string.format('%.0f', now))
+-- a finished job's keys live for ARGV[11]: long enough for a worker cut off
+-- while it finished to read it after its link is back
 local ttl = tonumber(ARGV[4])
-if was_done and tonumber(ARGV[13]) < ttl then ttl = tonumber(ARGV[13]) end
+if was_done and tonumber(ARGV[11]) < ttl then ttl = tonumber(ARGV[11]) end
 redis.call('EXPIRE', KEYS[1], ttl)
 local step_text = string.format('%.0f', stored_step)
-local gen_text = string.format('%.0f', stored_gen > generation and stored_gen or generation)
-if changed then
-  -- waiters at or below the stored step are released by this announcement:
-  -- they leave the index here, so that a released worker need not spend a
-  -- round trip unregistering before it starts (its entry expires by itself;
-  -- every key touched is declared, as a cluster and its proxies demand)
+local gen_text = string.format('%.0f', stored_gen)
+local stored_vouch = redis.call('HGET', KEYS[1], 'vouch') or '0'
+if stored_vouch == '1' or pinned then
+  -- waiters at or below a vouched step are released by this write: they leave
+  -- the index here, so that a released worker need not spend a round trip
+  -- unregistering (its entry expires by itself)
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', step_text)
-  redis.call(publish_command(ARGV[16]), ARGV[5], string.format(
-    '{"step":%s,"generation":%s,"done":%s,"run_id":"%s"}', step_text, gen_text,
-    was_done and 'true' or 'false', run_id))
 end
+redis.call(publish_command(ARGV[14]), ARGV[5], string.format(
+  '{"step":%s,"generation":%s,"beat":%s,"vouch":%s,"done":%s,"pinned":%s,"run_id":"%s"}',
+  step_text, gen_text, string.format('%.0f', beat), stored_vouch == '1' and 'true' or 'false',
+  was_done and 'true' or 'false', pinned and 'true' or 'false', run_id))
 if redis.call('EXISTS', KEYS[2]) == 1 then redis.call('EXPIRE', KEYS[2], ttl) end
-local result = {1, step_text, gen_text, repaired}
+local result = {1, step_text, gen_text, repaired, created}
 -- only whole steps in range guide the chief: a hostile +inf score is skipped
 local pending = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. step_text, '9007199254740992',
                            'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[7]))
@@ -189,25 +224,34 @@ return result
 
 _RESET_JOB = """
 -- KEYS[1] state, KEYS[2] targets, KEYS[3] registrations, KEYS[4] reset marker,
--- KEYS[5] barrier index, KEYS[6..] waiter registry keys and barrier hashes;
+-- KEYS[5] barrier index, KEYS[6] barrier epoch, KEYS[7..] waiter registry keys
+-- (and the barrier hashes the index names, deleted only to tidy up);
 -- ARGV[1] channel, ARGV[2] marker TTL (s), ARGV[3] 'PUBLISH' or 'SPUBLISH' (see
--- PUBLISH_STEP), ARGV[4] barrier channel, ARGV[5] prefix of the barrier hashes
--- Deletes the job's keys, leaves a marker holding the Redis time (ms) of the
--- reset so that waiters who missed the announcement still abort, and announces it
--- on both channels. Returns the marker; or false, changing nothing, when the
--- index names a barrier whose hash KEYS lacks (one begun since the caller read
--- the index), so that the caller reads it again and no barrier outlives a reset.
-if ARGV[5] and redis.call('TYPE', KEYS[5]).ok == 'zset' then
-  local declared = {}
-  for i = 6, #KEYS do declared[KEYS[i]] = true end
-  for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', '+inf')) do
-    if not declared[ARGV[5] .. member] then return false end
-  end
+-- PUBLISH_STEP), ARGV[4] barrier channel
+-- Deletes the job's keys, leaves a new marker (a token: the Redis time in ms of
+-- the reset, made greater than the one before) so that waiters who missed the
+-- announcement still abort and chiefs begun before it stop, and announces it
+-- on both channels. A new barrier epoch makes every barrier begun before the
+-- reset stale at once, whatever the index names (see BARRIER_ARRIVE). Returns
+-- the marker.
+local epoch_clock = redis.call('TIME')
+local epoch = tonumber(epoch_clock[1]) * 1000000 + tonumber(epoch_clock[2])
+if redis.call('TYPE', KEYS[6]).ok == 'hash' then
+  local stored = whole(redis.call('HGET', KEYS[6], 'token'))
+  if stored and stored >= epoch and stored < 9007199254740992 then epoch = stored + 1 end
 end
 for i = 5, #KEYS do redis.call('DEL', KEYS[i]) end
+redis.call('HSET', KEYS[6], 'token', string.format('%.0f', epoch), 'by', 'reset')
+redis.call('EXPIRE', KEYS[6], ARGV[2])
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
 local now = redis.call('TIME')
-local now_ms = string.format('%.0f', tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000))
+local marker = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+-- the marker is a token (its value is also the reset's time, for operators):
+-- it must differ from the one before, even for two resets in one millisecond
+local previous = nil
+if redis.call('TYPE', KEYS[4]).ok == 'string' then previous = whole(redis.call('GET', KEYS[4])) end
+if previous and previous >= marker then marker = previous + 1 end
+local now_ms = string.format('%.0f', marker)
 redis.call('SET', KEYS[4], now_ms, 'EX', ARGV[2])
 local notice = '{"reset":true,"time_ms":' .. now_ms .. '}'
 redis.call(publish_command(ARGV[3]), ARGV[1], notice)

@@ -48,8 +48,11 @@ class JobStatus:
         chief: ``host:pid`` of the chief, with control characters escaped.
         reset_at: Unix time of the last reset, if the job was reset since.
         run_id: The run id the chief stored (``None``: none, or malformed).
-        published_age: Seconds since the chief's training loop last handed over
-            a step, by Redis's clock (``None`` if the chief did not say).
+        beat: The chief generation's write counter (waiters judge liveness by
+            it moving; docs/protocol.md#observed-writes).
+        vouch: The last writer vouches for the step (out of probation, its loop
+            handed a step over lately).
+        pinned: The step was published by an operator (``stepbarrier publish``).
         heartbeat_period: The chief's own heartbeat period in seconds, if it
             stored a plausible one.
         waiters: Registered waiters, lowest target first.
@@ -65,7 +68,9 @@ class JobStatus:
     chief: str | None = None
     reset_at: float | None = None
     run_id: str | None = None
-    published_age: float | None = None
+    beat: int = 0
+    vouch: bool = False
+    pinned: bool = False
     heartbeat_period: float | None = None
     waiters: tuple[WaiterInfo, ...] = ()
     problems: tuple[str, ...] = field(default=())
@@ -142,7 +147,9 @@ def _read(config: BarrierConfig, client: RedisClient, with_waiters: bool = True)
         chief=None if state.chief is None else printable(state.chief),
         reset_at=None if reset_ms is None else reset_ms / 1000,
         run_id=state.run_id,
-        published_age=_age(now_ms, state.published_ms),
+        beat=state.beat,
+        vouch=state.vouch,
+        pinned=state.pinned,
         heartbeat_period=_period(state.heartbeat_period_ms),
         waiters=tuple(sorted(waiters, key=lambda w: (w.wait_until_step, w.task_id or 0))),
         problems=tuple(problems),

@@ -197,7 +197,11 @@ class GlobalStepWaiterHook(tf.compat.v1.train.SessionRunHook):  # type: ignore[m
 
     def _start_reporting(self) -> None:
         if self._report_every and self._config is not None and self._reporter is None:
-            self._reporter = StepPublisher(self._config, contributor=True)
+            # report into the generation this worker's wait was released by, and
+            # no other: a later chief may be another run's, or one that restored
+            # an older checkpoint (docs/protocol.md#contributors)
+            joined = None if self._waiter is None else self._waiter.last_generation
+            self._reporter = StepPublisher(self._config, contributor=True, join_generation=joined)
 
     def _report_request(self) -> Any:
         if self._reporter is None:

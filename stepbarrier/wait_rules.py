@@ -3,22 +3,34 @@
 ``StepWaiter`` (``stepbarrier.waiter``) and ``AsyncStepWaiter``
 (``stepbarrier.aio``) each drive a wait: they subscribe, read the stored state,
 receive announcements and keep time. What each of those means is decided here,
-once: which run's state a wait trusts, when a reset marker aborts it, how chief
-generations are ordered, when a stored step may release it
-(``freshness.vouches_for_step``), and when its overall, stall or progress
-timeout has passed.
+once, by the rules of docs/protocol.md:
+
+- **Observed writes.** The wait keeps the newest write (``(generation, beat)``)
+  it knows happened *while it watched*: an announcement of its run received
+  on its confirmed subscription, or a read whose write differs from the
+  previous read's. The first read alone proves nothing (a dead chief's last
+  state looks the same). Liveness and the stall timeout are judged from these
+  observations on the wait's own monotonic clock; no stored time is compared
+  with any clock.
+- **Release** (never early): a write of the wait's own run, of the newest
+  generation it has seen, with a step at or above the target, that the writer
+  vouches for, observed live; or a finished (or operator-pinned) state that is
+  either observed live or carries the wait's own, non-empty run id.
+- **Abort** only for real: a reset marker other than the one the wait first
+  read, or a trusted finished state below the target. A reset notice on the
+  channel is a hint: it makes the wait read, and the marker decides.
 """
 
 from __future__ import annotations
 
 import logging
+import operator
 from collections.abc import Callable
 from typing import Literal
 
 from stepbarrier.config import BarrierConfig
 from stepbarrier.errors import BarrierAborted, BarrierTimeout, RedisUnavailable
-from stepbarrier.freshness import heartbeat_age, vouches_for_step
-from stepbarrier.protocol import ChiefState, StepAnnouncement, preview
+from stepbarrier.protocol import MAX_STEP, ChiefState, StepAnnouncement, preview
 from stepbarrier.waiter_link import Snapshot
 
 PROGRESS_EVERY = 30.0
@@ -27,13 +39,39 @@ PROGRESS_EVERY = 30.0
 Limit = Literal["deadline", "stall", "progress"]
 """Which limit of a wait has passed."""
 
+Mark = tuple[int, int]
+"""Which write a state or announcement is: ``(generation, beat)``, in order."""
+
+
+def wait_target(until_step: object) -> int:
+    """``until_step`` as a wait's target: an integer up to ``MAX_STEP`` (``<= 0``: no wait).
+
+    Raises:
+        TypeError: not an integer (``True`` is not step 1, nor is ``2.0``).
+        ValueError: above ``MAX_STEP``, which no chief can publish: such a wait
+            would never end while its chief lives.
+    """
+    if isinstance(until_step, bool) or not hasattr(until_step, "__index__"):
+        raise TypeError(
+            f"until_step must be an integer, got {type(until_step).__name__} {until_step!r}"
+        )
+    target = operator.index(until_step)
+    if target > MAX_STEP:
+        raise ValueError(
+            f"until_step must be at most 2**53 ({MAX_STEP}), the largest step a chief can "
+            f"publish, got {target}"
+        )
+    return target
+
 
 class ReadNow:
     """An announcement's answer: read the state before deciding anything."""
 
 
 READ_NOW = ReadNow()
-"""Returned for an announcement of a chief generation the wait has not read yet."""
+"""Returned for a reset notice, or a write of a chief generation the wait has not read yet."""
+
+_UNSET = object()
 
 
 class WaitRules:
@@ -65,13 +103,23 @@ class WaitRules:
         self.generation = 0
         self.heartbeat_age: float | None = None
         self.last_alive = self.started
-        self.start_ms: int | None = None
+        self.reset_marker: object = _UNSET  # the marker the first read found
+        self.read_mark: Mark | None = None  # the write the last read found
+        self.live_mark: Mark | None = None  # the newest write observed while watching
+        self.chief_seen = False  # a write of this run was observed
+        self.other_run: str | None = None  # another run's state was found instead
+        self.holding: str | None = None  # why the last step seen did not release
         self.reads_without_message = 0
         self.read_step: int | None = None
         self.resubscribe = False
         self.next_progress = self.started + PROGRESS_EVERY
         self.last_progress = self.started
         self.warned: set[str] = set()
+
+    @property
+    def reached(self) -> bool:
+        """True once the wait has read Redis at least once."""
+        return self.reset_marker is not _UNSET
 
     def begin(self) -> None:
         """Say that the wait begins."""
@@ -89,11 +137,11 @@ class WaitRules:
     ) -> int | ReadNow | None:
         """The step that releases the wait, ``READ_NOW``, or ``None`` to go on waiting.
 
-        A step returned here was announced by the chief's script that also
-        removed the wait's target from the index.
+        An announcement is the chief's script telling of a write it just made,
+        received on the wait's confirmed subscription: a write observed live.
 
         Raises:
-            BarrierAborted: The job was reset, or finished short of the target.
+            BarrierAborted: The job finished short of the target.
         """
         self.reads_without_message = 0
         if announcement is None:
@@ -105,59 +153,156 @@ class WaitRules:
             )
             return None
         if announcement.reset:
-            raise self.aborted("reset")
+            return READ_NOW  # a hint: the reset marker decides
         assert announcement.step is not None and announcement.generation is not None
         if announcement.run_id != self.config.run_id:
             return None  # another run's chief: it neither releases nor aborts us
         if announcement.generation < self.generation:
-            return None  # an older chief's announcement, overtaken by what we read
+            return None  # an older chief's write, overtaken by what we read
+        mark = (announcement.generation, announcement.beat)
+        self._observed(mark)
         if announcement.generation > self.generation:
             # a chief generation this wait has not read yet: the state (and a
             # reset marker this wait may have missed the announcement of) decide
             return READ_NOW
-        self._seen_step(announcement.step)
-        self.last_alive = self.clock()
-        self.heartbeat_age = 0.0
-        if announcement.step >= self.target:
-            return self.released(announcement.step, by="an announcement")
-        if announcement.done:
-            raise self.aborted("done")
-        return None
+        if self.read_mark is None or mark >= self.read_mark:
+            self._seen_step(announcement.step)  # not an older write announced late
+        return self._judge(
+            announcement.step,
+            vouch=announcement.vouch,
+            done=announcement.done,
+            pinned=announcement.pinned,
+            live=True,
+            by="an announcement",
+        )
 
-    def on_snapshot(self, snapshot: Snapshot) -> int | None:
+    def on_snapshot(self, snapshot: Snapshot, after: StepAnnouncement | None = None) -> int | None:
         """Judge a read of the stored state (the truth): the releasing step, or ``None``.
 
+        Args:
+            snapshot: What the read found.
+            after: The announcement the read was made for (a write observed
+                live), if any.
+
         Raises:
-            BarrierAborted: The job was reset since the wait began, or finished
-                short of the target.
+            BarrierAborted: The job was reset since the wait's first read, or
+                finished short of the target.
         """
-        now_ms, reset_ms, state = snapshot.now_ms, snapshot.reset_ms, snapshot.state
-        if self.start_ms is None:
-            self.start_ms = now_ms
-        if reset_ms is not None and reset_ms >= self.start_ms:
+        if (
+            after is not None
+            and after.generation is not None
+            and after.run_id == self.config.run_id
+            and after.generation >= self.generation
+        ):
+            self._observed((after.generation, after.beat))
+        marker = snapshot.reset_marker
+        if self.reset_marker is _UNSET:
+            self.reset_marker = marker
+        elif marker is not None and marker != self.reset_marker:
             raise self.aborted("reset")  # whatever a chief wrote since
+        state = snapshot.state
         if state.problem:
             self.log.warning("job %s: %s; waiting for a valid step", self.config.job, state.problem)
-        if state.step is None or state.generation is None or not self.trusts(state):
+        mark = state.mark
+        if mark is None or state.step is None:
+            self.holding = "no chief state is stored"
             return None
-        if state.generation < self.generation:
+        if not self.trusts(state):
+            return None
+        if state.generation is not None and state.generation < self.generation:
             return None  # e.g. a failover lost the newest write; the chief rewrites it
-        self.generation = state.generation
+        if self.read_mark is not None and mark > self.read_mark:
+            self._observed(mark)  # a write happened between two of our reads
+        self.read_mark = mark
+        self.generation = mark[0]
         self._seen_step(state.step)
-        self.heartbeat_age = heartbeat_age(state, now_ms)
-        if self.heartbeat_age is not None:
-            self.last_alive = max(self.last_alive, self.clock() - self.heartbeat_age)
-        if state.step >= self.target and vouches_for_step(state, now_ms, self.config.heartbeat):
-            return self.released(state.step, by="a read of the state")
-        if state.done and state.step < self.target:
+        live = self.live_mark is not None and mark >= self.live_mark
+        released = self._judge(
+            state.step,
+            vouch=state.vouch,
+            done=state.done,
+            pinned=state.pinned,
+            live=live,
+            by="a read of the state",
+        )
+        if released is None:
+            self._check_subscription(state.step)
+        return released
+
+    def _judge(
+        self, step: int, *, vouch: bool, done: bool, pinned: bool, live: bool, by: str
+    ) -> int | None:
+        """Release, abort or go on, by docs/protocol.md#release."""
+        # a final fact (a finished job, an operator's pinned step) stands without
+        # a live writer only when it names this wait's own run: without a run id
+        # it may be an earlier run's under the same job name
+        final_trusted = live or self.config.run_id is not None
+        if step >= self.target:
+            if pinned and not done:
+                # an operator pinned the step (docs/protocol.md#operator-publish): a
+                # final fact like a finish, so without a run id only a wait that saw
+                # it happen trusts it (an earlier run's pin must not release a rerun)
+                if final_trusted:
+                    return self.released(step, by=f"{by} (a step pinned by an operator)")
+                self.holding = (
+                    f"an operator pinned step {step}, but this wait did not see it happen "
+                    "and has no run id to tell it is this run's"
+                )
+                self._warn_final(step)
+                return None
+            if done:
+                if final_trusted and vouch:
+                    return self.released(step, by=by)
+                self.holding = (
+                    "the job's state says finished (or published by an operator) at step "
+                    f"{step}, but this wait did not see it happen and has no run id to tell "
+                    "it is this run's"
+                    if not final_trusted
+                    else "the finished job's last write came while its chief was on probation"
+                )
+                self._warn_final(step)
+                return None
+            if not vouch:
+                self.holding = (
+                    f"the chief is at step {step} but does not vouch for it (it is on "
+                    "probation after Redis lost the job's state, or its training loop has "
+                    "not handed a step over lately)"
+                )
+                return None
+            if not live:
+                self.holding = (
+                    f"step {step} is stored, but no write of a live chief was seen yet "
+                    "(waiting for the chief's next write)"
+                )
+                return None
+            return self.released(step, by=by)
+        if done and final_trusted:
             raise self.aborted("done")
-        self._check_subscription(state.step)
+        if done:
+            self._warn_final(step)
+        self.holding = None
         return None
 
+    def _warn_final(self, step: int) -> None:
+        if self.config.run_id is None and not self.chief_seen:
+            self._warn_once(
+                "old-done",
+                logging.WARNING,
+                "job %s: found a job finished at step %s that this worker did not see "
+                "finish; without a run id it may be an earlier run's, so it neither releases "
+                "nor aborts this wait, which waits for a chief. Give each run its own "
+                "STEPBARRIER_RUN_ID, clear it with `stepbarrier reset`, or let it expire "
+                "(STEPBARRIER_DONE_TTL)",
+                self.config.job,
+                step,
+            )
+
     def trusts(self, state: ChiefState) -> bool:
-        """False for state this wait must ignore: another run's, or an old finished one."""
+        """False for state this wait must ignore: another run's."""
         run_id = self.config.run_id
         if state.run_id != run_id:
+            self.other_run = state.run_id or "(none)"
+            self.holding = f"the stored state belongs to run {self.other_run}"
             self._warn_once(
                 "run",
                 logging.INFO,
@@ -168,51 +313,42 @@ class WaitRules:
                 run_id or "(none)",
             )
             return False
-        assert self.start_ms is not None
-        done_ms = state.done_ms if state.done else None
-        if run_id is None and done_ms is not None and done_ms < self.start_ms:
-            # finished before we started, and no run id says it is ours:
-            # most likely an earlier run under the same job name
-            self._warn_once(
-                "old-done",
-                logging.WARNING,
-                "job %s: found a job finished %.0f s before this worker started (step %s); "
-                "not trusting it and waiting for a new chief. Give each run its own "
-                "STEPBARRIER_RUN_ID, or wait STEPBARRIER_DONE_TTL (%d s) for the finished "
-                "state to expire, or clear it with `stepbarrier reset`",
-                self.config.job,
-                (self.start_ms - done_ms) / 1000.0,
-                state.step,
-                self.config.done_ttl,
-            )
-            return False
         return True
 
     def heard(self, announcement: StepAnnouncement | None, at: float) -> None:
-        """Take in an announcement judged elsewhere not to concern this wait: the
-        subscription is alive, and (if it is this run's and generation's) so is
-        the chief, at ``clock()`` time ``at``, at its step. Never a release or an
-        abort: a step below the target (``AsyncStepWaiter`` shares one
-        subscription among many waits and wakes only those an announcement
-        concerns; the others take in the rest when they next act).
+        """Take in an announcement judged elsewhere not to concern this wait (a step
+        below its target; ``AsyncStepWaiter`` shares one subscription among many
+        waits and wakes only those an announcement concerns): the subscription
+        is alive, and a write of this run was observed at ``clock()`` time ``at``.
+        Never a release or an abort.
         """
         self.reads_without_message = 0
-        if announcement is None or announcement.step is None:
+        if announcement is None or announcement.step is None or announcement.generation is None:
             return
-        if announcement.run_id != self.config.run_id or announcement.generation != self.generation:
+        if announcement.run_id != self.config.run_id or announcement.generation < self.generation:
             return
-        if self.last_step is not None and announcement.step < self.last_step:
-            return  # older than what this wait has read
-        self._seen_step(announcement.step, at)
-        if at > self.last_alive:
-            self.last_alive = at
-            self.heartbeat_age = max(0.0, self.clock() - at)
+        mark = (announcement.generation, announcement.beat)
+        self._observed(mark, at)
+        if announcement.generation == self.generation and (
+            self.read_mark is None or mark >= self.read_mark
+        ):
+            self._seen_step(announcement.step, at)  # not an older write announced late
 
     def subscribed(self) -> None:
         """A new confirmed subscription: what the old one missed no longer counts."""
         self.reads_without_message = 0
         self.read_step = None
         self.resubscribe = False
+
+    def _observed(self, mark: Mark, at: float | None = None) -> None:
+        """A write ``mark`` of this run happened while the wait watched."""
+        when = self.clock() if at is None else at
+        if self.live_mark is None or mark > self.live_mark:
+            self.live_mark = mark
+        self.chief_seen = True
+        if when >= self.last_alive:
+            self.last_alive = when
+        self.heartbeat_age = max(0.0, self.clock() - self.last_alive)
 
     def _warn_once(self, topic: str, level: int, message: str, *args: object) -> None:
         if topic not in self.warned:
@@ -225,9 +361,9 @@ class WaitRules:
         self.last_step = step
 
     def _check_subscription(self, step: int) -> None:
-        # The chief announces every change of step within a heartbeat. If reads
-        # keep finding a step that moved while no message arrived, the
-        # subscription is dead (say, a half-open connection): start a new one.
+        # The chief announces every write. If reads keep finding a step that
+        # moved while no message arrived, the subscription is dead (say, a
+        # half-open connection): start a new one.
         if self.read_step is not None and step != self.read_step:
             self.reads_without_message += 1
         self.read_step = step
@@ -296,17 +432,37 @@ class WaitRules:
 
     # -- logging and endings --------------------------------------------------------
 
+    def writer_age(self) -> float | None:
+        """Seconds since the wait last observed a write of its run's chief (``None``: never)."""
+        if not self.chief_seen:
+            return None
+        return max(0.0, self.clock() - self.last_alive)
+
+    def _situation(self) -> str:
+        """Where the wait stands, for progress lines and errors (all on this wait's clock)."""
+        seen = "none" if self.last_step is None else str(self.last_step)
+        age = self.writer_age()
+        if age is None:
+            writer = "no write of this run's chief observed since the wait began"
+        else:
+            writer = f"last write of this run's chief observed {age:.1f} s ago"
+        parts = [f"last step seen {seen}", writer]
+        if self.holding is not None:
+            parts.append(f"not released because {self.holding}")
+        elif self.other_run is not None and not self.chief_seen:
+            parts.append(f"the stored state belongs to run {self.other_run}")
+        return "; ".join(parts)
+
     def log_progress(self) -> None:
         """A progress line (call when ``clock() >= next_progress``)."""
         self.next_progress = self.clock() + PROGRESS_EVERY
-        age = "unknown" if self.heartbeat_age is None else f"{self.heartbeat_age:.1f} s"
+        self.heartbeat_age = self.writer_age()
         self.log.info(
-            "job %s: still waiting for step %d after %.0f s (chief at step %s, heartbeat %s ago)",
+            "job %s: still waiting for step %d after %.0f s (%s)",
             self.config.job,
             self.target,
             self.clock() - self.started,
-            "none yet" if self.last_step is None else self.last_step,
-            age,
+            self._situation(),
         )
 
     def released(self, step: int, *, by: str) -> int:
@@ -324,20 +480,28 @@ class WaitRules:
 
     def timeout(self, *, stalled: bool, progress: bool = False) -> BarrierTimeout:
         """The error of a passed limit, with the wait's context."""
-        age = "never seen" if self.heartbeat_age is None else f"{self.heartbeat_age:.1f} s old"
-        seen = "none" if self.last_step is None else str(self.last_step)
+        self.heartbeat_age = self.writer_age()
         if progress:
             why = (
                 f"the chief's step did not move for {self.config.progress_timeout:g} s "
                 "(progress timeout, STEPBARRIER_PROGRESS_TIMEOUT)"
             )
         elif stalled:
-            why = f"no chief heartbeat for {self.config.stall_timeout:g} s (stall timeout)"
+            why = (
+                f"no write of this run's chief observed for {self.config.stall_timeout:g} s "
+                "(stall timeout)"
+            )
         else:
             why = f"overall timeout of {self.deadline and self.deadline - self.started:g} s passed"
+        hint = ""
+        if stalled and not progress and self.chief_seen:
+            hint = (
+                "; if the job finished while this worker was cut off from Redis and Redis "
+                "has since forgotten it (a restart, an eviction), no record of it is left"
+            )
         return BarrierTimeout(
             f"job {self.config.job}: gave up waiting for step {self.target}: {why}; "
-            f"last step seen {seen}, chief heartbeat {age}",
+            f"{self._situation()}{hint}",
             job=self.config.job,
             target=self.target,
             last_step=self.last_step,
@@ -358,15 +522,13 @@ class WaitRules:
             limit = f"overall timeout ({self.deadline - self.started:g} s)"
         else:
             limit = f"stall timeout ({self.config.stall_timeout:g} s)"
-        age = None if self.heartbeat_age is None else max(0.0, self.clock() - self.last_alive)
-        seen = "none" if self.last_step is None else str(self.last_step)
+        age = self.writer_age()
         message = (
             f"job {self.config.job}: gave up waiting for step {self.target}: {exc}; retried "
-            f"until the {limit}; last step seen {seen}, chief heartbeat "
-            + ("never seen" if age is None else f"{age:.1f} s old")
+            f"until the {limit}; {self._situation()}"
         )
         job, target, last = self.config.job, self.target, self.last_step
-        if self.start_ms is None:
+        if not self.reached:
             return RedisUnavailable(
                 message, job=job, target=target, last_step=last, heartbeat_age=age
             )
@@ -398,6 +560,6 @@ class WaitRules:
             job=self.config.job,
             target=self.target,
             last_step=self.last_step,
-            heartbeat_age=self.heartbeat_age,
+            heartbeat_age=self.writer_age(),
             reason=reason,
         )

@@ -9,18 +9,18 @@ A released wait does not close its subscription (that is ``close``'s work, off
 the release's path): the waiter's next wait takes it over if it is younger
 than ``fallback_interval``, after discarding what arrived in between.
 
-The chief's heartbeat tells a slow chief from a dead one: a stored step only
-releases a worker while its chief is alive and its training loop published it
-lately (or the job has finished), so a step left by a crashed or recovering
-chief, which may restart from an older checkpoint, is not trusted (see
-``stepbarrier.freshness``). A worker trusts only the state of its own run
-(``STEPBARRIER_RUN_ID``): another run's chief neither releases nor aborts it.
+A stored step releases a worker only through a write the wait sees happen
+(an announcement, or a read that differs from the last one) of a chief that
+vouches for it, so a step left by a crashed or recovering chief, which may
+restart from an older checkpoint, is not trusted; no stored time is compared
+with any clock (docs/protocol.md, decided in ``stepbarrier.wait_rules``). A
+worker trusts only the state of its own run (``STEPBARRIER_RUN_ID``): another
+run's chief neither releases nor aborts it.
 """
 
 from __future__ import annotations
 
 import logging
-import operator
 import threading
 import time
 from collections.abc import Callable
@@ -32,20 +32,14 @@ import redis
 from stepbarrier.config import BarrierConfig
 from stepbarrier.connection import RedisClient, call_with_retries, make_client
 from stepbarrier.errors import BarrierTimeout, RedisUnavailable
-from stepbarrier.freshness import fresh_heartbeat_limit as _fresh_limit
-from stepbarrier.protocol import parse_announcement
+from stepbarrier.protocol import StepAnnouncement, parse_announcement
 from stepbarrier.subscription import KeptSubscription, Subscription
-from stepbarrier.wait_rules import PROGRESS_EVERY, ReadNow, WaitRules
+from stepbarrier.wait_rules import PROGRESS_EVERY, ReadNow, WaitRules, wait_target
 from stepbarrier.waiter_link import WaiterLink
 
 log = logging.getLogger("stepbarrier.waiter")
 
-__all__ = ["PROGRESS_EVERY", "StepWaiter", "fresh_heartbeat_limit"]
-
-
-def fresh_heartbeat_limit(config: BarrierConfig) -> float:
-    """Seconds after which a heartbeat of ``config``'s period no longer vouches for its step."""
-    return _fresh_limit(config.heartbeat)
+__all__ = ["PROGRESS_EVERY", "StepWaiter"]
 
 
 class StepWaiter:
@@ -81,6 +75,10 @@ class StepWaiter:
         self._clock = clock
         self._sleep = sleep
         self._kept = KeptSubscription(clock, config.fallback_interval)  # for the next wait
+        self.last_generation: int | None = None
+        """The chief generation of the last wait's release (``None`` before one); a
+        worker that reports the step passes it to its contributor
+        (``StepPublisher(contributor=True, join_generation=...)``)."""
 
     @classmethod
     def from_env(cls) -> StepWaiter:
@@ -91,7 +89,8 @@ class StepWaiter:
         """Block until the chief's published step is at least ``until_step``.
 
         Args:
-            until_step: The step to wait for; ``<= 0`` returns 0 at once without
+            until_step: The step to wait for (an integer up to 2**53, the
+                largest a chief can publish); ``<= 0`` returns 0 at once without
                 touching Redis.
             timeout: Overall limit in seconds; ``None`` uses ``config.timeout``
                 (itself ``None`` for no overall limit; the stall timeout still holds).
@@ -106,14 +105,18 @@ class StepWaiter:
             BarrierAborted: The job finished or was reset before the step came.
             RedisUnavailable: Redis could not be reached at all before a deadline.
             RedisRefused: Redis refused us (authentication, ACL, TLS).
+            TypeError: ``until_step`` is not an integer (``True`` is not step 1).
+            ValueError: ``until_step`` is above 2**53.
         """
-        target = operator.index(until_step)
+        target = wait_target(until_step)
         if target <= 0:
             return 0
         limit = self.config.timeout if timeout is None else timeout
         wait = _Wait(self, target, limit)
         try:
-            return wait.run()
+            released = wait.run()
+            self.last_generation = wait.rules.generation or None
+            return released
         except (BarrierTimeout, RedisUnavailable) as exc:
             return wait.rules.proceed_after(exc)
         finally:
@@ -213,16 +216,18 @@ class _Wait:
                     return result
 
     def _on_message(self, data: Any) -> int | None:
-        outcome = self.rules.on_announcement(parse_announcement(data), data)
+        announcement = parse_announcement(data)
+        outcome = self.rules.on_announcement(announcement, data)
         if isinstance(outcome, ReadNow):
-            return self._read()
+            return self._read(after=announcement)
         if outcome is not None:
             # the chief's script that announced it removed our registry entry
             self.link.registered = False
         return outcome
 
-    def _read(self) -> int | None:
-        """Register (or refresh) and judge the stored state: the truth."""
+    def _read(self, after: StepAnnouncement | None = None) -> int | None:
+        """Register (or refresh) and judge the stored state: the truth (``after``:
+        the announcement it is read for)."""
         snapshot = call_with_retries(
             self.link.sync,
             self.config,
@@ -231,7 +236,7 @@ class _Wait:
             clock=self.clock,
             sleep=self.waiter._sleep,
         )
-        return self.rules.on_snapshot(snapshot)
+        return self.rules.on_snapshot(snapshot, after)
 
     def _resume(self) -> int | None:
         """Take over the last wait's subscription if it is fresh, else subscribe; then read."""

@@ -8,6 +8,7 @@ Redis restarted empty) and returns the stored state with Redis's clock.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import uuid
@@ -19,8 +20,10 @@ from stepbarrier.config import BarrierConfig
 from stepbarrier.connection import RedisClient
 from stepbarrier.keys import JobKeys
 from stepbarrier.protocol import ChiefState, parse_int, parse_state
-from stepbarrier.redis_code import Call, RedisCode
+from stepbarrier.redis_code import Call, RedisCode, is_out_of_memory
 from stepbarrier.subscription import Subscription
+
+log = logging.getLogger("stepbarrier.waiter")
 
 REGISTRY_TTL = 30
 """Seconds a waiter's registry entry outlives its last refresh (so dead ones go)."""
@@ -31,14 +34,14 @@ class Snapshot:
     """What one ``sync`` read.
 
     Attributes:
-        now_ms: Redis's clock, in milliseconds.
-        reset_ms: Redis time of the job's last reset, if a marker is there.
+        now_ms: Redis's clock, in milliseconds (for operators' views only).
+        reset_marker: The job's reset marker (an opaque token), if one is there.
         state: The chief's stored state (empty, possibly with a problem, if absent
             or malformed).
     """
 
     now_ms: int
-    reset_ms: int | None
+    reset_marker: str | None
     state: ChiefState
 
 
@@ -84,16 +87,40 @@ class WaiterLink:
         only what a waiter writes, the reading one (``FCALL_RO``) what it only
         reads, so the worker role needs no write permission on the state.
         """
-        _registered, reply = self._code.pipeline(
+        registered, reply = self._code.replies(
             [register_call(self._config, self.id, self.target, self._entry), read_call(self._keys)]
         )
-        self.registered = True
+        if isinstance(reply, Exception):
+            raise reply
+        if isinstance(registered, Exception):
+            if not is_out_of_memory(registered):
+                raise registered
+            warn_unregistered(self._config.job, registered)
+        else:
+            self.registered = True
         return parse_snapshot(reply)
 
     def leave(self) -> None:
         """Remove the registry entry and its target (one try; raises on failure)."""
         if self.registered:
             self._code.pipeline([leave_call(self._keys, self.id)])
+
+
+_unregistered_warned: set[str] = set()
+
+
+def warn_unregistered(job: str, error: Exception) -> None:
+    """Say (once per job and process) that Redis is too full to register a waiter."""
+    if job not in _unregistered_warned:
+        _unregistered_warned.add(job)
+        log.warning(
+            "job %s: Redis is full and refused this waiter's registration (%s); the wait "
+            "goes on by reading the state, but the chief does not hear of it and "
+            "`stepbarrier status` does not show it. Raise maxmemory "
+            "(docs/operations.md#memory)",
+            job,
+            " ".join(str(error).split())[:120],
+        )
 
 
 def new_waiter_id(config: BarrierConfig) -> str:
@@ -134,6 +161,14 @@ def leave_call(keys: JobKeys, waiter_id: str) -> Call:
     return ("waiter_leave", [keys.waiter(waiter_id), keys.targets], [waiter_id])
 
 
+def _marker(raw: object) -> str | None:
+    if raw is None or raw is False:
+        return None
+    if isinstance(raw, bytes):
+        return raw.decode("utf-8", "replace")
+    return str(raw)
+
+
 def parse_snapshot(reply: Any) -> Snapshot:
     """What the ``waiter_read`` call returned, parsed without trusting it."""
     reply = list(reply)
@@ -147,6 +182,6 @@ def parse_snapshot(reply: Any) -> Snapshot:
         state = ChiefState.empty(f"state key holds a {kind}, not a hash")
     return Snapshot(
         now_ms=parse_int(reply[0]) or 0,
-        reset_ms=parse_int(reply[1]) if reply[1] else None,
+        reset_marker=_marker(reply[1]),
         state=state,
     )

@@ -26,7 +26,6 @@ from stepbarrier import (
 )
 from stepbarrier.barrier_state import MAX_PARTIES
 from stepbarrier.environment import barrier_parties_from_env
-from stepbarrier.redis_code import RedisCode
 from stepbarrier.reset import RESET_MARKER_TTL, reset_job
 from tests.conftest import subprocess_env
 
@@ -235,7 +234,7 @@ def test_the_barrier_sits_under_the_jobs_hash_tag_with_the_jobs_ttl(
     config = make_config(task_id=0, key_ttl=600)
     barrier = Barrier(config, "start", 2)
     barrier.arrive(wait=False)
-    for key in (barrier.key, config.keys.barrier_index):
+    for key in (barrier.key, config.keys.barrier_index, config.keys.barrier_epoch):
         assert key.startswith(f"stepbarrier:{{{config.job}}}:")
         assert 590 <= client.ttl(key) <= 600
 
@@ -276,18 +275,19 @@ def test_a_barrier_that_lost_this_arrival_is_arrived_at_again(
     assert result == [True]
 
 
-def test_reset_refuses_to_leave_a_barrier_begun_after_it_read_the_index(
+def test_a_reset_makes_stale_a_barrier_its_index_no_longer_names(
     config: BarrierConfig, client: redis.Redis
 ) -> None:
-    Barrier(as_task(config, 0), "start", 2).arrive(wait=False)
+    """The index only guides ``status``: a barrier it forgot is stale after a reset too."""
+    assert Barrier(as_task(config, 0), "start", 1).arrive(timeout=10)
     keys = config.keys
-    stale = [keys.state, keys.targets, keys.registrations, keys.reset, keys.barrier_index]
-    args = [keys.channel, 60, "PUBLISH", keys.barrier_channel, keys.barrier_prefix]
-    assert RedisCode(client, config).call("reset_job", stale, args) is None
-    assert client.exists(keys.barrier("start"), keys.barrier_index) == 2
-    assert not client.exists(keys.reset)
-    reset_job(config, client)  # reads the index, so it deletes the barrier
-    assert client.exists(keys.barrier("start"), keys.barrier_index) == 0
+    client.zrem(keys.barrier_index, "start")  # forgotten (the index keeps the newest 1000)
+    reset_job(config, client)
+    assert client.exists(keys.barrier("start")) == 1  # still stored, but stale
+    other = Barrier(as_task(config, 0), "start", 2)
+    assert not other.arrive(wait=False)  # begun anew: one of two arrived
+    state = other.read()
+    assert state is not None and (state.parties, state.arrived) == (2, (0,))
 
 
 def test_status_reports_malformed_barriers_instead_of_failing(
@@ -298,7 +298,10 @@ def test_status_reports_malformed_barriers_instead_of_failing(
     now_ms = seconds * 1000 + micros // 1000  # the index forgets members older than the TTL
     names = ["ok", "bad name!", "gone", "wrong-type", "no-parties"]
     client.zadd(keys.barrier_index, {name: now_ms - age for age, name in enumerate(names)})
-    client.hset(keys.barrier("ok"), mapping={"parties": "2", "t0": "1", "t7": "1", "tx": "1"})
+    client.hset(keys.barrier_epoch, mapping={"token": "5", "by": "arrival"})
+    client.hset(
+        keys.barrier("ok"), mapping={"parties": "2", "t0": "1", "t7": "1", "tx": "1", "epoch": "5"}
+    )
     client.set(keys.barrier("wrong-type"), "x")
     client.hset(keys.barrier("no-parties"), mapping={"t0": "1"})
     status = read_status(config, client)

@@ -11,6 +11,7 @@ import pytest
 from stepbarrier import BarrierConfig, ConfigurationError
 from stepbarrier.config import ENVIRONMENT_VARIABLES, mask_url
 from stepbarrier.environment import barrier_role_from_env
+from stepbarrier.step_write import finished_ttl
 
 BASE = {"STEPBARRIER_JOB": "mnist-42"}
 
@@ -457,7 +458,12 @@ def test_run_id_done_ttl_and_progress_timeout_come_from_the_environment() -> Non
         900.0,
     )
     defaults = BarrierConfig.from_env({"STEPBARRIER_JOB": "j"})
-    assert (defaults.run_id, defaults.done_ttl, defaults.progress_timeout) == (None, 300, None)
+    assert (defaults.run_id, defaults.done_ttl, defaults.progress_timeout) == (None, 3600, None)
+
+
+def test_a_finished_job_outlives_the_stall_timeout_whatever_the_done_ttl() -> None:
+    assert finished_ttl(BarrierConfig(job="j")) == 3600
+    assert finished_ttl(BarrierConfig(job="j", done_ttl=60, stall_timeout=7200.5)) == 7261
 
 
 @pytest.mark.parametrize("run_id", ["a b", "x" * 65, "{tag}", "r*", "ü"])

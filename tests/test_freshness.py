@@ -1,67 +1,58 @@
-"""When a stored step may release a worker (stepbarrier.freshness), rule by rule."""
+"""When a writer vouches for its step (stepbarrier.freshness), rule by rule, on its own clock."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+import math
 
-from stepbarrier.freshness import confirm_window, fresh_heartbeat_limit, vouches_for_step
-from stepbarrier.protocol import ChiefState
-
-NOW = 1_000_000_000
+from stepbarrier.freshness import MIN_CONFIRM, confirm_window, fence_time, stale_after, vouches
 
 
-def state(**fields: object) -> ChiefState:
-    base = ChiefState(
-        step=10,
-        generation=1,
+def test_a_step_handed_over_just_now_vouches() -> None:
+    assert vouches(now=100.0, probation_until=-math.inf, handed_at=99.9, step_time=0.1, done=False)
+
+
+def test_a_writer_on_probation_vouches_for_nothing_not_even_a_final_step() -> None:
+    assert not vouches(now=100.0, probation_until=101.0, handed_at=100.0, step_time=0.1, done=False)
+    assert not vouches(now=100.0, probation_until=101.0, handed_at=100.0, step_time=0.1, done=True)
+    assert vouches(now=101.0, probation_until=101.0, handed_at=100.9, step_time=0.1, done=False)
+
+
+def test_a_step_the_loop_has_not_handed_over_lately_does_not_vouch() -> None:
+    # a chief recovering its session keeps writing a step it may never reach again
+    assert not vouches(
+        now=100.0,
+        probation_until=-math.inf,
+        handed_at=100.0 - MIN_CONFIRM - 0.1,
+        step_time=0.1,
         done=False,
-        heartbeat_ms=NOW,
-        chief="h:1",
-        published_ms=NOW,
-        heartbeat_period_ms=1000,
-        confirm_ms=5000,
     )
-    return replace(base, **fields)  # type: ignore[arg-type]
 
 
-def test_a_fresh_heartbeat_and_a_recent_publish_vouch() -> None:
-    assert vouches_for_step(state(), NOW, default_heartbeat=1.0)
+def test_a_slow_loop_has_a_long_confirmation_window() -> None:
+    assert confirm_window(180.0) == 720.0
+    assert vouches(
+        now=1000.0, probation_until=-math.inf, handed_at=400.0, step_time=180.0, done=False
+    )
+    assert confirm_window(None) == MIN_CONFIRM == confirm_window(0.01)
 
 
-def test_freshness_is_judged_by_the_chiefs_period_not_the_readers() -> None:
-    slow_chief = state(heartbeat_ms=NOW - 20_000, heartbeat_period_ms=10_000, confirm_ms=60_000)
-    # 20 s is stale for the reader's own 0.2 s heartbeat, fresh for the chief's 10 s
-    assert vouches_for_step(slow_chief, NOW, default_heartbeat=0.2)
-    assert not vouches_for_step(state(heartbeat_ms=NOW - 20_000), NOW, default_heartbeat=10.0)
+def test_a_final_step_vouches_without_the_window() -> None:
+    assert vouches(now=1e6, probation_until=-math.inf, handed_at=0.0, step_time=0.1, done=True)
 
 
-def test_a_step_the_loop_has_not_published_lately_does_not_vouch() -> None:
-    recovering = state(published_ms=NOW - 8_000)  # heartbeating, but no publish for 8 s
-    assert not vouches_for_step(recovering, NOW, default_heartbeat=1.0)
+def test_the_fence_is_three_heartbeats_and_at_least_three_seconds() -> None:
+    assert fence_time(0.1) == 3.0
+    assert fence_time(10.0) == 30.0
 
 
-def test_a_slow_loop_has_a_long_window() -> None:
-    window = confirm_window(1.0, step_time=180.0)
-    assert window == 720.0
-    slow = state(published_ms=NOW - 300_000, confirm_ms=int(window * 1000))
-    assert vouches_for_step(slow, NOW, default_heartbeat=1.0)
+def test_an_operator_view_calls_a_chief_stale_after_three_heartbeats() -> None:
+    assert stale_after(0.1) == 5.0
+    assert stale_after(10.0) == 30.0
 
 
-def test_a_finished_jobs_step_is_final() -> None:
-    assert vouches_for_step(state(done=True, heartbeat_ms=0, published_ms=0), NOW, 1.0)
-
-
-def test_an_older_chief_without_publish_times_is_judged_by_its_heartbeat() -> None:
-    old = state(published_ms=None, confirm_ms=None, heartbeat_period_ms=None)
-    assert vouches_for_step(old, NOW, default_heartbeat=1.0)
-    stale = replace(old, heartbeat_ms=NOW - 6_000)
-    assert not vouches_for_step(stale, NOW, default_heartbeat=1.0)
-
-
-def test_no_heartbeat_never_vouches() -> None:
-    assert not vouches_for_step(state(heartbeat_ms=None), NOW, default_heartbeat=1.0)
-
-
-def test_the_heartbeat_limit_is_three_periods_at_least_five_seconds() -> None:
-    assert fresh_heartbeat_limit(0.1) == 5.0
-    assert fresh_heartbeat_limit(10.0) == 30.0
+def test_a_step_not_stored_before_vouches_however_late_its_write() -> None:
+    # the loop handed it over (a write delayed by an outage still carries news)
+    late = dict(now=100.0, probation_until=-math.inf, handed_at=0.0, step_time=0.1, done=False)
+    assert not vouches(**late)
+    assert vouches(**late, new_step=True)
+    assert not vouches(**{**late, "probation_until": 101.0}, new_step=True)

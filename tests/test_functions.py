@@ -22,7 +22,10 @@ from stepbarrier.redis_code import (
 from tests.conftest import subprocess_env
 from tests.redis_harness import RedisServer
 
-LIBRARY_SHA256 = {1: "659e3f3e9ccdb8f353f670e94593fc9c296b6abb5f3d13b2ff7cdccab66f1a59"}
+LIBRARY_SHA256 = {
+    1: "659e3f3e9ccdb8f353f670e94593fc9c296b6abb5f3d13b2ff7cdccab66f1a59",
+    2: "6bfed8e8dc613747bb4eaf7258f98a4b5c0d775898ff94dd0953f043de889784",
+}
 """The library's fingerprint per version: changing the code means a new version."""
 
 CLI = [sys.executable, "-m", "stepbarrier"]

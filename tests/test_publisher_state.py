@@ -2,53 +2,76 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 
 import pytest
 
 from stepbarrier import BarrierConfig, scripts
+from stepbarrier.freshness import fence_time
 from stepbarrier.publisher_state import Handover, PublisherState
-from stepbarrier.step_write import WriteResult
+from stepbarrier.step_write import Beginning, StepWrite, WriteResult
+
+HEARTBEAT = 1.0
+FENCE = fence_time(HEARTBEAT)
 
 
-def make_state(*, contributor: bool = False) -> PublisherState:
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_state(*, contributor: bool = False, clock: Clock | None = None) -> PublisherState:
     handover = Handover(handed_at=0.0)
     return PublisherState(
-        BarrierConfig(job="unit"),
+        BarrierConfig(job="unit", heartbeat=HEARTBEAT),
         handover,
         threading.Event(),
-        clock=lambda: 1.0,
+        clock=clock or Clock(),
         contributor=contributor,
     )
 
 
-def hand_over(state: PublisherState, step: int) -> None:
+def hand_over(state: PublisherState, step: int, at: float | None = None) -> None:
     """What ``StepPublisher.publish`` does to the hand-over."""
     state.handover.latest = step
     state.handover.handed += 1
+    if at is not None:
+        state.handover.handed_at = at
 
 
-def accepted(stored_step: int, targets: tuple[int, ...] = ()) -> WriteResult:
-    return WriteResult(scripts.ACCEPTED, stored_step, 1, False, targets)
+def accepted(
+    stored_step: int, targets: tuple[int, ...] = (), *, created: bool = False
+) -> WriteResult:
+    return WriteResult(scripts.ACCEPTED, stored_step, 1, False, targets, created=created)
 
 
-def begun(state: PublisherState, generation: int = 1) -> int:
+def begun(state: PublisherState, generation: int = 1, marker: str = "") -> int:
     """Begin a chief's generation as the writer thread would; the generation asked for."""
     wanted, needed = state.generation_to_begin()
     assert needed
-    assert state.begin_generation(wanted, generation)
+    assert state.begin_generation(wanted, Beginning(generation, marker, None))
     return wanted
+
+
+def next_values(state: PublisherState, *, done: bool = False) -> StepWrite:
+    upcoming = state.next_write(done=done)
+    assert upcoming is not None
+    return upcoming[0]
 
 
 def test_an_accepted_reply_counts_its_hand_overs_and_sets_the_next_threshold() -> None:
     state = make_state()
-    wanted = begun(state)
+    wanted = begun(state, marker="tok-1")
     hand_over(state, 10)
     upcoming = state.next_write(done=False)
     assert upcoming is not None
     values, seq = upcoming
-    assert (values.generation, values.step, values.epoch, seq) == (1, 10, 1, 1)
+    assert (values.generation, values.step, values.reset_marker, seq) == (1, 10, "tok-1", 1)
     assert state.take_reply(accepted(10, (15, 20)), seq, wanted)
     assert state.stored_seq == 1
     assert state.pending == (15, 20)
@@ -92,13 +115,18 @@ def test_a_generation_begun_for_an_outdated_request_is_not_taken() -> None:
     state = make_state()
     wanted, _ = state.generation_to_begin()
     state.new_generation()
-    assert not state.begin_generation(wanted, 7)
-    assert state.generation is None and state.epoch == 0
+    assert not state.begin_generation(wanted, Beginning(7, "tok", None))
+    assert state.generation is None and state.reset_marker == ""
 
 
 def test_a_contributor_never_begins_a_generation() -> None:
     state = make_state(contributor=True)
     assert state.generation_to_begin() == (1, False)
+    state.new_generation()
+    assert state.generation_to_begin() == (1, False)
+
+
+# -- endings ---------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -119,6 +147,33 @@ def test_a_superseded_or_reset_reply_ends_the_writer_for_good(
     assert state.wake.is_set()
     state.new_generation()  # an ended writer ignores it
     assert state.handover.latest == 10
+    assert state.generation_to_begin()[0] == 1
+
+
+def test_a_superseded_chief_names_both_generations() -> None:
+    state = make_state()
+    wanted = begun(state, generation=41)
+    hand_over(state, 10)
+    state.take_reply(WriteResult(scripts.SUPERSEDED, 3, 42, False, ()), 1, wanted)
+    assert state.end_message is not None
+    assert "generation 42" in state.end_message and "generation 41" in state.end_message
+
+
+def test_a_conflict_ends_the_chief_with_an_error(caplog: pytest.LogCaptureFixture) -> None:
+    state = make_state()
+    hand_over(state, 10)
+    with caplog.at_level(logging.WARNING, logger="stepbarrier.publisher"):
+        state.conflict("job unit is in use by run a; this chief of run b does not take it over")
+    assert state.ended == "conflict"
+    assert state.end_message is not None and "in use by run a" in state.end_message
+    assert state.handover.next_threshold == math.inf and state.wake.is_set()
+    assert [r.levelno for r in caplog.records] == [logging.ERROR]
+    assert "in use by run a" in caplog.records[0].getMessage()
+    state.new_generation()  # it never writes again
+    assert state.generation_to_begin()[0] == 1
+
+
+# -- targets ---------------------------------------------------------------------------
 
 
 def test_heard_targets_merge_with_the_pending_ones_and_the_lowest_wins() -> None:
@@ -129,7 +184,6 @@ def test_heard_targets_merge_with_the_pending_ones_and_the_lowest_wins() -> None
     state.heard(30)
     assert state.handover.next_threshold == 30.0
     state.heard(40)
-    state.heard(5)  # already stored: that waiter needs no write
     assert state.handover.next_threshold == 30.0
     assert not state.wake.is_set()
     # a write that stores 35 drops the heard 30, keeps 40 below the pending 50
@@ -138,7 +192,17 @@ def test_heard_targets_merge_with_the_pending_ones_and_the_lowest_wins() -> None
     assert state.handover.next_threshold == 40.0
 
 
-def test_a_heard_target_already_reached_asks_for_a_write_at_once() -> None:
+def test_a_late_joiner_whose_step_is_stored_gets_a_write_at_once() -> None:
+    state = make_state()
+    wanted = begun(state)
+    hand_over(state, 10)
+    assert state.take_reply(accepted(10, (50,)), 1, wanted)
+    state.heard(5)  # released only by a write it sees happen: one goes out now
+    assert state.wake.is_set()
+    assert state.handover.next_threshold == 50.0  # and it is no target to reach
+
+
+def test_a_heard_target_already_handed_over_asks_for_a_write_at_once() -> None:
     state = make_state()
     wanted = begun(state)
     hand_over(state, 10)
@@ -155,17 +219,200 @@ def test_before_the_first_write_a_heard_target_keeps_the_next_write_immediate() 
     assert state.handover.next_threshold == -1.0
 
 
-def test_a_rejoin_reply_drops_the_steps_handed_over_before_it() -> None:
+# -- vouch and probation ---------------------------------------------------------------
+
+
+def test_a_write_that_created_the_state_puts_the_chief_on_probation() -> None:
+    clock = Clock()
+    state = make_state(clock=clock)
+    wanted = begun(state)
+    hand_over(state, 10, at=clock.now)
+    assert next_values(state).vouch
+    assert state.take_reply(accepted(10, created=True), 1, wanted)
+    assert state.probation_until == pytest.approx(clock.now + FENCE)
+    hand_over(state, 11, at=clock.now)  # the loop is busy: only probation stops the vouch
+    assert not next_values(state).vouch
+    assert not next_values(state, done=True).vouch  # not even a final write vouches
+    clock.now += FENCE - 0.01
+    state.handover.handed_at = clock.now
+    assert not next_values(state).vouch
+    clock.now += 0.02
+    state.handover.handed_at = clock.now
+    assert next_values(state).vouch
+
+
+def test_a_write_that_found_the_state_brings_no_probation() -> None:
+    clock = Clock()
+    state = make_state(clock=clock)
+    wanted = begun(state)
+    hand_over(state, 10, at=clock.now)
+    assert state.take_reply(accepted(10), 1, wanted)
+    assert state.probation_until == -math.inf
+    assert next_values(state).vouch
+
+
+def test_a_contributor_is_never_on_probation() -> None:
+    clock = Clock()
+    state = make_state(contributor=True, clock=clock)
+    state.join(5)
+    hand_over(state, 10, at=clock.now)
+    assert state.take_reply(accepted(10, created=True), 1, 1)
+    assert state.probation_until == -math.inf
+    assert next_values(state).vouch
+
+
+def test_a_rewritten_step_vouches_only_within_the_confirmation_window_unless_final() -> None:
+    clock = Clock()
+    state = make_state(clock=clock)
+    wanted = begun(state)
+    hand_over(state, 10, at=clock.now)
+    assert next_values(state).vouch
+    assert state.take_reply(accepted(10), 1, wanted)
+    clock.now += 5.0  # MIN_CONFIRM: a loop without a mean step time yet
+    assert next_values(state).vouch
+    clock.now += 0.01
+    assert not next_values(state).vouch  # the loop has not handed a step over lately
+    assert next_values(state, done=True).vouch  # the final step stands for itself
+    state.handover.step_time = 10.0  # a slow loop: four of its steps
+    assert next_values(state).vouch
+    clock.now = state.handover.handed_at + 40.01
+    assert not next_values(state).vouch
+
+
+def test_a_step_not_yet_vouched_for_vouches_however_late_its_write() -> None:
+    clock = Clock()
+    state = make_state(clock=clock)
+    wanted = begun(state)
+    hand_over(state, 10, at=clock.now)
+    assert next_values(state).vouch
+    assert state.take_reply(accepted(10), 1, wanted)
+    hand_over(state, 11, at=clock.now)
+    clock.now += 60.0  # e.g. Redis was unreachable meanwhile
+    assert next_values(state).vouch  # the loop did hand step 11 over
+    assert state.take_reply(accepted(11), 2, wanted)
+    assert not next_values(state).vouch  # its rewrites need the window again
+
+
+def test_a_write_that_did_not_vouch_leaves_its_step_news() -> None:
+    clock = Clock()
+    state = make_state(clock=clock)
+    wanted = begun(state)
+    hand_over(state, 10, at=clock.now)
+    assert state.take_reply(accepted(10, created=True), 1, wanted)  # probation
+    clock.now += FENCE + 60.0  # probation over, and the window long passed
+    assert next_values(state).vouch  # step 10 was never vouched for: it is news
+
+
+def test_only_the_first_write_of_a_generation_just_begun_is_first() -> None:
+    clock = Clock()
+    state = make_state(clock=clock)
+    wanted = begun(state)
+    hand_over(state, 10, at=clock.now)
+    assert next_values(state).first
+    assert state.take_reply(accepted(10), 1, wanted)
+    hand_over(state, 11, at=clock.now)
+    assert not next_values(state).first
+    state.new_generation()
+    wanted = begun(state, generation=2)
+    hand_over(state, 3, at=clock.now)
+    assert next_values(state).first  # each generation's first write is
+
+
+def test_a_first_write_long_after_its_begin_is_not_trusted_as_first() -> None:
+    clock = Clock()
+    state = make_state(clock=clock)
+    begun(state)
+    hand_over(state, 10, at=clock.now)
+    clock.now += FENCE - 0.01
+    assert next_values(state).first
+    clock.now += 0.02  # paused (SIGSTOP, GC) between its begin and its write
+    assert not next_values(state).first
+
+
+def test_a_refused_first_write_stays_first() -> None:
+    state = make_state()
+    wanted = begun(state)
+    hand_over(state, 10)
+    assert not state.take_reply(WriteResult(scripts.NOTHING_TO_JOIN, None, 0, False, ()), 1, wanted)
+    assert next_values(state).first
+
+
+# -- the reset marker ------------------------------------------------------------------
+
+
+def test_a_chief_writes_under_the_marker_it_began_under() -> None:
+    state = make_state()
+    begun(state, marker="1700000000000")
+    hand_over(state, 10)
+    assert next_values(state).reset_marker == "1700000000000"
+
+
+def test_a_later_generation_keeps_the_first_generations_marker() -> None:
+    state = make_state()
+    begun(state, marker="tok-1")
+    state.new_generation()
+    begun(state, generation=2, marker="tok-2")  # a reset came since this publisher began
+    hand_over(state, 10)
+    assert next_values(state).reset_marker == "tok-1"  # so its writes are refused
+
+
+def test_a_later_generation_keeps_the_first_generations_absent_marker() -> None:
+    # the same rule when the job had never been reset as this publisher began: a
+    # reset since then must stop it, not become the marker of its next generation
+    state = make_state()
+    begun(state, marker="")
+    state.new_generation()
+    begun(state, generation=2, marker="tok-2")
+    hand_over(state, 10)
+    assert next_values(state).reset_marker == ""
+
+
+# -- contributors ----------------------------------------------------------------------
+
+
+def test_a_contributor_joins_the_generation_it_finds_and_no_other() -> None:
     state = make_state(contributor=True)
     wanted, _ = state.generation_to_begin()
     hand_over(state, 10)
-    rejoin = WriteResult(scripts.REJOIN, 12, 4, False, ())
-    assert not state.take_reply(rejoin, 1, wanted)
-    assert (state.generation, state.epoch) == (4, 4)
-    assert state.next_write(done=False) is None  # step 10 may predate a restore
-    hand_over(state, 11)
-    upcoming = state.next_write(done=False)
-    assert upcoming is not None and upcoming[0].generation == 4 and upcoming[1] == 2
+    assert next_values(state).generation == 0  # not joined yet: it asks
+    other = WriteResult(scripts.OTHER_GENERATION, 12, 4, False, ())
+    assert not state.take_reply(other, 1, wanted)
+    assert (state.joined, state.generation, state.ended) == (4, 4, None)
+    assert state.wake.is_set()  # its step goes out again, into generation 4
+    assert next_values(state).generation == 4
+    assert state.take_reply(WriteResult(scripts.ACCEPTED, 12, 4, False, ()), 1, wanted)
+    # a newer chief generation took over: the contributor stops for good
+    newer = WriteResult(scripts.OTHER_GENERATION, 3, 5, False, ())
+    assert not state.take_reply(newer, 2, wanted)
+    assert state.ended == "superseded"
+    assert state.end_message is not None and "generation 5" in state.end_message
+    assert state.generation == 4
+
+
+def test_a_contributor_told_its_generation_never_reports_into_another() -> None:
+    state = make_state(contributor=True)
+    state.join(7)
+    wanted, _ = state.generation_to_begin()
+    hand_over(state, 10)
+    assert next_values(state).generation == 7
+    assert not state.take_reply(WriteResult(scripts.OTHER_GENERATION, 12, 6, False, ()), 1, wanted)
+    assert state.ended == "superseded" and state.generation == 7
+
+
+def test_a_contributor_with_nothing_to_join_tries_again() -> None:
+    state = make_state(contributor=True)
+    wanted, _ = state.generation_to_begin()
+    hand_over(state, 10)
+    assert not state.take_reply(WriteResult(scripts.NOTHING_TO_JOIN, None, 0, False, ()), 1, wanted)
+    assert state.ended is None and state.joined is None
+    assert state.next_write(done=False) is not None
+
+
+def test_a_contributors_write_is_never_a_first_write() -> None:
+    state = make_state(contributor=True)
+    state.join(7)
+    hand_over(state, 10)
+    assert not next_values(state).first
 
 
 def test_a_refused_contributor_ends_and_a_refused_chief_carries_on() -> None:

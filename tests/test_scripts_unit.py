@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Iterator
+from typing import Any
 
 import fakeredis
 import pytest
 
-from stepbarrier import scripts
+from stepbarrier import BarrierConfig, scripts
 from stepbarrier.keys import JobKeys
+from stepbarrier.step_write import StepWrite, StepWriter
 
 KEYS = JobKeys.for_job("unit")
+KEY_TTL = 3600
+DONE_TTL = 300
 
 
 @pytest.fixture
@@ -27,42 +33,128 @@ def publish(
     done: bool = False,
     *,
     run_id: str = "",
-    epoch: int | None = None,
+    vouch: bool = True,
+    marker: str = "",
     mode: str = "chief",
+    first: bool = False,
+    command: str = "PUBLISH",
 ) -> list[int]:
+    """One ``publish_step`` call, in the script's ARGV layout; the reply as numbers."""
     script = client.register_script(scripts.PUBLISH_STEP)
-    args = [generation, step, int(done), 3600, KEYS.channel, "host:1", 10, KEYS.waiter_prefix]
-    args += [run_id, 0, 1000, 5000, 300, generation if epoch is None else epoch, mode]
+    args: list[Any] = [generation, step, int(done), KEY_TTL, KEYS.channel, "host:1", 10]
+    args += [run_id, int(vouch), 1000, DONE_TTL, marker, mode, command, int(first)]
     reply = script(keys=[KEYS.state, KEYS.targets, KEYS.reset], args=args)
     return [int(float(x)) for x in reply]
 
 
+def text(raw: object) -> str:
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+
+def begin(client: fakeredis.FakeRedis) -> list[str]:
+    """One ``begin_generation`` call; its reply as text."""
+    script = client.register_script(scripts.BEGIN_GENERATION)
+    reply = script(keys=[KEYS.state, KEYS.reset])
+    return [text(x) for x in reply]
+
+
+def reset(client: fakeredis.FakeRedis, *waiters: str) -> str:
+    """One ``reset_job`` call, as ``stepbarrier reset`` makes it; the new marker."""
+    script = client.register_script(scripts.RESET_JOB)
+    fixed = [KEYS.state, KEYS.targets, KEYS.registrations, KEYS.reset]
+    fixed += [KEYS.barrier_index, KEYS.barrier_epoch]
+    args: list[Any] = [KEYS.channel, 60, "PUBLISH", KEYS.barrier_channel]
+    return text(script(keys=[*fixed, *waiters], args=args))
+
+
+def state(client: fakeredis.FakeRedis) -> dict[str, str]:
+    return {text(k): text(v) for k, v in client.hgetall(KEYS.state).items()}
+
+
+def announcements(pubsub: Any) -> list[dict[str, Any]]:
+    messages = [m for m in iter(lambda: pubsub.get_message(timeout=0.2), None)]
+    return [json.loads(m["data"]) for m in messages if m["type"] == "message"]
+
+
 def test_keys_share_one_hash_tag() -> None:
-    names = [*KEYS.all_fixed(), KEYS.channel, KEYS.waiter("1-abc")]
+    names = [*KEYS.all_fixed(), KEYS.channel, KEYS.waiter("1-abc"), KEYS.barrier_epoch]
     assert all(name.startswith("stepbarrier:{unit}:") for name in names)
 
 
 def test_store_if_greater_within_a_generation(fake: fakeredis.FakeRedis) -> None:
-    assert publish(fake, 5, 10)[:3] == [1, 10, 5]
-    assert publish(fake, 5, 3)[:3] == [1, 10, 5]
+    assert publish(fake, 5, 10)[:3] == [scripts.ACCEPTED, 10, 5]
+    assert publish(fake, 5, 3)[:3] == [scripts.ACCEPTED, 10, 5]
     assert fake.hget(KEYS.state, "step") == b"10"
 
 
-def test_newer_generation_replaces_older_is_refused(fake: fakeredis.FakeRedis) -> None:
+def test_a_newer_generation_replaces_the_state_and_an_older_one_is_superseded(
+    fake: fakeredis.FakeRedis,
+) -> None:
     publish(fake, 5, 100)
-    assert publish(fake, 6, 30)[:3] == [1, 30, 6]
-    accepted, step, generation = publish(fake, 5, 200)[:3]
-    assert (accepted, step, generation) == (0, 30, 6)
+    assert publish(fake, 6, 30)[:5] == [scripts.ACCEPTED, 30, 6, 0, 0]
+    beat = fake.hget(KEYS.state, "beat")
+    # the superseded chief learns the newer generation and changes nothing
+    assert publish(fake, 5, 200)[:3] == [scripts.SUPERSEDED, 30, 6]
     assert fake.hget(KEYS.state, "step") == b"30"
+    assert fake.hget(KEYS.state, "beat") == beat
 
 
-def test_pending_targets_come_back_and_crossed_ones_go(fake: fakeredis.FakeRedis) -> None:
+def test_the_beat_counts_the_accepted_writes_of_a_generation(fake: fakeredis.FakeRedis) -> None:
+    publish(fake, 5, 10)
+    assert fake.hget(KEYS.state, "beat") == b"1"
+    publish(fake, 5, 10)  # a heartbeat of the same step is a write too
+    publish(fake, 5, 3)  # a lower step is not stored, but the write counts
+    assert fake.hget(KEYS.state, "beat") == b"3"
+    publish(fake, 4, 99)  # refused: no write happened
+    assert fake.hget(KEYS.state, "beat") == b"3"
+    publish(fake, 6, 1)  # a new generation counts from 1
+    assert fake.hget(KEYS.state, "beat") == b"1"
+
+
+def test_the_vouch_is_stored_and_announced_as_the_writer_says(fake: fakeredis.FakeRedis) -> None:
+    pubsub = fake.pubsub()
+    pubsub.subscribe(KEYS.channel)
+    publish(fake, 5, 10, vouch=True, first=True)
+    assert fake.hget(KEYS.state, "vouch") == b"1"
+    publish(fake, 5, 11, vouch=False)
+    assert fake.hget(KEYS.state, "vouch") == b"0"
+    said = [(a["step"], a["beat"], a["vouch"]) for a in announcements(pubsub)]
+    assert said == [(10, 1, True), (11, 2, False)]
+
+
+def test_an_announcement_carries_the_write_it_tells_of(fake: fakeredis.FakeRedis) -> None:
+    pubsub = fake.pubsub()
+    pubsub.subscribe(KEYS.channel)
+    publish(fake, 9, 4, run_id="run-7", first=True)
+    (said,) = announcements(pubsub)
+    assert said == {
+        "step": 4,
+        "generation": 9,
+        "beat": 1,
+        "vouch": True,
+        "done": False,
+        "pinned": False,
+        "run_id": "run-7",
+    }
+    assert fake.hget(KEYS.state, "run_id") == b"run-7"
+
+
+def test_targets_above_the_step_come_back_and_vouched_crossed_ones_go(
+    fake: fakeredis.FakeRedis,
+) -> None:
     fake.zadd(KEYS.targets, {"a": 5, "b": 20, "c": 50})
-    reply = publish(fake, 1, 1)
-    assert reply[4:] == [5, 20, 50]
-    reply = publish(fake, 1, 20)
-    assert reply[4:] == [50]
+    assert publish(fake, 1, 1)[5:] == [5, 20, 50]
+    assert publish(fake, 1, 20)[5:] == [50]
     assert fake.zrange(KEYS.targets, 0, -1) == [b"c"]
+
+
+def test_a_write_that_does_not_vouch_leaves_the_crossed_targets(
+    fake: fakeredis.FakeRedis,
+) -> None:
+    fake.zadd(KEYS.targets, {"a": 5, "b": 20, "c": 50})
+    # its waiters are not released by it: the chief must keep hearing of them
+    assert publish(fake, 1, 20, vouch=False)[5:] == [50]
+    assert fake.zrange(KEYS.targets, 0, -1) == [b"a", b"b", b"c"]
 
 
 def test_released_waiters_leave_the_index_with_the_announcement_and_nothing_else(
@@ -71,58 +163,176 @@ def test_released_waiters_leave_the_index_with_the_announcement_and_nothing_else
     for waiter, target in (("a", 5), ("b", 20)):
         fake.hset(KEYS.waiter(waiter), mapping={"wait_until_step": str(target)})
         fake.zadd(KEYS.targets, {waiter: target})
-    publish(fake, 1, 6)
+    publish(fake, 1, 6, first=True)
     assert fake.zrange(KEYS.targets, 0, -1) == [b"b"]
     # the entries are keys the script does not declare: they expire by themselves
     assert fake.exists(KEYS.waiter("a")) and fake.exists(KEYS.waiter("b"))
 
 
 def test_sharded_announcements_on_request(fake: fakeredis.FakeRedis) -> None:
-    script = fake.register_script(scripts.PUBLISH_STEP)
-    args = [1, 4, 0, 3600, KEYS.channel, "host:1", 10, KEYS.waiter_prefix]
-    args += ["", 0, 1000, 5000, 300, 1, "chief", "SPUBLISH"]
     pubsub = fake.pubsub()
     pubsub.ssubscribe(KEYS.channel)
-    script(keys=[KEYS.state, KEYS.targets, KEYS.reset], args=args)
+    publish(fake, 1, 4, command="SPUBLISH")
     messages = [m for m in iter(lambda: pubsub.get_sharded_message(timeout=0.5), None)]
-    assert any(m["type"] == "smessage" for m in messages)
+    sharded = [json.loads(m["data"]) for m in messages if m["type"] == "smessage"]
+    assert [m["step"] for m in sharded] == [4]
 
 
-def test_done_is_recorded(fake: fakeredis.FakeRedis) -> None:
+def test_done_is_recorded_and_a_newer_generation_runs_the_job_again(
+    fake: fakeredis.FakeRedis,
+) -> None:
     publish(fake, 1, 7, done=True)
     assert fake.hget(KEYS.state, "done") == b"1"
+    assert int(fake.hget(KEYS.state, "done_ms") or 0) > 0
+    publish(fake, 1, 8)  # the finished generation's later write keeps it finished
+    assert fake.hget(KEYS.state, "done") == b"1"
+    publish(fake, 2, 1)  # a rerun's chief replaces the finished state
+    assert (fake.hget(KEYS.state, "done"), fake.hget(KEYS.state, "done_ms")) == (b"0", None)
+
+
+def test_finishing_shortens_the_keys_life(fake: fakeredis.FakeRedis) -> None:
+    fake.zadd(KEYS.targets, {"a": 50})
+    publish(fake, 1, 4)
+    assert fake.ttl(KEYS.state) > DONE_TTL
+    publish(fake, 1, 5, done=True)
+    assert 0 < fake.ttl(KEYS.state) <= DONE_TTL and 0 < fake.ttl(KEYS.targets) <= DONE_TTL
+
+
+# -- probation: a write that created the state -----------------------------------------
+
+
+def test_a_chief_write_that_finds_no_state_creates_it_without_vouching(
+    fake: fakeredis.FakeRedis,
+) -> None:
+    fake.zadd(KEYS.targets, {"a": 5})
+    # not a generation's first write: its writer may be a zombie whose successor's
+    # state Redis forgot, so the state it makes vouches for nothing yet
+    status, step, generation, repaired, created, *targets = publish(fake, 3, 10, vouch=True)
+    assert (status, step, generation, repaired, created) == (scripts.ACCEPTED, 10, 3, 0, 1)
+    assert fake.hget(KEYS.state, "vouch") == b"0"
+    assert targets == [] and fake.zrange(KEYS.targets, 0, -1) == [b"a"]  # nobody released
+    # the next write finds the state: no longer created, and its vouch stands
+    assert publish(fake, 3, 11, vouch=True)[4] == 0
+    assert fake.hget(KEYS.state, "vouch") == b"1"
+
+
+def test_the_first_write_of_a_generation_just_begun_needs_no_probation(
+    fake: fakeredis.FakeRedis,
+) -> None:
+    assert publish(fake, 3, 10, vouch=True, first=True)[:5] == [scripts.ACCEPTED, 10, 3, 0, 0]
+    assert fake.hget(KEYS.state, "vouch") == b"1"
+
+
+def test_a_chief_replacing_a_lower_generation_is_not_on_probation(
+    fake: fakeredis.FakeRedis,
+) -> None:
+    publish(fake, 3, 100, vouch=True)
+    assert publish(fake, 4, 10, vouch=True)[:5] == [scripts.ACCEPTED, 10, 4, 0, 0]
+    assert fake.hget(KEYS.state, "vouch") == b"1"
+
+
+def test_a_write_that_replaces_malformed_state_creates_it(fake: fakeredis.FakeRedis) -> None:
+    fake.hset(KEYS.state, mapping={"generation": "9", "step": "x", "vouch": "1"})
+    status, step, _generation, repaired, created = publish(fake, 3, 4, vouch=True)[:5]
+    assert (status, step, repaired, created) == (scripts.ACCEPTED, 4, 1, 1)
+    assert fake.hget(KEYS.state, "vouch") == b"0"
+
+
+# -- reset markers ---------------------------------------------------------------------
 
 
 def test_begin_generation_is_above_the_stored_one(fake: fakeredis.FakeRedis) -> None:
-    begin = fake.register_script(scripts.BEGIN_GENERATION)
     fake.hset(KEYS.state, mapping={"generation": str(2**52), "step": "1"})
-    assert int(begin(keys=[KEYS.state])) == 2**52 + 1
+    assert int(begin(fake)[0]) == 2**52 + 1
 
 
-def test_reset_deletes_and_leaves_a_marker(fake: fakeredis.FakeRedis) -> None:
+def test_begin_generation_follows_the_redis_clock_and_reports_what_it_found(
+    fake: fakeredis.FakeRedis,
+) -> None:
+    seconds, micros = fake.time()
+    generation, marker, run, beat, done, chief, stored = begin(fake)
+    assert int(generation) >= seconds * 1_000_000 + micros
+    assert (marker, run, beat, done, chief, stored) == ("", "", "0", "0", "", "0")
+    publish(fake, 5, 10, run_id="run-1")
+    publish(fake, 5, 11, run_id="run-1", done=True)
+    fake.set(KEYS.reset, "12345")
+    _generation, marker, run, beat, done, chief, stored = begin(fake)
+    assert (marker, run, beat, done, chief, stored) == ("12345", "run-1", "2", "1", "host:1", "5")
+
+
+def test_begin_generation_ignores_malformed_state(fake: fakeredis.FakeRedis) -> None:
+    fake.hset(KEYS.state, mapping={"generation": str(2**52), "step": "1e3", "run_id": "x"})
+    generation, _marker, run, _beat, _done, _chief, stored = begin(fake)
+    assert int(generation) < 2**52 and (run, stored) == ("", "0")
+
+
+def test_reset_deletes_and_leaves_a_new_token(fake: fakeredis.FakeRedis) -> None:
     publish(fake, 1, 7)
     fake.hset(KEYS.waiter("1-x"), mapping={"wait_until_step": "9"})
-    reset = fake.register_script(scripts.RESET_JOB)
-    reset(
-        keys=[KEYS.state, KEYS.targets, KEYS.registrations, KEYS.reset, KEYS.waiter("1-x")],
-        args=[KEYS.channel, 60],
-    )
+    pubsub = fake.pubsub()
+    pubsub.subscribe(KEYS.channel)
+    first = reset(fake, KEYS.waiter("1-x"))
     assert not fake.exists(KEYS.state) and not fake.exists(KEYS.waiter("1-x"))
-    reset_ms = int(fake.get(KEYS.reset) or 0)
-    assert reset_ms > 0
-    # the marker stays: a chief that began before the reset is refused for good,
-    # and creates nothing; one that began after it starts the job anew
-    assert publish(fake, reset_ms * 1000 + 5, 8, epoch=1)[0] == scripts.WAS_RESET
+    assert fake.get(KEYS.reset) == first.encode()
+    assert [a.get("reset") for a in announcements(pubsub)] == [True]
+    # two resets in a row leave two different tokens
+    second = reset(fake)
+    assert second != first and fake.get(KEYS.reset) == second.encode()
+
+
+def test_a_reset_token_is_new_even_within_one_millisecond(
+    fake: fakeredis.FakeRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    frozen = time.time()
+    monkeypatch.setattr(time, "time", lambda: frozen)  # fakeredis's TIME stands still
+    tokens = [reset(fake) for _ in range(3)]
+    assert len(set(tokens)) == 3
+    # a chief that began under any earlier token is refused
+    assert publish(fake, 2, 1, marker=tokens[1], first=True)[0] == scripts.WAS_RESET
+    assert publish(fake, 2, 1, marker=tokens[2], first=True)[0] == scripts.ACCEPTED
+
+
+def test_a_reset_after_a_chief_began_refuses_it_and_creates_nothing(
+    fake: fakeredis.FakeRedis,
+) -> None:
+    publish(fake, 1, 7)  # began with no marker
+    token = reset(fake)
+    assert publish(fake, 1, 8, marker="")[0] == scripts.WAS_RESET
     assert not fake.exists(KEYS.state)
-    assert publish(fake, reset_ms * 1000 + 5, 0)[0] == scripts.ACCEPTED
-    assert fake.exists(KEYS.reset)
+    # a chief that began after the reset carries its token and starts the job anew
+    assert publish(fake, 2, 1, marker=token, first=True)[0] == scripts.ACCEPTED
+    assert fake.hget(KEYS.state, "reset_seen") == token.encode()
+    assert fake.get(KEYS.reset) == token.encode()
+
+
+def test_a_reset_marker_is_compared_for_equality_only(fake: fakeredis.FakeRedis) -> None:
+    token = reset(fake)
+    # a chief that began under an earlier token is refused, and so is one that
+    # began under a later-looking one: no order is read into the token
+    for other in (str(int(token) - 1), str(int(token) + 1), ""):
+        assert publish(fake, 2, 1, marker=other, first=True)[0] == scripts.WAS_RESET
+    assert not fake.exists(KEYS.state)
+
+
+def test_a_contributor_is_not_refused_by_the_marker_but_finds_nothing_after_a_reset(
+    fake: fakeredis.FakeRedis,
+) -> None:
+    publish(fake, 5, 10, run_id="r", first=True)
+    reset(fake)
+    reply = publish(fake, 5, 12, mode="contributor", run_id="r")
+    assert reply[0] == scripts.NOTHING_TO_JOIN
+    assert not fake.exists(KEYS.state)
+
+
+# -- malformed content -----------------------------------------------------------------
 
 
 def test_wrong_types_are_repaired_by_the_chief(fake: fakeredis.FakeRedis) -> None:
     fake.set(KEYS.state, "garbage")
     fake.set(KEYS.targets, "garbage")
-    accepted, step, _generation, repaired = publish(fake, 1, 4)[:4]
-    assert (accepted, step, repaired) == (1, 4, 1)
+    status, step, _generation, repaired, created = publish(fake, 1, 4)[:5]
+    assert (status, step, repaired, created) == (scripts.ACCEPTED, 4, 1, 1)
+    assert fake.type(KEYS.state) == b"hash"
 
 
 @pytest.mark.parametrize(
@@ -140,49 +350,122 @@ def test_a_stored_number_is_plain_digits_in_lua_as_in_python(
     assert (status, step, repaired) == (scripts.ACCEPTED, 3, 1)
 
 
+def test_a_malformed_beat_counts_from_nothing(fake: fakeredis.FakeRedis) -> None:
+    publish(fake, 1, 3)
+    fake.hset(KEYS.state, "beat", "lots")
+    publish(fake, 1, 4)
+    assert fake.hget(KEYS.state, "beat") == b"1"
+
+
 def test_a_non_finite_target_score_is_skipped(fake: fakeredis.FakeRedis) -> None:
     fake.zadd(KEYS.targets, {"evil": float("inf"), "half": 7.5, "ok": 9})
-    assert publish(fake, 1, 1)[4:] == [9]
-
-
-def test_the_run_id_is_stored_and_announced(fake: fakeredis.FakeRedis) -> None:
-    pubsub = fake.pubsub()
-    pubsub.subscribe(KEYS.channel)
-    publish(fake, 1, 4, run_id="run-7")
-    assert fake.hget(KEYS.state, "run_id") == b"run-7"
-    messages = [m for m in iter(lambda: pubsub.get_message(timeout=0.5), None)]
-    assert any(b'"run_id":"run-7"' in m["data"] for m in messages if m["type"] == "message")
+    assert publish(fake, 1, 1)[5:] == [9]
 
 
 def test_a_malformed_run_id_is_refused(fake: fakeredis.FakeRedis) -> None:
     with pytest.raises(Exception, match="malformed run id"):
         publish(fake, 1, 4, run_id='x"}')
+    assert not fake.exists(KEYS.state)
 
 
-def test_finishing_shortens_the_keys_life(fake: fakeredis.FakeRedis) -> None:
-    fake.zadd(KEYS.targets, {"a": 50})
-    publish(fake, 1, 4)
-    assert fake.ttl(KEYS.state) > 3000
-    publish(fake, 1, 5, done=True)
-    assert 0 < fake.ttl(KEYS.state) <= 300 and 0 < fake.ttl(KEYS.targets) <= 300
-    assert int(fake.hget(KEYS.state, "done_ms") or 0) > 0
+# -- contributors and operators --------------------------------------------------------
 
 
 def test_a_contributor_only_raises_the_step_of_the_generation_it_joined(
     fake: fakeredis.FakeRedis,
 ) -> None:
-    assert publish(fake, 0, 9, mode="contributor", epoch=0)[0] == scripts.NOTHING_TO_JOIN
+    assert publish(fake, 0, 9, mode="contributor")[0] == scripts.NOTHING_TO_JOIN
     assert not fake.exists(KEYS.state)  # no chief yet: nothing is created
-    publish(fake, 5, 10, run_id="r")
-    assert publish(fake, 0, 9, mode="contributor", run_id="r", epoch=0)[:3] == [
-        scripts.REJOIN,
+    publish(fake, 5, 10, run_id="r", first=True)
+    # another generation: it learns the stored one, and nothing changes
+    assert publish(fake, 0, 9, mode="contributor", run_id="r")[:3] == [
+        scripts.OTHER_GENERATION,
         10,
         5,
     ]
-    assert publish(fake, 5, 12, mode="contributor", run_id="r", epoch=5)[:3] == [1, 12, 5]
-    assert publish(fake, 5, 11, mode="contributor", run_id="r", epoch=5)[:2] == [1, 12]
-    # another run's worker, or a finished job: nothing to join
-    assert publish(fake, 5, 99, mode="contributor", run_id="other", epoch=5)[0] == 3
-    publish(fake, 5, 12, done=True, run_id="r")
-    assert publish(fake, 5, 99, mode="contributor", run_id="r", epoch=5)[0] == 3
-    assert fake.hget(KEYS.state, "step") == b"12"
+    assert publish(fake, 4, 99, mode="contributor", run_id="r")[0] == scripts.OTHER_GENERATION
+    assert fake.hget(KEYS.state, "step") == b"10"
+    assert publish(fake, 5, 12, mode="contributor", run_id="r")[:3] == [scripts.ACCEPTED, 12, 5]
+    assert publish(fake, 5, 11, mode="contributor", run_id="r")[:2] == [scripts.ACCEPTED, 12]
+    assert fake.hget(KEYS.state, "beat") == b"3"  # its writes are the generation's too
+
+
+def test_a_contributor_leaves_the_vouch_to_its_chief(fake: fakeredis.FakeRedis) -> None:
+    publish(fake, 5, 10, run_id="r", vouch=False)  # a chief on probation
+    publish(fake, 5, 12, mode="contributor", run_id="r", vouch=True)
+    assert fake.hget(KEYS.state, "vouch") == b"0"
+    publish(fake, 5, 12, run_id="r", vouch=True)
+    publish(fake, 5, 13, mode="contributor", run_id="r", vouch=False)
+    assert fake.hget(KEYS.state, "vouch") == b"1"
+
+
+@pytest.mark.parametrize("why", ["another run", "finished", "pinned"])
+def test_a_contributor_has_nothing_to_join_in_a_state_not_its_chiefs(
+    fake: fakeredis.FakeRedis, why: str
+) -> None:
+    if why == "another run":
+        publish(fake, 5, 12, run_id="other")
+    elif why == "finished":
+        publish(fake, 5, 12, run_id="r", done=True)
+    else:
+        publish(fake, 5, 12, run_id="r", mode="operator")
+    before = state(fake)
+    assert publish(fake, 5, 99, mode="contributor", run_id="r")[0] == scripts.NOTHING_TO_JOIN
+    assert state(fake) == before
+
+
+def test_an_operator_pins_its_step_until_a_newer_chief_replaces_it(
+    fake: fakeredis.FakeRedis,
+) -> None:
+    fake.zadd(KEYS.targets, {"a": 5, "b": 50})
+    pubsub = fake.pubsub()
+    pubsub.subscribe(KEYS.channel)
+    # pinned releases without a vouch: its waiters leave the index at once
+    reply = publish(fake, 7, 20, mode="operator", vouch=False)
+    assert reply[:5] == [scripts.ACCEPTED, 20, 7, 0, 0] and reply[5:] == [50]
+    assert fake.hget(KEYS.state, "pinned") == b"1"
+    assert fake.zrange(KEYS.targets, 0, -1) == [b"b"]
+    publish(fake, 8, 3, first=True)
+    assert fake.hget(KEYS.state, "pinned") == b"0"
+    said = [(a["generation"], a["pinned"]) for a in announcements(pubsub)]
+    assert said == [(7, True), (8, False)]
+
+
+# -- the Python side's layout ----------------------------------------------------------
+
+
+def test_the_writer_sends_what_the_script_reads(fake: fakeredis.FakeRedis) -> None:
+    config = BarrierConfig(job="unit", use_eval=True, run_id="run-3", heartbeat=2.0)
+    writer = StepWriter(fake, config, "trainer:9", contributor=False)
+    fake.zadd(KEYS.targets, {"a": 5, "b": 40})
+    beginning = writer.begin_generation()
+    assert beginning.stored is None and beginning.reset_marker == ""
+    result = writer.write(
+        StepWrite(beginning.generation, 10, done=False, vouch=True, reset_marker="", first=True)
+    )
+    assert result.status == scripts.ACCEPTED
+    assert (result.stored_step, result.stored_generation) == (10, beginning.generation)
+    assert (result.repaired, result.created, result.targets) == (False, False, (40,))
+    stored = state(fake)
+    assert (stored["run_id"], stored["chief"], stored["vouch"], stored["beat"]) == (
+        "run-3",
+        "trainer:9",
+        "1",
+        "1",
+    )
+    assert stored["heartbeat_period_ms"] == "2000" and stored["pinned"] == "0"
+    again = writer.begin_generation()
+    assert again.generation > beginning.generation
+    assert again.stored is not None
+    assert (again.stored.run_id, again.stored.beat, again.stored.done) == ("run-3", 1, False)
+    assert (again.stored.chief, again.stored.generation) == ("trainer:9", beginning.generation)
+
+
+def test_the_writer_reads_created_and_refusals_back(fake: fakeredis.FakeRedis) -> None:
+    config = BarrierConfig(job="unit", use_eval=True)
+    writer = StepWriter(fake, config, "trainer:9", contributor=False)
+    created = writer.write(StepWrite(5, 1, done=False, vouch=True, reset_marker=""))
+    assert created.status == scripts.ACCEPTED and created.created
+    reset(fake)
+    refused = writer.write(StepWrite(5, 2, done=False, vouch=True, reset_marker=""))
+    assert refused.status == scripts.WAS_RESET and refused.stored_step is None

@@ -1,17 +1,19 @@
-"""``status`` shows the chief's run id and how long ago its loop last published."""
+"""``status`` shows the chief's run id, its generation's writes, and whether it vouches."""
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 
 import pytest
 import redis
 
 from stepbarrier import BarrierConfig, read_status
+from stepbarrier.reset import reset_job
 from tests.conftest import subprocess_env
 from tests.test_cli import run
-from tests.test_cli_publish import redis_ms, write_chief
+from tests.test_cli_publish import write_chief
 
 
 @pytest.fixture
@@ -27,18 +29,50 @@ def env(job_config: BarrierConfig) -> dict[str, str]:
 
 
 def write_run(client: redis.Redis, config: BarrierConfig, run_id: str, **fields: str) -> None:
-    published = str(redis_ms(client) - 3_000)
-    write_chief(client, config, 0, run_id=run_id, published_ms=published, **fields)
+    state = {"beat": "17", "vouch": "1", "pinned": "0"}
+    state.update(fields)
+    write_chief(client, config, 0, run_id=run_id, **state)
 
 
-def test_status_reads_the_run_id_and_the_publish_age(
+def summary_rows(table: str) -> dict[str, str]:
+    """The summary's rows of ``stepbarrier status``: first word -> the rest."""
+    rows = {}
+    for line in table.splitlines():
+        name, _, rest = line.strip().partition(" ")
+        if name and name not in rows:
+            rows[name] = rest.strip()
+    return rows
+
+
+def test_status_reads_the_run_id_the_beat_and_the_vouch(
     client: redis.Redis, job_config: BarrierConfig
 ) -> None:
     write_run(client, job_config, "run-42.a_b")
     status = read_status(job_config, client)
     assert status.run_id == "run-42.a_b"
-    assert status.published_age is not None and status.published_age >= 3.0
+    assert (status.beat, status.vouch, status.pinned) == (17, True, False)
     assert status.problems == ()
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"vouch": "0"}, (17, False, False)),
+        ({"pinned": "1", "vouch": "0"}, (17, False, True)),
+        ({"beat": "lots", "vouch": "yes", "pinned": "true"}, (0, False, False)),
+    ],
+    ids=["on probation", "pinned", "malformed"],
+)
+def test_status_reads_each_field_strictly(
+    client: redis.Redis,
+    job_config: BarrierConfig,
+    fields: dict[str, str],
+    expected: tuple[int, bool, bool],
+) -> None:
+    write_run(client, job_config, "run-1", **fields)
+    status = read_status(job_config, client)
+    assert (status.beat, status.vouch, status.pinned) == expected
+    assert status.step == 3  # the step itself is still shown
 
 
 def test_status_json_and_table_show_them(
@@ -47,11 +81,35 @@ def test_status_json_and_table_show_them(
     write_run(client, job_config, "run-42.a_b")
     data = json.loads(run(env, "status", "--json").stdout)
     assert data["run_id"] == "run-42.a_b"
-    assert data["published_age"] >= 3.0
+    assert (data["beat"], data["vouch"], data["pinned"]) == (17, True, False)
+    assert "published_age" not in data
     table = run(env, "status")
     assert table.returncode == 0, table.stderr
     assert "run-42.a_b" in table.stdout
-    assert any(line.split()[:2] == ["last", "publish"] for line in table.stdout.splitlines())
+    rows = summary_rows(table.stdout)
+    assert rows["vouched"] == "yes"
+    assert rows["writes"] == "17 in this generation"
+
+
+@pytest.mark.parametrize(
+    ("fields", "shown"),
+    [
+        ({"vouch": "0"}, "no (on probation"),
+        ({"pinned": "1", "vouch": "0"}, "pinned by an operator"),
+    ],
+    ids=["not vouched", "pinned"],
+)
+def test_the_table_says_why_a_step_releases_nobody_or_everybody(
+    env: dict[str, str],
+    client: redis.Redis,
+    job_config: BarrierConfig,
+    fields: dict[str, str],
+    shown: str,
+) -> None:
+    write_run(client, job_config, "run-1", **fields)
+    table = run(env, "status")
+    assert table.returncode == 0, table.stderr
+    assert summary_rows(table.stdout)["vouched"].startswith(shown)
 
 
 def test_watch_shows_the_run_id(
@@ -73,6 +131,16 @@ def test_a_malformed_run_id_is_a_problem_and_none(
     data = json.loads(result.stdout)
     assert data["run_id"] is None
     assert any("run_id" in problem for problem in data["problems"])
+
+
+def test_a_reset_token_is_shown_as_the_time_of_the_reset(
+    client: redis.Redis, job_config: BarrierConfig
+) -> None:
+    before = time.time()
+    reset_job(job_config, client)
+    status = read_status(job_config, client)
+    assert status.problems == ()
+    assert status.reset_at is not None and before - 5 <= status.reset_at <= time.time() + 5
 
 
 @pytest.mark.parametrize("marker", ["9999999999999999", "1e20", "-5", "nan"])

@@ -215,7 +215,9 @@ def test_stall_timeout_when_the_chief_stops_heartbeating(
         waiter.wait(10, timeout=60)
     assert info.value.stalled
     assert info.value.last_step == 3
-    assert info.value.heartbeat_age is not None and info.value.heartbeat_age >= 0.5
+    # the wait saw no write happen: it says so, and claims no heartbeat age
+    assert info.value.heartbeat_age is None
+    assert "no write of this run's chief observed since the wait began" in str(info.value)
     assert "stall timeout" in str(info.value)
 
 

@@ -1,4 +1,4 @@
-#!lua name=stepbarrier_v1
+#!lua name=stepbarrier_v2
 
 local function whole(text)
   -- One definition of a stored number, the same as Python's protocol.parse_int:
@@ -19,52 +19,82 @@ local function now_ms()
 end
 
 local function begin_generation(KEYS, ARGV)
--- KEYS[1] state hash
--- Returns a generation number above every one this job has used: the Redis
--- clock in microseconds, or the stored generation + 1 if that is higher (the
--- clock went back, or two chiefs began in the same microsecond).
+-- KEYS[1] state hash, KEYS[2] reset marker
+-- Returns a generation number above every one this job's state shows (the
+-- Redis clock in microseconds, or the stored generation + 1 if that is
+-- higher: the clock went back, or two chiefs began in the same microsecond),
+-- and what the new chief must know before its first write:
+--   {generation, reset marker ('' for none), stored run id, stored beat,
+--    stored done (0/1), stored chief, stored generation ('0' for none)}
+-- The reset marker is a token: the chief's writes carry it, and a write under
+-- another marker is refused (docs/protocol.md#reset).
 local now = redis.call('TIME')
 local generation = tonumber(now[1]) * 1000000 + tonumber(now[2])
+local run, beat, done, chief, stored = '', '0', '0', '', nil
 if redis.call('TYPE', KEYS[1]).ok == 'hash' then
-  local stored = whole(redis.call('HGET', KEYS[1], 'generation'))
-  if stored and stored >= generation then generation = stored + 1 end
+  stored = whole(redis.call('HGET', KEYS[1], 'generation'))
+  if stored and whole(redis.call('HGET', KEYS[1], 'step')) then
+    if stored >= generation then generation = stored + 1 end
+    run = redis.call('HGET', KEYS[1], 'run_id') or ''
+    beat = redis.call('HGET', KEYS[1], 'beat') or '0'
+    done = redis.call('HGET', KEYS[1], 'done') or '0'
+    chief = redis.call('HGET', KEYS[1], 'chief') or ''
+  else
+    stored = nil
+  end
 end
-return string.format('%.0f', generation)
+local marker = ''
+if redis.call('TYPE', KEYS[2]).ok == 'string' then
+  marker = redis.call('GET', KEYS[2])
+  if #marker > 64 then marker = 'oversized' end
 end
-redis.register_function{function_name='stepbarrier_v1_begin_generation', callback=begin_generation, flags={}}
+return {string.format('%.0f', generation), marker, string.sub(run, 1, 64),
+        string.sub(beat, 1, 16), string.sub(done, 1, 1), string.sub(chief, 1, 200),
+        stored and string.format('%.0f', stored) or '0'}
+end
+redis.register_function{function_name='stepbarrier_v2_begin_generation', callback=begin_generation, flags={}}
 local function publish_step(KEYS, ARGV)
 -- KEYS[1] state hash, KEYS[2] targets zset, KEYS[3] reset marker
 -- ARGV[1] generation, ARGV[2] step, ARGV[3] done (0/1), ARGV[4] key TTL (s),
--- ARGV[5] channel, ARGV[6] chief description, ARGV[7] max targets to return,
--- ARGV[8] (unused: the waiters' registry prefix, no longer touched), ARGV[9] run id
--- ('' for none), ARGV[10] ms since the training loop last handed over the step,
--- ARGV[11] the writer's heartbeat period (ms), ARGV[12] how long (ms) a handed
--- step vouches for itself, ARGV[13] TTL (s) of a finished job's keys,
--- ARGV[14] the writer's first generation (a reset after it refuses the writer),
--- ARGV[15] 'chief' or 'contributor' (a training worker adding its step),
--- ARGV[16] 'PUBLISH', or 'SPUBLISH' on a Redis Cluster (sharded: the channel
--- lives in the job's slot, so an announcement costs one shard).
--- A chief stores the step if it is greater (same generation) or replaces it
--- (newer generation); a contributor only raises the step of the generation it
--- joined. Either refreshes the heartbeat and TTLs, announces a change, and
--- returns what the writer needs for its next write:
---   {status, stored step, stored generation, repaired (0/1), pending targets...}
+-- ARGV[5] channel, ARGV[6] writer description (host:pid), ARGV[7] max targets
+-- to return, ARGV[8] run id ('' for none), ARGV[9] vouch (0/1: the writer
+-- vouches for the step, judged on its own clock), ARGV[10] the writer's
+-- heartbeat period (ms, for operators), ARGV[11] TTL (s) of a finished job's
+-- keys, ARGV[12] the reset marker the writer began under ('' for none),
+-- ARGV[13] 'chief', 'contributor' (a training worker raising its generation's
+-- step) or 'operator' (stepbarrier publish: a pinned step), ARGV[14] 'PUBLISH',
+-- or 'SPUBLISH' on a Redis Cluster (the channel lives in the job's slot),
+-- ARGV[15] '1' for the first write of a generation just begun (by the writer's
+-- clock), '0' otherwise.
+-- The rules are docs/protocol.md's. A chief (or operator) stores the step if it
+-- is greater (same generation) or replaces the state (newer generation, or
+-- none stored); a contributor only raises the step of the generation it
+-- joined. Every accepted write adds one to the generation's beat (waiters
+-- judge liveness by the beat moving while they watch, never by clocks) and is
+-- announced. Returns
+--   {status, stored step, stored generation, repaired (0/1), created (0/1),
+--    pending targets...}
 -- status: 1 accepted, 0 superseded, 2 reset after the writer began,
---         3 nothing to join (contributor), 4 rejoin (contributor: new generation)
+--         3 nothing to join (contributor), 4 another generation (contributor).
+-- created: no valid state was stored and this write, not the first of a
+-- generation just begun, made it: the writer may be a zombie whose successor's
+-- state Redis forgot, so it is on probation (its state does not vouch) until a
+-- newer chief could have fenced it (docs/protocol.md#probation). A generation
+-- just begun is the newest one: its first write needs no probation.
 local generation = tonumber(ARGV[1])
 local step = tonumber(ARGV[2])
-local run_id = ARGV[9]
-local contributor = ARGV[15] == 'contributor'
+local run_id = ARGV[8]
+local mode = ARGV[13]
+local contributor = mode == 'contributor'
 if #run_id > 64 or not string.match(run_id, '^[%w._-]*$') then
   return redis.error_reply('ERR stepbarrier: malformed run id')
 end
 local now = now_ms()
 local repaired = 0
-local reset_ms = nil
-if redis.call('TYPE', KEYS[3]).ok == 'string' then reset_ms = whole(redis.call('GET', KEYS[3])) end
-local epoch = tonumber(ARGV[14])
-if reset_ms and epoch > 0 and reset_ms * 1000 >= epoch then
-  return {2, '-1', '0', 0}
+if not contributor and redis.call('TYPE', KEYS[3]).ok == 'string' then
+  -- the marker is a token: any marker but the one this writer began under
+  -- means a reset came after it began (equality only: no clock is compared)
+  if redis.call('GET', KEYS[3]) ~= ARGV[12] then return {2, '-1', '0', 0, 0} end
 end
 local kind = redis.call('TYPE', KEYS[1]).ok
 if kind ~= 'hash' and kind ~= 'none' then
@@ -77,78 +107,82 @@ end
 local stored_gen = whole(redis.call('HGET', KEYS[1], 'generation'))
 local stored_step = whole(redis.call('HGET', KEYS[1], 'step'))
 local stored_run = redis.call('HGET', KEYS[1], 'run_id') or ''
+local beat = whole(redis.call('HGET', KEYS[1], 'beat')) or 0
 local was_done = redis.call('HGET', KEYS[1], 'done') == '1'
+local pinned = redis.call('HGET', KEYS[1], 'pinned') == '1'
+local created = 0
 if stored_gen == nil or stored_step == nil then
-  -- nothing trustworthy is stored (no state, or malformed)
+  -- nothing trustworthy is stored (none, lost, or malformed)
   if redis.call('EXISTS', KEYS[1]) == 1 then repaired = 1 end
-  stored_gen = 0
+  stored_gen = nil
   stored_step = nil
 end
-local changed = false
+local vouch = ARGV[9]
 if contributor then
-  if stored_step == nil or was_done or stored_run ~= run_id then
-    return {3, '-1', '0', repaired}
+  if stored_gen == nil or was_done or pinned or stored_run ~= run_id then
+    return {3, '-1', '0', repaired, 0}
   end
   if stored_gen ~= generation then
-    return {4, string.format('%.0f', stored_step), string.format('%.0f', stored_gen), repaired}
+    return {4, string.format('%.0f', stored_step), string.format('%.0f', stored_gen), repaired, 0}
   end
   if step > stored_step then
     redis.call('HSET', KEYS[1], 'step', string.format('%.0f', step))
     stored_step = step
-    changed = true
   end
+  -- the vouch stays the chief's: a contributor can neither end a chief's
+  -- probation nor revive a step its chief stopped vouching for
 else
-  if stored_gen > generation then
-    return {0, string.format('%.0f', stored_step or -1),
-            string.format('%.0f', stored_gen), repaired}
+  if stored_gen ~= nil and stored_gen > generation then
+    return {0, string.format('%.0f', stored_step), string.format('%.0f', stored_gen), repaired, 0}
   end
-  if stored_gen < generation or stored_step == nil then
+  if stored_gen == nil or stored_gen < generation then
+    if stored_gen == nil and mode == 'chief' and ARGV[15] ~= '1' then
+      -- Redis forgot the state (or this is the job's first write): a zombie
+      -- may be the one writing now, so this state vouches for nothing until
+      -- the writer's probation ends (docs/protocol.md#probation)
+      created = 1
+      vouch = '0'
+    end
     redis.call('DEL', KEYS[1])
     redis.call('HSET', KEYS[1], 'generation', string.format('%.0f', generation),
-               'step', string.format('%.0f', step), 'done', '0', 'run_id', run_id)
-    stored_step = step
-    was_done = false
-    changed = true
+               'step', string.format('%.0f', step), 'done', '0', 'run_id', run_id,
+               'pinned', mode == 'operator' and '1' or '0')
+    stored_gen, stored_step, was_done, beat = generation, step, false, 0
+    pinned = mode == 'operator'
   elseif step > stored_step then
     redis.call('HSET', KEYS[1], 'step', string.format('%.0f', step))
     stored_step = step
-    changed = true
   end
   if ARGV[3] == '1' and not was_done then
     redis.call('HSET', KEYS[1], 'done', '1', 'done_ms', string.format('%.0f', now))
     was_done = true
-    changed = true
   end
-  redis.call('HSET', KEYS[1], 'chief', ARGV[6], 'heartbeat_period_ms', ARGV[11],
-             'confirm_ms', ARGV[12])
+  redis.call('HSET', KEYS[1], 'chief', ARGV[6], 'heartbeat_period_ms', ARGV[10],
+             'vouch', vouch, 'reset_seen', ARGV[12])
 end
--- the step was last handed over by the training loop this long ago: a step that
--- no loop has confirmed lately (a chief recovering its session) releases nobody
--- (the chief says when its loop last did; a contributor can only make it later)
-local published = now - tonumber(ARGV[10])
-local stored_published = whole(redis.call('HGET', KEYS[1], 'published_ms'))
-if not contributor or stored_published == nil or published > stored_published then
-  redis.call('HSET', KEYS[1], 'published_ms', string.format('%.0f', published))
-end
-redis.call('HSET', KEYS[1], 'heartbeat_ms', string.format('%.0f', now))
--- a finished job's keys go soon, so that a rerun under the same name starts clean
+beat = beat + 1
+redis.call('HSET', KEYS[1], 'beat', string.format('%.0f', beat),
+           'heartbeat_ms', string.format('%.0f', now))
+-- a finished job's keys live for ARGV[11]: long enough for a worker cut off
+-- while it finished to read it after its link is back
 local ttl = tonumber(ARGV[4])
-if was_done and tonumber(ARGV[13]) < ttl then ttl = tonumber(ARGV[13]) end
+if was_done and tonumber(ARGV[11]) < ttl then ttl = tonumber(ARGV[11]) end
 redis.call('EXPIRE', KEYS[1], ttl)
 local step_text = string.format('%.0f', stored_step)
-local gen_text = string.format('%.0f', stored_gen > generation and stored_gen or generation)
-if changed then
-  -- waiters at or below the stored step are released by this announcement:
-  -- they leave the index here, so that a released worker need not spend a
-  -- round trip unregistering before it starts (its entry expires by itself;
-  -- every key touched is declared, as a cluster and its proxies demand)
+local gen_text = string.format('%.0f', stored_gen)
+local stored_vouch = redis.call('HGET', KEYS[1], 'vouch') or '0'
+if stored_vouch == '1' or pinned then
+  -- waiters at or below a vouched step are released by this write: they leave
+  -- the index here, so that a released worker need not spend a round trip
+  -- unregistering (its entry expires by itself)
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', step_text)
-  redis.call(publish_command(ARGV[16]), ARGV[5], string.format(
-    '{"step":%s,"generation":%s,"done":%s,"run_id":"%s"}', step_text, gen_text,
-    was_done and 'true' or 'false', run_id))
 end
+redis.call(publish_command(ARGV[14]), ARGV[5], string.format(
+  '{"step":%s,"generation":%s,"beat":%s,"vouch":%s,"done":%s,"pinned":%s,"run_id":"%s"}',
+  step_text, gen_text, string.format('%.0f', beat), stored_vouch == '1' and 'true' or 'false',
+  was_done and 'true' or 'false', pinned and 'true' or 'false', run_id))
 if redis.call('EXISTS', KEYS[2]) == 1 then redis.call('EXPIRE', KEYS[2], ttl) end
-local result = {1, step_text, gen_text, repaired}
+local result = {1, step_text, gen_text, repaired, created}
 -- only whole steps in range guide the chief: a hostile +inf score is skipped
 local pending = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. step_text, '9007199254740992',
                            'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[7]))
@@ -158,35 +192,44 @@ for i = 2, #pending, 2 do
 end
 return result
 end
-redis.register_function{function_name='stepbarrier_v1_publish_step', callback=publish_step, flags={}}
+redis.register_function{function_name='stepbarrier_v2_publish_step', callback=publish_step, flags={}}
 local function reset_job(KEYS, ARGV)
 -- KEYS[1] state, KEYS[2] targets, KEYS[3] registrations, KEYS[4] reset marker,
--- KEYS[5] barrier index, KEYS[6..] waiter registry keys and barrier hashes;
+-- KEYS[5] barrier index, KEYS[6] barrier epoch, KEYS[7..] waiter registry keys
+-- (and the barrier hashes the index names, deleted only to tidy up);
 -- ARGV[1] channel, ARGV[2] marker TTL (s), ARGV[3] 'PUBLISH' or 'SPUBLISH' (see
--- PUBLISH_STEP), ARGV[4] barrier channel, ARGV[5] prefix of the barrier hashes
--- Deletes the job's keys, leaves a marker holding the Redis time (ms) of the
--- reset so that waiters who missed the announcement still abort, and announces it
--- on both channels. Returns the marker; or false, changing nothing, when the
--- index names a barrier whose hash KEYS lacks (one begun since the caller read
--- the index), so that the caller reads it again and no barrier outlives a reset.
-if ARGV[5] and redis.call('TYPE', KEYS[5]).ok == 'zset' then
-  local declared = {}
-  for i = 6, #KEYS do declared[KEYS[i]] = true end
-  for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', '+inf')) do
-    if not declared[ARGV[5] .. member] then return false end
-  end
+-- PUBLISH_STEP), ARGV[4] barrier channel
+-- Deletes the job's keys, leaves a new marker (a token: the Redis time in ms of
+-- the reset, made greater than the one before) so that waiters who missed the
+-- announcement still abort and chiefs begun before it stop, and announces it
+-- on both channels. A new barrier epoch makes every barrier begun before the
+-- reset stale at once, whatever the index names (see BARRIER_ARRIVE). Returns
+-- the marker.
+local epoch_clock = redis.call('TIME')
+local epoch = tonumber(epoch_clock[1]) * 1000000 + tonumber(epoch_clock[2])
+if redis.call('TYPE', KEYS[6]).ok == 'hash' then
+  local stored = whole(redis.call('HGET', KEYS[6], 'token'))
+  if stored and stored >= epoch and stored < 9007199254740992 then epoch = stored + 1 end
 end
 for i = 5, #KEYS do redis.call('DEL', KEYS[i]) end
+redis.call('HSET', KEYS[6], 'token', string.format('%.0f', epoch), 'by', 'reset')
+redis.call('EXPIRE', KEYS[6], ARGV[2])
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
 local now = redis.call('TIME')
-local now_ms = string.format('%.0f', tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000))
+local marker = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+-- the marker is a token (its value is also the reset's time, for operators):
+-- it must differ from the one before, even for two resets in one millisecond
+local previous = nil
+if redis.call('TYPE', KEYS[4]).ok == 'string' then previous = whole(redis.call('GET', KEYS[4])) end
+if previous and previous >= marker then marker = previous + 1 end
+local now_ms = string.format('%.0f', marker)
 redis.call('SET', KEYS[4], now_ms, 'EX', ARGV[2])
 local notice = '{"reset":true,"time_ms":' .. now_ms .. '}'
 redis.call(publish_command(ARGV[3]), ARGV[1], notice)
 if ARGV[4] then redis.call(publish_command(ARGV[3]), ARGV[4], notice) end
 return now_ms
 end
-redis.register_function{function_name='stepbarrier_v1_reset_job', callback=reset_job, flags={}}
+redis.register_function{function_name='stepbarrier_v2_reset_job', callback=reset_job, flags={}}
 local function waiter_register(KEYS, ARGV)
 -- KEYS[1] this waiter's registry hash, KEYS[2] targets zset, KEYS[3] registrations list
 -- ARGV[1] registry TTL (s), ARGV[2] key TTL (s), ARGV[3] waiter id, ARGV[4] target,
@@ -214,7 +257,7 @@ if fresh_entry and pcall(redis.call, 'RPUSH', KEYS[3], ARGV[4]) then
 end
 return 1
 end
-redis.register_function{function_name='stepbarrier_v1_waiter_register', callback=waiter_register, flags={}}
+redis.register_function{function_name='stepbarrier_v2_waiter_register', callback=waiter_register, flags={}}
 local function waiter_read(KEYS, ARGV)
 -- KEYS[1] state hash, KEYS[2] reset marker (read only: FCALL_RO, no write permission needed)
 -- Returns the Redis time, the reset marker and the state:
@@ -233,31 +276,44 @@ if kind == 'hash' then
 end
 return result
 end
-redis.register_function{function_name='stepbarrier_v1_waiter_read', callback=waiter_read, flags={'no-writes'}}
+redis.register_function{function_name='stepbarrier_v2_waiter_read', callback=waiter_read, flags={'no-writes'}}
 local function waiter_leave(KEYS, ARGV)
 -- KEYS[1] this waiter's registry hash, KEYS[2] targets zset; ARGV[1] waiter id
 redis.call('DEL', KEYS[1])
 if redis.call('TYPE', KEYS[2]).ok == 'zset' then redis.call('ZREM', KEYS[2], ARGV[1]) end
 return 1
 end
-redis.register_function{function_name='stepbarrier_v1_waiter_leave', callback=waiter_leave, flags={}}
+redis.register_function{function_name='stepbarrier_v2_waiter_leave', callback=waiter_leave, flags={}}
 local function may_write(KEYS, ARGV)
 -- KEYS: the keys a caller means to write. Does nothing: Redis's ACL checks the
 -- declared keys before running it, so it tells whether this user may write them.
 return 1
 end
-redis.register_function{function_name='stepbarrier_v1_may_write', callback=may_write, flags={}}
+redis.register_function{function_name='stepbarrier_v2_may_write', callback=may_write, flags={}}
 local function barrier_arrive(KEYS, ARGV)
--- KEYS[1] the barrier's hash, KEYS[2] the job's barrier index (sorted set)
+-- KEYS[1] the barrier's hash, KEYS[2] the job's barrier index (sorted set),
+-- KEYS[3] the job's barrier epoch (hash: token, by)
 -- ARGV[1] the barrier (its name, or name:run_id), ARGV[2] this task's id,
 -- ARGV[3] parties, ARGV[4] key TTL (s), ARGV[5] barrier channel, ARGV[6]
 -- 'PUBLISH' or 'SPUBLISH' (see PUBLISH_STEP), ARGV[7] run id ('' for none),
--- ARGV[8] most barriers the index keeps
--- Records the task's arrival (a re-arrival keeps the first time) and, if it is
--- the last one, marks the barrier complete and announces it. Returns
---   {status, now ms, arrived, parties, completed ms ('0' while open), repaired}
+-- ARGV[8] most barriers the index keeps, ARGV[9] the epoch token the caller's
+-- earlier arrival was recorded under ('' for none), ARGV[10..] pairs of a task
+-- id and its arrival time (ms): arrivals the caller saw at this barrier that
+-- Redis lost, recorded again on their behalf
+-- Records the arrivals (a re-arrival keeps the first time) and, if that makes
+-- the barrier complete, marks it so and announces it (the announcement is a
+-- hint: readers count the task fields). A barrier begun under another epoch
+-- than the current one is stale and begins anew; with no epoch (the job's
+-- first barrier, a finished job, or one Redis lost) a new one begins, its
+-- token greater than the barrier's and the caller's. The arrivals of an
+-- earlier epoch are refused when a reset began the current one. Returns
+--   {status, now ms, arrived, parties, completed ms ('0' while open), repaired,
+--    epoch token, restorable (1: the caller's arrivals of an earlier epoch may
+--    be recorded in this one; 0: a reset began it, they are refused)}
 -- status: 1 recorded (now or before), 0 the barrier has another number of
--- parties (nothing is recorded; the reply holds the stored number)
+-- parties (nothing is recorded; the reply holds the stored number), 2 the
+-- caller's epoch was ended by a reset or the job's finish (nothing is recorded;
+-- a ninth field says 'reset' or 'finish')
 local task, parties = whole(ARGV[2]), whole(ARGV[3])
 if task == nil or parties == nil or parties < 1 or task >= parties then
   return redis.error_reply('ERR stepbarrier: the task id must be in 0..parties-1')
@@ -267,48 +323,123 @@ if #member > 129 or not (string.match(member, '^[%w._-]+$')
                          or string.match(member, '^[%w._-]+:[%w._-]+$')) then
   return redis.error_reply('ERR stepbarrier: malformed barrier name')
 end
-local now = string.format('%.0f', now_ms())
+if #ARGV < 9 or (#ARGV - 9) % 2 ~= 0 then
+  return redis.error_reply('ERR stepbarrier: arrivals to record come in pairs of task and time')
+end
+local now = now_ms()
+local now_text = string.format('%.0f', now)
 local repaired = 0
 local kind = redis.call('TYPE', KEYS[1]).ok
-local stored, arrived = nil, nil
+local stored, arrived, begun = nil, nil, nil
 if kind == 'hash' then
   stored = whole(redis.call('HGET', KEYS[1], 'parties'))
   arrived = whole(redis.call('HGET', KEYS[1], 'arrived'))
+  begun = whole(redis.call('HGET', KEYS[1], 'epoch'))
 end
-if kind ~= 'none' and (stored == nil or arrived == nil) then
-  -- not a barrier as we write one (another type, or its counts are gone): begin anew
-  redis.call('DEL', KEYS[1]); repaired = 1; stored = nil
+-- the job's barrier epoch
+local epoch, by = nil, nil
+local epoch_kind = redis.call('TYPE', KEYS[3]).ok
+if epoch_kind == 'hash' then
+  epoch = whole(redis.call('HGET', KEYS[3], 'token'))
+  by = redis.call('HGET', KEYS[3], 'by')
+elseif epoch_kind ~= 'none' then
+  repaired = 1
+end
+local known = whole(ARGV[9])
+if epoch == nil then
+  local clock = redis.call('TIME')
+  epoch = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+  for _, floor in ipairs({begun or 0, known or 0}) do
+    if floor >= epoch and floor < 9007199254740992 then epoch = floor + 1 end
+  end
+  by = 'arrival'
+  redis.call('DEL', KEYS[3])
+  redis.call('HSET', KEYS[3], 'token', string.format('%.0f', epoch), 'by', by)
+end
+redis.call('EXPIRE', KEYS[3], ARGV[4])
+local token = string.format('%.0f', epoch)
+if known and known ~= epoch and (by == 'reset' or by == 'finish') then
+  -- the caller arrived in an epoch a reset or the job's finish ended: it is not a
+  -- party of the next one (a rerun's barrier of the same name starts without it)
+  return {2, now_text, '0', ARGV[3], '0', repaired, token, 0, by}
+end
+if kind ~= 'none' and (stored == nil or arrived == nil or begun ~= epoch) then
+  -- not a barrier as we write one (another type, or its counts are gone), or
+  -- one begun under another epoch (stale): begin anew
+  if stored == nil or arrived == nil then repaired = 1 end
+  redis.call('DEL', KEYS[1]); stored = nil
 end
 if stored == nil then
   redis.call('HSET', KEYS[1], 'parties', string.format('%.0f', parties), 'arrived', '0',
-             'created_ms', now, 'run_id', ARGV[7])
+             'created_ms', now_text, 'run_id', ARGV[7], 'epoch', token)
   stored, arrived = parties, 0
 elseif stored ~= parties then
-  return {0, now, string.format('%.0f', arrived), string.format('%.0f', stored), '0', repaired}
+  return {0, now_text, string.format('%.0f', arrived), string.format('%.0f', stored), '0',
+          repaired, token, 1}
 end
-local field = 't' .. string.format('%.0f', task)
-if not redis.call('HGET', KEYS[1], field) then
-  arrived = arrived + 1
-  redis.call('HSET', KEYS[1], field, now, 'last_ms', now, 'arrived', string.format('%.0f', arrived))
+local restorable = 1
+-- a party's remembered arrivals of an epoch that a reset or the job's finish
+-- ended are not carried into the next one (Redis forgetting is another matter)
+if known ~= epoch and (by == 'reset' or by == 'finish') then restorable = 0 end
+local last = whole(redis.call('HGET', KEYS[1], 'last_ms')) or 0
+local added = 0
+local function record(id, at)
+  local field = 't' .. string.format('%.0f', id)
+  if not whole(redis.call('HGET', KEYS[1], field)) then
+    redis.call('HSET', KEYS[1], field, string.format('%.0f', at))
+    arrived = arrived + 1
+    added = added + 1
+    if at > last then last = at end
+  end
+end
+record(task, now)
+if restorable == 1 then
+  for i = 10, #ARGV, 2 do
+    local id, at = whole(ARGV[i]), whole(ARGV[i + 1])
+    if id and id < parties then record(id, (at and at <= now) and at or now) end
+  end
+end
+if added > 0 then
+  redis.call('HSET', KEYS[1], 'arrived', string.format('%.0f', arrived),
+             'last_ms', string.format('%.0f', last))
+end
+local complete = false
+if arrived >= parties then
+  -- the counter says complete, but whoever may write the hash could have set
+  -- it: count the task fields themselves, as the readers do
+  local count = 0
+  local fields = redis.call('HGETALL', KEYS[1])
+  for i = 1, #fields, 2 do
+    local id = string.match(fields[i], '^t([1-9]%d*)$') or (fields[i] == 't0' and '0')
+    if id and #id <= 9 and tonumber(id) < parties and whole(fields[i + 1]) then
+      count = count + 1
+    end
+  end
+  if count ~= arrived then
+    arrived = count
+    redis.call('HSET', KEYS[1], 'arrived', string.format('%.0f', count))
+  end
+  complete = count >= parties
 end
 local completed = redis.call('HGET', KEYS[1], 'completed_ms')
-if not whole(completed) and arrived >= parties then
-  completed = now
-  redis.call('HSET', KEYS[1], 'completed_ms', now)
+if complete and (added > 0 or not whole(completed)) then
+  completed = now_text
+  redis.call('HSET', KEYS[1], 'completed_ms', now_text)
   redis.call(publish_command(ARGV[6]), ARGV[5], '{"barrier":"' .. member .. '","complete":true}')
 end
+if not complete then completed = '0' end
 redis.call('EXPIRE', KEYS[1], ARGV[4])
--- the index lets status and reset find the barriers without scanning the keyspace;
+-- the index lets status show the open barriers without scanning the keyspace;
 -- it forgets barriers whose keys have expired, and the oldest beyond ARGV[8]
 kind = redis.call('TYPE', KEYS[2]).ok
 if kind ~= 'zset' and kind ~= 'none' then redis.call('DEL', KEYS[2]); repaired = 1 end
-redis.call('ZADD', KEYS[2], now, member)
-local expired = string.format('%.0f', tonumber(now) - tonumber(ARGV[4]) * 1000)
+redis.call('ZADD', KEYS[2], now_text, member)
+local expired = string.format('%.0f', now - tonumber(ARGV[4]) * 1000)
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. expired)
 redis.call('ZREMRANGEBYRANK', KEYS[2], 0, -tonumber(ARGV[8]) - 1)
 redis.call('EXPIRE', KEYS[2], ARGV[4])
-return {1, now, string.format('%.0f', arrived), string.format('%.0f', parties),
-        whole(completed) and completed or '0', repaired}
+return {1, now_text, string.format('%.0f', arrived), string.format('%.0f', parties),
+        completed, repaired, token, restorable}
 end
-redis.register_function{function_name='stepbarrier_v1_barrier_arrive', callback=barrier_arrive, flags={}}
-redis.register_function{function_name='stepbarrier_v1_version', callback=function() return 1 end, flags={'no-writes'}}
+redis.register_function{function_name='stepbarrier_v2_barrier_arrive', callback=barrier_arrive, flags={}}
+redis.register_function{function_name='stepbarrier_v2_version', callback=function() return 2 end, flags={'no-writes'}}

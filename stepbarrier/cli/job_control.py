@@ -71,11 +71,16 @@ def wait(**_: Any) -> None:
 )
 @reporting
 def publish(step: int, done: bool, force: bool) -> None:
-    """Set the job's step as a chief would.
+    """Pin the job's step: release every worker waiting for STEP or less.
 
-    Each call acts as a new chief incarnation: the stored step is replaced, even
-    by a lower one, and a running chief stops publishing for good. So it is
-    refused (exit 2) while a chief heartbeats, unless --force.
+    The step is pinned (docs/protocol.md#operator-publish): it releases the
+    workers waiting for it now and those that arrive later, until a chief
+    begins a newer generation or the job is reset; workers waiting for a
+    higher step keep waiting. Each call is a new generation: the stored step is
+    replaced, even by a lower one, and a running chief stops publishing for
+    good, so it is refused (exit 2) while a chief heartbeats, unless --force.
+    With --done the job is also finished: workers waiting for a higher step
+    are aborted.
 
     \b
     Example:
@@ -85,13 +90,18 @@ def publish(step: int, done: bool, force: bool) -> None:
     if not force:
         _refuse_if_a_chief_is_live(config)
     publisher = StepPublisher(
-        config, description=f"{HAND_PUBLISHED}{socket.gethostname()}:{os.getpid()}"
+        config,
+        description=f"{HAND_PUBLISHED}{socket.gethostname()}:{os.getpid()}",
+        operator=True,
     )
     publisher.publish(step)
     if not publisher.close(done=done):
         failure = publisher.last_failure
         raise failure or RedisUnavailable(f"could not publish step {step} to {config.safe_url}")
-    click.echo(f"job {config.job}: step {step} published" + (", job marked done" if done else ""))
+    click.echo(
+        f"job {config.job}: step {step} published"
+        + (", job marked done" if done else " and pinned: it releases later arrivals too")
+    )
 
 
 class ChiefIsLive(click.ClickException):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from stepbarrier.config import BarrierConfig
 from stepbarrier.connection import RedisClient, with_client
-from stepbarrier.freshness import fresh_heartbeat_limit
+from stepbarrier.freshness import stale_after
 from stepbarrier.redis_code import RedisCode
 from stepbarrier.status import STATUS_RETRY_SECONDS, JobStatus, read_status
 
@@ -35,7 +35,7 @@ def live_chief_limit(status: JobStatus, default_heartbeat: float) -> float | Non
     if status.chief is not None and status.chief.startswith(HAND_PUBLISHED):
         return None
     period = status.heartbeat_period if status.heartbeat_period is not None else default_heartbeat
-    limit = fresh_heartbeat_limit(period)
+    limit = stale_after(period)
     return limit if status.heartbeat_age < limit else None
 
 

@@ -59,8 +59,15 @@ def _summary(status: JobStatus, waiting: int) -> Table:
     if status.chief:
         heartbeat.append(f" (chief {status.chief})")
     grid.add_row("heartbeat", heartbeat)
-    if status.published_age is not None:
-        grid.add_row("last publish", describe_age(status.published_age))
+    if status.step is not None:
+        if status.pinned:
+            vouch = "pinned by an operator (stepbarrier publish)"
+        elif status.vouch:
+            vouch = "yes"
+        else:
+            vouch = "no (on probation after Redis lost the state, or the loop is idle)"
+        grid.add_row("vouched", Text(vouch))
+        grid.add_row("writes", f"{status.beat:,} in this generation")
     grid.add_row("done", "yes" if status.done else "no")
     if status.reset_at is not None:
         grid.add_row("reset", f"at {_clock_time(status.reset_at)}")

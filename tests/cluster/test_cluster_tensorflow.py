@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 
 import keras
@@ -60,14 +61,17 @@ def test_the_session_hooks_on_a_cluster(cluster: LocalCluster) -> None:
 
 
 def test_the_keras_callbacks_on_a_cluster(cluster: LocalCluster) -> None:
-    config = cluster_config(cluster)
+    # a run id and a finish at the last step: the second worker starts after the
+    # chief's fit ended, and only its own run's finished state may release it
+    config = dataclasses.replace(cluster_config(cluster), run_id="keras-run")
     model = keras.Sequential([keras.Input(shape=(2,)), keras.layers.Dense(1)])
     model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
     x = np.zeros((40, 2), dtype="float32")
     worker = StepWaiterCallback(6, config)
     waiting = Waiting(lambda: StepWaiter(config).wait(8, timeout=60))
     wait_registered(config)
-    model.fit(x, x[:, :1], batch_size=4, verbose=0, callbacks=[StepPublisherCallback(config)])
+    chief = StepPublisherCallback(config, last_step=10)
+    model.fit(x, x[:, :1], batch_size=4, verbose=0, callbacks=[chief])
     assert waiting.join() is not None
     other = keras.Sequential([keras.Input(shape=(2,)), keras.layers.Dense(1)])
     other.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")

@@ -139,6 +139,7 @@ def test_redis_gone_for_longer_than_the_stall_timeout_ends_the_wait_clearly(
         overrides={"fallback_interval": FALLBACK},
     )
     wait_for_waiters(config, 1, [worker])
+    time.sleep(1.5)  # the worker sees a heartbeat (1 s) happen: the chief is live to it
     server.kill()
     killed = time.time()
 

@@ -55,6 +55,7 @@ def as_user(server: RedisServer, job: str, user: str, **extra: float) -> Barrier
         redis_username=user,
         redis_password=PASSWORDS[user],
         heartbeat=0.2,
+        run_id="acl-roles",  # the seeded pin is this run's: a wait may trust it unseen
         **extra,  # type: ignore[arg-type]
     )
 
@@ -97,8 +98,9 @@ RUN: dict[str, Callable[[BarrierConfig], None]] = {
 
 
 def seed(server: RedisServer, job: str) -> None:
-    """A live chief at step 3, so that a permitted wait for step 1 returns at once."""
-    publisher = StepPublisher(as_user(server, job, "chief"))
+    """A step 3 pinned by an operator (the chief's user), so that a permitted wait for
+    step 1 returns at once (a stored step alone, with no live chief, releases no one)."""
+    publisher = StepPublisher(as_user(server, job, "chief"), operator=True)
     publisher.publish(3)
     assert publisher.flush(5.0)
     publisher.close(done=False)

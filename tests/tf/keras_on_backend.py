@@ -48,7 +48,10 @@ def model(accumulate: int | None = None) -> keras.Model:
 def main() -> int:
     config = BarrierConfig.from_env()
     x = np.zeros((BATCHES * 4, 2), dtype="float32")
-    chief = StepPublisherCallback(config)
+    # the chief finishes the job at its last step: the worker below starts after
+    # the chief's fit has ended, and a finished state of its own run releases it
+    # (without a run id or a finish, a stored step with no live chief releases nobody)
+    chief = StepPublisherCallback(config, last_step=4)
     published = Published(chief)
     model(ACCUMULATE).fit(
         x, x[:, :1], batch_size=4, epochs=1, verbose=0, callbacks=[chief, published]

@@ -42,6 +42,7 @@ def test_the_callbacks_count_optimizer_updates_on_each_training_backend(
         STEPBARRIER_JOB=job,
         STEPBARRIER_REDIS_URL=redis_server.url,
         STEPBARRIER_TIMEOUT="60",
+        STEPBARRIER_RUN_ID=f"run-{backend}",
     )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
