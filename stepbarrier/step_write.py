@@ -122,7 +122,11 @@ class StepWriter:
     def begin_generation(self) -> Beginning:
         """A new generation number above every one the job has used, and what it found."""
         keys = self._config.keys
-        reply = list(self._code.call("begin_generation", [keys.state, keys.reset], []))
+        reply = list(
+            self._code.call(
+                "begin_generation", [keys.state, keys.reset], [self._config.run_id or ""]
+            )
+        )
         generation, marker, run, beat, done, chief, stored = (_text(x) for x in reply[:7])
         stored_generation = parse_int(stored) or 0
         summary = None

@@ -51,10 +51,10 @@ def text(raw: object) -> str:
     return raw.decode() if isinstance(raw, bytes) else str(raw)
 
 
-def begin(client: fakeredis.FakeRedis) -> list[str]:
+def begin(client: fakeredis.FakeRedis, run_id: str = "") -> list[str]:
     """One ``begin_generation`` call; its reply as text."""
     script = client.register_script(scripts.BEGIN_GENERATION)
-    reply = script(keys=[KEYS.state, KEYS.reset])
+    reply = script(keys=[KEYS.state, KEYS.reset], args=[run_id])
     return [text(x) for x in reply]
 
 
@@ -469,3 +469,39 @@ def test_the_writer_reads_created_and_refusals_back(fake: fakeredis.FakeRedis) -
     reset(fake)
     refused = writer.write(StepWrite(5, 2, done=False, vouch=True, reset_marker=""))
     assert refused.status == scripts.WAS_RESET and refused.stored_step is None
+
+
+# -- the fence a begin sets --------------------------------------------------------
+
+
+def test_a_begun_generation_fences_older_ones_before_its_first_write(
+    fake: fakeredis.FakeRedis,
+) -> None:
+    assert publish(fake, 5, 100, first=True)[0] == scripts.ACCEPTED
+    newer = int(begin(fake)[0])  # a new chief began, its first write not yet made
+    # the older generation (a zombie, or the chief it replaces) may write no more
+    assert publish(fake, 5, 120)[0] == scripts.SUPERSEDED
+    assert state(fake)["step"] == "100"
+    assert publish(fake, newer, 10, first=True)[0] == scripts.ACCEPTED
+    assert state(fake)["generation"] == str(newer) and "fence" not in state(fake)
+
+
+def test_a_contributor_of_an_older_generation_stops_at_the_fence_and_a_new_one_waits(
+    fake: fakeredis.FakeRedis,
+) -> None:
+    assert publish(fake, 5, 100, first=True)[0] == scripts.ACCEPTED
+    newer = int(begin(fake)[0])
+    assert publish(fake, 5, 101, mode="contributor")[0] == scripts.OTHER_GENERATION
+    assert publish(fake, 0, 101, mode="contributor")[0] == scripts.NOTHING_TO_JOIN
+    assert state(fake)["step"] == "100"
+    assert publish(fake, newer, 10, first=True)[0] == scripts.ACCEPTED
+    joined = publish(fake, 0, 11, mode="contributor")
+    assert joined[0] == scripts.OTHER_GENERATION and joined[2] == newer  # join this one
+
+
+def test_a_begin_does_not_fence_another_runs_state(fake: fakeredis.FakeRedis) -> None:
+    # another run's chief is watched for liveness, not cut off by a begin
+    assert publish(fake, 5, 100, run_id="run-a", first=True)[0] == scripts.ACCEPTED
+    begin(fake, run_id="run-b")
+    assert "fence" not in state(fake)
+    assert publish(fake, 5, 101, run_id="run-a")[0] == scripts.ACCEPTED

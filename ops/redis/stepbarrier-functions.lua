@@ -19,10 +19,12 @@ local function now_ms()
 end
 
 local function begin_generation(KEYS, ARGV)
--- KEYS[1] state hash, KEYS[2] reset marker
+-- KEYS[1] state hash, KEYS[2] reset marker; ARGV[1] the caller's run id ('' for none)
 -- Returns a generation number above every one this job's state shows (the
--- Redis clock in microseconds, or the stored generation + 1 if that is
--- higher: the clock went back, or two chiefs began in the same microsecond),
+-- Redis clock in microseconds, or the stored generation (or fence) + 1 if that
+-- is higher: the clock went back, or two chiefs began in the same microsecond),
+-- and records it as the state's fence, so that an older generation's writes are
+-- refused from the begin on (docs/protocol.md#generations),
 -- and what the new chief must know before its first write:
 --   {generation, reset marker ('' for none), stored run id, stored beat,
 --    stored done (0/1), stored chief, stored generation ('0' for none)}
@@ -35,7 +37,16 @@ if redis.call('TYPE', KEYS[1]).ok == 'hash' then
   stored = whole(redis.call('HGET', KEYS[1], 'generation'))
   if stored and whole(redis.call('HGET', KEYS[1], 'step')) then
     if stored >= generation then generation = stored + 1 end
+    -- the new generation fences the older ones from now on, not only from its
+    -- first write: a write of a generation below the fence is superseded
+    local fence = whole(redis.call('HGET', KEYS[1], 'fence'))
+    if fence and fence >= generation then generation = fence + 1 end
     run = redis.call('HGET', KEYS[1], 'run_id') or ''
+    -- only its own run's state: another run's chief is watched, not fenced
+    -- (docs/protocol.md#runs)
+    if run == (ARGV[1] or '') then
+      redis.call('HSET', KEYS[1], 'fence', string.format('%.0f', generation))
+    end
     beat = redis.call('HGET', KEYS[1], 'beat') or '0'
     done = redis.call('HGET', KEYS[1], 'done') or '0'
     chief = redis.call('HGET', KEYS[1], 'chief') or ''
@@ -106,6 +117,7 @@ if kind ~= 'zset' and kind ~= 'none' then
 end
 local stored_gen = whole(redis.call('HGET', KEYS[1], 'generation'))
 local stored_step = whole(redis.call('HGET', KEYS[1], 'step'))
+local fence = whole(redis.call('HGET', KEYS[1], 'fence'))
 local stored_run = redis.call('HGET', KEYS[1], 'run_id') or ''
 local beat = whole(redis.call('HGET', KEYS[1], 'beat')) or 0
 local was_done = redis.call('HGET', KEYS[1], 'done') == '1'
@@ -122,6 +134,12 @@ if contributor then
   if stored_gen == nil or was_done or pinned or stored_run ~= run_id then
     return {3, '-1', '0', repaired, 0}
   end
+  if fence and fence > stored_gen then
+    -- a newer chief has begun: join it once it has written (a contributor that
+    -- has not joined yet), or stop (one of an older generation)
+    if generation == 0 then return {3, '-1', '0', repaired, 0} end
+    return {4, string.format('%.0f', stored_step), string.format('%.0f', fence), repaired, 0}
+  end
   if stored_gen ~= generation then
     return {4, string.format('%.0f', stored_step), string.format('%.0f', stored_gen), repaired, 0}
   end
@@ -132,8 +150,9 @@ if contributor then
   -- the vouch stays the chief's: a contributor can neither end a chief's
   -- probation nor revive a step its chief stopped vouching for
 else
-  if stored_gen ~= nil and stored_gen > generation then
-    return {0, string.format('%.0f', stored_step), string.format('%.0f', stored_gen), repaired, 0}
+  if stored_gen ~= nil and (stored_gen > generation or (fence and fence > generation)) then
+    return {0, string.format('%.0f', stored_step),
+            string.format('%.0f', math.max(stored_gen, fence or 0)), repaired, 0}
   end
   if stored_gen == nil or stored_gen < generation then
     if stored_gen == nil and mode == 'chief' and ARGV[15] ~= '1' then
