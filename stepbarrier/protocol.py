@@ -161,6 +161,8 @@ def parse_state(raw: object) -> ChiefState:
     if not isinstance(raw, dict) or not raw:
         return ChiefState.empty()
     fields = {_to_text(k): v for k, v in raw.items()}
+    if set(fields) <= {"fence"}:
+        return ChiefState.empty()  # a chief has begun, and not written yet
     step = parse_int(fields.get("step"), low=0)
     generation = parse_int(fields.get("generation"), low=0)
     heartbeat_ms = parse_int(fields.get("heartbeat_ms"), low=0)

@@ -71,6 +71,15 @@ if redis.call('TYPE', KEYS[1]).ok == 'hash' then
     stored = nil
   end
 end
+local kind = redis.call('TYPE', KEYS[1]).ok
+if stored == nil and (kind == 'none' or kind == 'hash') then
+  -- no state: leave the fence alone, so that an older generation's first write
+  -- (a chief that paused between its begin and it) is refused all the same
+  local fence = kind == 'hash' and whole(redis.call('HGET', KEYS[1], 'fence')) or nil
+  if fence and fence >= generation then generation = fence + 1 end
+  redis.call('HSET', KEYS[1], 'fence', string.format('%.0f', generation))
+  if redis.call('TTL', KEYS[1]) < 0 then redis.call('EXPIRE', KEYS[1], 86400) end
+end
 local marker = ''
 if redis.call('TYPE', KEYS[2]).ok == 'string' then
   marker = redis.call('GET', KEYS[2])
@@ -153,8 +162,9 @@ local was_done = redis.call('HGET', KEYS[1], 'done') == '1'
 local pinned = redis.call('HGET', KEYS[1], 'pinned') == '1'
 local created = 0
 if stored_gen == nil or stored_step == nil then
-  -- nothing trustworthy is stored (none, lost, or malformed)
-  if redis.call('EXISTS', KEYS[1]) == 1 then repaired = 1 end
+  -- nothing trustworthy is stored (none, lost, or malformed; a begun
+  -- generation's fence alone is no state, and nothing to repair)
+  if redis.call('EXISTS', KEYS[1]) == 1 and not fence then repaired = 1 end
   stored_gen = nil
   stored_step = nil
 end
@@ -179,9 +189,9 @@ if contributor then
   -- the vouch stays the chief's: a contributor can neither end a chief's
   -- probation nor revive a step its chief stopped vouching for
 else
-  if stored_gen ~= nil and (stored_gen > generation or (fence and fence > generation)) then
-    return {0, string.format('%.0f', stored_step),
-            string.format('%.0f', math.max(stored_gen, fence or 0)), repaired, 0}
+  if (stored_gen ~= nil and stored_gen > generation) or (fence and fence > generation) then
+    return {0, string.format('%.0f', stored_step or -1),
+            string.format('%.0f', math.max(stored_gen or 0, fence or 0)), repaired, 0}
   end
   if stored_gen == nil or stored_gen < generation then
     if stored_gen == nil and mode == 'chief' and ARGV[15] ~= '1' then
@@ -195,7 +205,12 @@ else
     redis.call('HSET', KEYS[1], 'generation', string.format('%.0f', generation),
                'step', string.format('%.0f', step), 'done', '0', 'run_id', run_id,
                'pinned', mode == 'operator' and '1' or '0')
-    stored_gen, stored_step, was_done, beat = generation, step, false, 0
+    -- a (re)made state's beat starts from the Redis clock (us), so that it is above
+    -- every beat a waiter saw before Redis forgot the state: the count goes on
+    -- rising, and the waiter sees the next write happen (docs/protocol.md#keys)
+    local clock = redis.call('TIME')
+    stored_gen, stored_step, was_done = generation, step, false
+    beat = tonumber(clock[1]) * 1000000 + tonumber(clock[2]) - 1
     pinned = mode == 'operator'
   elseif step > stored_step then
     redis.call('HSET', KEYS[1], 'step', string.format('%.0f', step))

@@ -276,8 +276,8 @@ class WaitRules:
                 )
                 return None
             return self.released(step, by=by)
-        if done and final_trusted:
-            raise self.aborted("done")
+        if done and final_trusted and vouch:
+            raise self.aborted("done")  # (a zombie's final write on probation aborts nobody)
         if done:
             self._warn_final(step)
         self.holding = None

@@ -230,6 +230,8 @@ def test_wait_follows_the_schedule_and_task_id(
 
 
 def test_wait_for_a_step_already_reached_returns_the_stored_step(env: dict[str, str]) -> None:
+    # the operator's step is pinned: a later wait of the same run trusts it unseen
+    env = {**env, "STEPBARRIER_RUN_ID": "run-cli"}
     assert run(env, "publish", "5").returncode == 0  # the chief is gone: no more messages
     result = run(env, "wait", "--until", "3", "--timeout", "60")
     assert (result.returncode, result.stdout) == (0, "5\n"), result.stderr

@@ -99,16 +99,34 @@ def test_a_newer_generation_replaces_the_state_and_an_older_one_is_superseded(
     assert fake.hget(KEYS.state, "beat") == beat
 
 
+def beat(client: fakeredis.FakeRedis) -> int:
+    return int(client.hget(KEYS.state, "beat") or 0)
+
+
 def test_the_beat_counts_the_accepted_writes_of_a_generation(fake: fakeredis.FakeRedis) -> None:
     publish(fake, 5, 10)
-    assert fake.hget(KEYS.state, "beat") == b"1"
+    first = beat(fake)
+    seconds, micros = fake.time()
+    assert first <= seconds * 1_000_000 + micros  # it starts from the Redis clock (us)
     publish(fake, 5, 10)  # a heartbeat of the same step is a write too
     publish(fake, 5, 3)  # a lower step is not stored, but the write counts
-    assert fake.hget(KEYS.state, "beat") == b"3"
+    assert beat(fake) == first + 2
     publish(fake, 4, 99)  # refused: no write happened
-    assert fake.hget(KEYS.state, "beat") == b"3"
-    publish(fake, 6, 1)  # a new generation counts from 1
-    assert fake.hget(KEYS.state, "beat") == b"1"
+    assert beat(fake) == first + 2
+    publish(fake, 6, 1)  # a new generation starts from the clock again
+    assert beat(fake) > first + 2
+
+
+def test_a_state_made_again_after_redis_forgot_it_beats_above_what_was_seen(
+    fake: fakeredis.FakeRedis,
+) -> None:
+    # a waiter that saw beat B must see the remade state's next write as news
+    for _ in range(50):
+        publish(fake, 5, 10)
+    seen = beat(fake)
+    fake.delete(KEYS.state)
+    publish(fake, 5, 10)
+    assert beat(fake) > seen
 
 
 def test_the_vouch_is_stored_and_announced_as_the_writer_says(fake: fakeredis.FakeRedis) -> None:
@@ -119,7 +137,8 @@ def test_the_vouch_is_stored_and_announced_as_the_writer_says(fake: fakeredis.Fa
     publish(fake, 5, 11, vouch=False)
     assert fake.hget(KEYS.state, "vouch") == b"0"
     said = [(a["step"], a["beat"], a["vouch"]) for a in announcements(pubsub)]
-    assert said == [(10, 1, True), (11, 2, False)]
+    first = said[0][1]
+    assert said == [(10, first, True), (11, first + 1, False)]
 
 
 def test_an_announcement_carries_the_write_it_tells_of(fake: fakeredis.FakeRedis) -> None:
@@ -127,10 +146,11 @@ def test_an_announcement_carries_the_write_it_tells_of(fake: fakeredis.FakeRedis
     pubsub.subscribe(KEYS.channel)
     publish(fake, 9, 4, run_id="run-7", first=True)
     (said,) = announcements(pubsub)
+    assert said["beat"] == beat(fake)
     assert said == {
         "step": 4,
         "generation": 9,
-        "beat": 1,
+        "beat": beat(fake),
         "vouch": True,
         "done": False,
         "pinned": False,
@@ -250,14 +270,18 @@ def test_begin_generation_follows_the_redis_clock_and_reports_what_it_found(
     fake: fakeredis.FakeRedis,
 ) -> None:
     seconds, micros = fake.time()
-    generation, marker, run, beat, done, chief, stored = begin(fake)
+    generation, marker, run, beat0, done, chief, stored = begin(fake)
     assert int(generation) >= seconds * 1_000_000 + micros
-    assert (marker, run, beat, done, chief, stored) == ("", "", "0", "0", "", "0")
-    publish(fake, 5, 10, run_id="run-1")
-    publish(fake, 5, 11, run_id="run-1", done=True)
+    assert (marker, run, beat0, done, chief, stored) == ("", "", "0", "0", "", "0")
+    # the begin left its fence: a write of an older generation is refused
+    assert publish(fake, 5, 10, run_id="run-1")[0] == scripts.SUPERSEDED
+    publish(fake, int(generation), 10, run_id="run-1", first=True)
+    publish(fake, int(generation), 11, run_id="run-1", done=True)
     fake.set(KEYS.reset, "12345")
-    _generation, marker, run, beat, done, chief, stored = begin(fake)
-    assert (marker, run, beat, done, chief, stored) == ("12345", "run-1", "2", "1", "host:1", "5")
+    _next, marker, run, beat_, done, chief, stored = begin(fake, run_id="run-1")
+    assert (marker, run, done, chief, stored) == ("12345", "run-1", "1", "host:1", generation)
+    assert int(beat_) == beat(fake)
+    assert int(_next) > int(generation)
 
 
 def test_begin_generation_ignores_malformed_state(fake: fakeredis.FakeRedis) -> None:
@@ -354,7 +378,7 @@ def test_a_malformed_beat_counts_from_nothing(fake: fakeredis.FakeRedis) -> None
     publish(fake, 1, 3)
     fake.hset(KEYS.state, "beat", "lots")
     publish(fake, 1, 4)
-    assert fake.hget(KEYS.state, "beat") == b"1"
+    assert beat(fake) == 1  # counted from nothing: a malformed count is no count
 
 
 def test_a_non_finite_target_score_is_skipped(fake: fakeredis.FakeRedis) -> None:
@@ -386,8 +410,9 @@ def test_a_contributor_only_raises_the_step_of_the_generation_it_joined(
     assert publish(fake, 4, 99, mode="contributor", run_id="r")[0] == scripts.OTHER_GENERATION
     assert fake.hget(KEYS.state, "step") == b"10"
     assert publish(fake, 5, 12, mode="contributor", run_id="r")[:3] == [scripts.ACCEPTED, 12, 5]
+    before = beat(fake)
     assert publish(fake, 5, 11, mode="contributor", run_id="r")[:2] == [scripts.ACCEPTED, 12]
-    assert fake.hget(KEYS.state, "beat") == b"3"  # its writes are the generation's too
+    assert beat(fake) == before + 1  # its writes are the generation's too
 
 
 def test_a_contributor_leaves_the_vouch_to_its_chief(fake: fakeredis.FakeRedis) -> None:
@@ -447,17 +472,16 @@ def test_the_writer_sends_what_the_script_reads(fake: fakeredis.FakeRedis) -> No
     assert (result.stored_step, result.stored_generation) == (10, beginning.generation)
     assert (result.repaired, result.created, result.targets) == (False, False, (40,))
     stored = state(fake)
-    assert (stored["run_id"], stored["chief"], stored["vouch"], stored["beat"]) == (
-        "run-3",
-        "trainer:9",
-        "1",
-        "1",
-    )
+    assert (stored["run_id"], stored["chief"], stored["vouch"]) == ("run-3", "trainer:9", "1")
     assert stored["heartbeat_period_ms"] == "2000" and stored["pinned"] == "0"
     again = writer.begin_generation()
     assert again.generation > beginning.generation
     assert again.stored is not None
-    assert (again.stored.run_id, again.stored.beat, again.stored.done) == ("run-3", 1, False)
+    assert (again.stored.run_id, again.stored.beat, again.stored.done) == (
+        "run-3",
+        int(stored["beat"]),
+        False,
+    )
     assert (again.stored.chief, again.stored.generation) == ("trainer:9", beginning.generation)
 
 
@@ -505,3 +529,23 @@ def test_a_begin_does_not_fence_another_runs_state(fake: fakeredis.FakeRedis) ->
     begin(fake, run_id="run-b")
     assert "fence" not in state(fake)
     assert publish(fake, 5, 101, run_id="run-a")[0] == scripts.ACCEPTED
+
+
+def test_a_begin_on_an_empty_job_leaves_its_fence_for_older_first_writes(
+    fake: fakeredis.FakeRedis,
+) -> None:
+    older = int(begin(fake)[0])  # a chief begins, then pauses before its first write
+    newer = int(begin(fake)[0])  # another begins meanwhile
+    assert newer > older
+    # the paused one's first write (no state: it would need no probation) is refused
+    assert publish(fake, older, 99, first=True)[0] == scripts.SUPERSEDED
+    assert publish(fake, newer, 5, first=True)[0] == scripts.ACCEPTED
+    assert state(fake)["step"] == "5" and "fence" not in state(fake)
+
+
+def test_a_fence_alone_reads_as_no_state_and_no_problem(fake: fakeredis.FakeRedis) -> None:
+    from stepbarrier.protocol import parse_state
+
+    begin(fake)
+    parsed = parse_state(fake.hgetall(KEYS.state))
+    assert parsed.step is None and parsed.problem is None

@@ -428,3 +428,11 @@ def test_a_progress_line_says_what_was_observed(caplog: pytest.LogCaptureFixture
     assert "still waiting for step 50 after 30 s" in caplog.text
     assert "no write of this run's chief observed since the wait began" in caplog.text
     assert "never seen" not in caplog.text and "0.0 s old" not in caplog.text
+
+
+def test_a_finished_state_written_on_probation_aborts_nobody() -> None:
+    # a zombie's final write after Redis forgot the state: not this run's truth
+    rules = make_rules(Clock(), "run-1")
+    state = chief(20, run_id="run-1", done=True, vouch=False)
+    assert rules.on_snapshot(read(state)) is None
+    assert rules.on_announcement(announced(20, run_id="run-1", done=True, vouch=False), b"") is None
