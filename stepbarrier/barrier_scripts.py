@@ -9,8 +9,8 @@ when it was begun), ``last_ms``, ``completed_ms`` once complete, and
 ``t<task id>`` -> arrival time (ms) per task.
 
 The job's barrier epoch (a hash, ``JobKeys.barrier_epoch``) holds a unique
-token; a reset replaces it and the job's finish deletes it, so every barrier
-begun before is stale at once, whatever the barrier index holds: the next
+token; a reset and the job's finish replace it (``by`` says which), so every
+barrier begun before is stale at once, whatever the barrier index holds: the next
 arrival begins it anew. Forgetting (an expired or evicted epoch, a Redis that
 restarted empty) can only make a task wait, never release one early. The
 barrier index (a sorted set) is only for ``status`` to show the open barriers.
@@ -44,9 +44,9 @@ BARRIER_ARRIVE_BODY = """
 -- the barrier complete, marks it so and announces it (the announcement is a
 -- hint: readers count the task fields). A barrier begun under another epoch
 -- than the current one is stale and begins anew; with no epoch (the job's
--- first barrier, a finished job, or one Redis lost) a new one begins, its
--- token greater than the barrier's and the caller's. The arrivals of an
--- earlier epoch are refused when a reset began the current one. Returns
+-- first barrier, or one Redis lost) a new one begins, its token greater than
+-- the barrier's and the caller's. A caller whose epoch a reset or the job's
+-- finish ended is told so (status 2) and nothing is recorded. Returns
 --   {status, now ms, arrived, parties, completed ms ('0' while open), repaired,
 --    epoch token, restorable (1: the caller's arrivals of an earlier epoch may
 --    be recorded in this one; 0: a reset began it, they are refused)}

@@ -338,9 +338,9 @@ local function barrier_arrive(KEYS, ARGV)
 -- the barrier complete, marks it so and announces it (the announcement is a
 -- hint: readers count the task fields). A barrier begun under another epoch
 -- than the current one is stale and begins anew; with no epoch (the job's
--- first barrier, a finished job, or one Redis lost) a new one begins, its
--- token greater than the barrier's and the caller's. The arrivals of an
--- earlier epoch are refused when a reset began the current one. Returns
+-- first barrier, or one Redis lost) a new one begins, its token greater than
+-- the barrier's and the caller's. A caller whose epoch a reset or the job's
+-- finish ended is told so (status 2) and nothing is recorded. Returns
 --   {status, now ms, arrived, parties, completed ms ('0' while open), repaired,
 --    epoch token, restorable (1: the caller's arrivals of an earlier epoch may
 --    be recorded in this one; 0: a reset began it, they are refused)}

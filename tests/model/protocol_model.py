@@ -1,0 +1,1629 @@
+"""An explicit-state model of the stepbarrier protocol, explored exhaustively at small scope.
+
+The rules are docs/protocol.md's, which states the code's (stepbarrier/scripts.py's
+``begin_generation`` and ``publish_step``, stepbarrier/publisher_state.py,
+stepbarrier/wait_rules.py). Nothing here does I/O or imports stepbarrier: the
+model states the protocol's rules once more, small enough to enumerate every
+state that a few participants and faults reach.
+
+**Time** is discrete: a ``tick`` event advances every clock by one. Nobody reads
+an absolute time: each participant keeps counters of elapsed ticks (its own
+monotonic clock), capped where larger values decide nothing. The heartbeat,
+``FENCE`` and the waiter's fallback read interval are counts of ticks. A tick may
+pass only when nobody owes an action its timers made due (a live chief's
+heartbeat write, a begun chief's first write, a waiter's due read, a watch's
+end): that is what "live" means, and what makes the bounded liveness check
+meaningful. A paused process owes nothing; its clock runs on. Processes start,
+pause, resume and crash, and an operator publishes, at the start of a tick; the
+protocol's actions follow in every order, and Redis's faults and a reset may
+come between any two of them (``Model.events``).
+
+**Redis** is the state hash (or none; with its ``fence``, the generation a begin
+recorded; or a hash of a begin's fence alone, which reads as no state), the
+reset token, and the announcements. A state a write (re)makes beats from the
+Redis clock: above every beat of its generation anyone holds
+(``Model.made_beat``). An announcement reaches a waiting, connected waiter as
+the write happens (it handles it at once), unless the fault budget makes it lost
+or late (it waits in the waiter's inbox, handled at any later moment); a waiter
+whose first read is still due buffers it and handles it right after that read.
+Faults: Redis loses the state (restart empty, eviction, expiry), an announcement
+is lost or late, a process pauses and resumes (a waiter's pause is a
+disconnection: it hears nothing meanwhile and reads again when back), a chief
+crashes. Only when a scope asks: a new generation's begin apart from its first
+write (two calls, as in the code), and a pause between the two; and, outside the
+promises (docs/protocol.md#limits), the newest chief cut off while a zombie
+writes, the reset token lost, a failover to a lagging replica.
+
+**Ground truth** that no participant reads rides along: which run each
+generation really belongs to, whether a stored step was handed over by the newest
+generation of that run (``legit``), and which waiters were waiting when it was
+written (``witnesses``). The invariants compare decisions with that truth:
+
+- *never early*: a release is by a legit state of the waiter's own run with step
+  >= its target, either a final fact (done, pinned) or seen live: written during
+  the wait, or its chief has not crashed (a crashed chief's restart may go back
+  to an older checkpoint, so its stale step must release no newcomer);
+- *aborted only for real*: "done" by a legit done state of its own run below its
+  target, "reset" by a reset that came after its wait began (its first read);
+- *runs kept apart*: a chief that wrote within its last heartbeat is neither taken
+  over by a chief of another run nor superseded by one;
+- *never lost* (bounded liveness): a waiter owed an end (the newest generation of
+  its run live at >= its target; its run's done or pinned state that it can know
+  of; a reset after its wait began) ends within ``Scope.bound`` ticks, counted
+  again from any loss of the state.
+
+Each flag of ``Flags`` is one fix of the design: with it off, ``explore`` finds the
+counterexample the fix rules out (``FIXES``; tests/model/test_protocol_model.py),
+and each limit lifted (``LIMITS``) shows the promise it names broken.
+
+Left out, on purpose: the confirmation window (a chief out of probation always
+vouches: its loop is taken to hand its step over within the window, and a final
+write or a step higher than any it vouched for since it began, or since Redis
+lost its state, vouches without it anyway), the stall and overall timeouts
+(never hung is argued in docs/protocol.md, not checked here), registrations and
+targets (guidance only), a contributor joining the generation its own wait was
+released by (it joins the one it finds), and generation numbers from a clock
+(they are numbered in begin order, and a remade state's beats are above the lost
+ones': a failover to a server whose clock is behind is not modelled).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from typing import NamedTuple, TypeVar
+
+# ---------------------------------------------------------------- configuration
+
+
+class Flags(NamedTuple):
+    """The design's fixes, one flag each; all on is the protocol of docs/protocol.md.
+
+    "Rule N" is the design note's of issue 21, "defect N" the review's.
+    """
+
+    probation: bool = True
+    """Rule 5: a write that created the state (unless it is its generation's first, within
+    FENCE of its begin) vouches for nothing during FENCE (defect 2)."""
+    observed_write_required: bool = True
+    """Rule 2: the first read alone is not an observation (defect 4)."""
+    no_clock_comparison: bool = True
+    """Rule 1 (defect 5). Off: a first read whose stamp is fresh by the server's clock
+    counts as an observation (the old freshness test)."""
+    contributor_pins_generation: bool = True
+    """Rule 6: a contributor stops when the state carries another generation (defect 1)."""
+    done_needs_observation_or_run_id: bool = True
+    """Rules 3 and 9 (defect 6). Off: the old rule, a done state is trusted with a run id
+    or when it was not done yet at the wait's first read (done_ms >= start_ms)."""
+    runs_kept_apart: bool = True
+    """Rule 7: a chief watches another run's state for FENCE before taking over (defect 10)."""
+    operator_pin: bool = True
+    """Rule 10 (defect 11). Off: an operator's step is an ordinary write, which releases
+    only the waiters that see it written."""
+    reset_token_equality: bool = True
+    """Rule 8 (defect 12). Off: the marker is a time, and only a marker later than one's
+    begin (first read) counts: a reset in the same millisecond is missed."""
+    announcement_is_hint_for_reset: bool = True
+    """Rule 8. Off: a reset announcement aborts the waiter by itself."""
+    contributor_keeps_probation: bool = True
+    """Found by this model, now the code's rule: a contributor's write never changes the
+    stored ``vouch`` (it stays the chief's: a contributor cannot end its generation's
+    probation). Off: a contributor's write vouches."""
+    begin_fences: bool = True
+    """Found by this model, now the code's rule: ``begin_generation`` records the new
+    generation as the ``fence`` of its own run's state, so that an older generation's
+    chief writes are SUPERSEDED from the begin on (not only from the new generation's
+    first write), a joined contributor of an older generation stops and one not joined
+    yet waits. Off: a generation fences the older ones only from its first write."""
+    begin_fences_empty_job: bool = True
+    """Found by this model, now the code's rule: a ``begin_generation`` that finds no valid
+    state leaves a hash holding only its ``fence`` (24 h TTL), which reads as no state, so
+    that an older generation's write, even the first write of a chief that paused between
+    its begin and it, is SUPERSEDED. Off: such a begin records nothing."""
+    beat_from_clock: bool = True
+    """Found by this model, now the code's rule: a state (re)made (created from nothing, or
+    replaced by a newer generation) starts its ``beat`` from the Redis clock (microseconds),
+    so that after Redis forgot the state the remade state's beats are above every beat a
+    waiter saw before. Off: a remade state's beat starts again at 1."""
+    abort_needs_vouch: bool = True
+    """Found by this model, now the code's rule: a done state below the target aborts a wait
+    only if it is trusted (seen happen, or the wait's own run id) and vouched for
+    (``vouch=1``), as a release by it is. Off: the abort does not ask for the vouch."""
+
+
+class ChiefSpec(NamedTuple):
+    name: str
+    run: str
+    first_step: int
+    """The step its first write hands over (a restore from a checkpoint)."""
+    last_step: int
+    after: str | None = None
+    """Begins only once this chief has begun (a restart, a later session)."""
+    may_pause: bool = False
+    may_crash: bool = False
+    may_finish: bool = False
+
+
+class WaiterSpec(NamedTuple):
+    name: str
+    run: str
+    target: int
+    may_pause: bool = False
+
+
+class OperatorSpec(NamedTuple):
+    run: str
+    """Whose run id ``stepbarrier publish`` writes (its STEPBARRIER_RUN_ID)."""
+    step: int
+
+
+class Scope(NamedTuple):
+    """Who takes part, which faults may happen how often, and the timing (in ticks)."""
+
+    name: str
+    chiefs: tuple[ChiefSpec, ...]
+    waiters: tuple[WaiterSpec, ...]
+    run_ids: tuple[tuple[str, str], ...] = (("A", ""), ("B", "b"))
+    """Each run's run id ('' for none); two runs with one id are one run to a waiter."""
+    contributor: str | None = None
+    """The run of a contributor (a worker's step reporter), or None."""
+    operator: OperatorSpec | None = None
+    resets: int = 0
+    lose_state: int = 0
+    lose_announcements: int = 0
+    late_announcements: int = 0
+    pauses: int = 0
+    max_ticks: int = 6
+    heartbeat: int = 1
+    fence: int = 2
+    """FENCE: more than a heartbeat (3 x heartbeat in the library)."""
+    fallback: int = 2
+    """Ticks between a waiter's reads of the stored state."""
+    fresh_window: int = 1
+    """Ticks a stored stamp counts as fresh under the old clock rule."""
+    bound: int = 5
+    """Ticks within which a waiter owed an end ends (never lost)."""
+    inbox: int = 2
+    """Announcements a connection buffers; more drop the oldest (lost)."""
+    # off unless asked: the begin as a call of its own, and the Limits
+    # (docs/protocol.md#limits), outside the promises
+    split_begin: bool = False
+    """A new generation's begin and its first write are two events (its first write is
+    due at once, in the tick of its begin)."""
+    pause_after_begin: bool = False
+    """With ``split_begin``: a chief that may pause may do so between its begin and its
+    first write (shorter than FENCE or not)."""
+    lose_token: int = 0
+    failovers: int = 0
+    """Failovers to a lagging replica: the state goes back to an older copy."""
+    pin_owed_to_all: bool = False
+    """Rule 10 read literally: a pinned step is owed to every waiter of its run, with a
+    run id or not (rule 3 releases a waiter without one only if it saw the pin written)."""
+
+    def run_id(self, run: str) -> str:
+        return dict(self.run_ids)[run]
+
+
+# ---------------------------------------------------------------- state
+
+Mark = tuple[int, int]
+"""(generation, beat): which write a participant saw."""
+
+
+class Stored(NamedTuple):
+    """The state hash as Redis holds it; from ``run`` on, the ground truth about it."""
+
+    run_id: str
+    gen: int
+    step: int
+    done: bool
+    beat: int
+    vouch: bool
+    pinned: bool
+    fence: int = 0
+    """The generation a begin of this state's run recorded (0: none): a chief write of a
+    lower generation is SUPERSEDED. A write that replaces the state clears it."""
+    age: int = 0
+    """Ticks since its write by the server's clock: read only by the old clock rule."""
+    run: str = ""
+    legit: bool = False
+    witnesses: frozenset[int] = frozenset()
+
+    def describe(self) -> str:
+        fence = f", fence {self.fence}" if self.fence else ""
+        return (
+            f"step {self.step} (run id '{self.run_id}', generation {self.gen}, beat {self.beat}, "
+            f"vouch={int(self.vouch)}, done={int(self.done)}, pinned={int(self.pinned)}{fence})"
+        )
+
+
+class Gen(NamedTuple):
+    """Ground truth about one generation (its number is its index + 1)."""
+
+    run: str
+    chief: int
+    """Index of its chief; -1 for an operator's pinned step."""
+    step: int
+    """An operator's pinned step (a chief's step is the chief's own)."""
+    reset_ended: bool
+    """A reset came after it began: it hands nothing over any more."""
+
+
+class Chief(NamedTuple):
+    status: str = "idle"
+    """idle, watching, begun, active, or an end: superseded, reset, conflict, done, crashed."""
+    gen: int = 0
+    step: int = 0
+    paused: bool = False
+    since_write: int = 0
+    probation: int = 0
+    """Ticks of probation left, on its own clock."""
+    since_begin: int = 0
+    """Ticks since its begin, counted while it is begun and has not written (capped at
+    FENCE; FENCE once it wrote): its first write within FENCE of its begin is of a
+    generation just begun, and needs no probation."""
+    reset_seen: int = 0
+    watch_left: int = 0
+    watch_mark: Mark | None = None
+    wrote: bool = False
+    began_this_tick: bool = False
+    """Only for the old same-millisecond rule (reset_token_equality off)."""
+    since_accepted: int = 0
+    """Truth: ticks since its last accepted write (capped at heartbeat + 1)."""
+    final: bool = False
+    """Its final write landed on probation: it writes it again when the probation ends."""
+
+
+ENDED = ("superseded", "reset", "conflict", "done", "crashed")
+
+
+class Contributor(NamedTuple):
+    status: str = "idle"
+    """idle, joined, stopped."""
+    gen: int = 0
+    step: int = 0
+    wrote: bool = False
+    """It wrote in this tick (one write per tick)."""
+
+
+# a stored state, or None for a reset announcement
+Msg = Stored | None
+
+
+class Waiter(NamedTuple):
+    phase: str = "idle"
+    """idle, subscribed (confirmed; first read due), waiting, released, aborted."""
+    paused: bool = False
+    inbox: tuple[Msg, ...] = ()
+    max_gen: int = 0
+    """The generation of its latest read of its own run's state (the code's
+    ``WaitRules.generation``): reads and announcements of a lower one are ignored. An
+    announcement of a higher one does not set it: it makes the waiter read."""
+    prev_read: Mark | None = None
+    live_mark: Mark | None = None
+    baseline: int = 0
+    """The reset token its first read found (0: none)."""
+    since_read: int = 0
+    done_at_start: int = 0
+    """The old done rule: the generation of a done state its first read found."""
+    first_read_this_tick: bool = False
+    reset_during: bool = False
+    """Truth: a reset came after its first read."""
+    heard_final: bool = False
+    """Truth: it heard a done or pinned announcement of its own run."""
+    owed: int = 0
+    """Truth: ticks it has been owed an end."""
+
+
+class Budget(NamedTuple):
+    resets: int
+    lose_state: int
+    lose_announcements: int
+    late_announcements: int
+    pauses: int
+    publishes: int
+    lose_token: int
+    failovers: int
+
+
+class World(NamedTuple):
+    tick: int
+    stored: Stored | None
+    replica: Stored | None
+    token: int
+    next_token: int
+    same_tick: frozenset[str]
+    """The old rule: who began (made a first read) in the last reset's tick, before it."""
+    gens: tuple[Gen, ...]
+    chiefs: tuple[Chief, ...]
+    contributor: Contributor
+    waiters: tuple[Waiter, ...]
+    budget: Budget
+    quiet: bool = True
+    """No protocol action yet in this tick: the environment may still act (see ``events``)."""
+    fenced: int = 0
+    """A hash holding only a ``fence`` (0: none; never beside a ``stored`` state): a begin
+    found no valid state and left the fence of its generation. It reads as no state."""
+    replica_fenced: int = 0
+    """The lagging replica's copy of ``fenced``."""
+
+
+class Violation(NamedTuple):
+    invariant: str
+    """never early, aborted only for real, runs kept apart, never lost."""
+    detail: str
+    trace: tuple[str, ...] = ()
+
+    def report(self) -> str:
+        steps = "\n".join(f"  {number:2}. {event}" for number, event in enumerate(self.trace, 1))
+        return f"{self.invariant}: {self.detail}\n{steps}"
+
+
+class Result(NamedTuple):
+    states: int
+    violation: Violation | None
+    worst_owed: int
+    """The longest any waiter was owed an end (ticks), over every state explored."""
+    stuck: int
+    """States where time may not pass and nobody can act (a modelling error if any)."""
+
+
+Outcome = tuple[World, str, Violation | None]
+"""A world an event leads to, what happened, and the invariant it broke if any."""
+
+T = TypeVar("T")
+
+
+def _put(items: tuple[T, ...], index: int, value: T) -> tuple[T, ...]:
+    return (*items[:index], value, *items[index + 1 :])
+
+
+def _first(*violations: Violation | None) -> Violation | None:
+    return next((v for v in violations if v is not None), None)
+
+
+# ---------------------------------------------------------------- the model
+
+
+class Model:
+    """The protocol's rules under one ``Flags``, for the participants of one ``Scope``."""
+
+    def __init__(self, flags: Flags, scope: Scope) -> None:
+        self.flags = flags
+        self.scope = scope
+        self.chief_index = {spec.name: index for index, spec in enumerate(scope.chiefs)}
+        self.same_ms = not flags.reset_token_equality and scope.resets > 0
+        self.two_runs = len({spec.run for spec in scope.chiefs}) > 1
+
+    def initial(self) -> World:
+        scope = self.scope
+        return World(
+            tick=0,
+            stored=None,
+            replica=None,
+            token=0,
+            next_token=1,
+            same_tick=frozenset(),
+            gens=(),
+            chiefs=tuple(Chief() for _ in scope.chiefs),
+            contributor=Contributor(),
+            waiters=tuple(Waiter() for _ in scope.waiters),
+            budget=Budget(
+                resets=scope.resets,
+                lose_state=scope.lose_state,
+                lose_announcements=scope.lose_announcements,
+                late_announcements=scope.late_announcements,
+                pauses=scope.pauses,
+                publishes=1 if scope.operator else 0,
+                lose_token=scope.lose_token,
+                failovers=scope.failovers,
+            ),
+        )
+
+    # ------------------------------------------------------------ truth
+
+    def newest(self, world: World, run: str) -> int:
+        return max((n for n, gen in enumerate(world.gens, 1) if gen.run == run), default=0)
+
+    def handed(self, world: World, gen: int) -> int:
+        info = world.gens[gen - 1]
+        return info.step if info.chief < 0 else world.chiefs[info.chief].step
+
+    def legit(self, world: World, gen: int, step: int) -> bool:
+        info = world.gens[gen - 1]
+        return (
+            gen == self.newest(world, info.run)
+            and not info.reset_ended
+            and step <= self.handed(world, gen)
+        )
+
+    def owed(self, world: World, j: int) -> bool:
+        """Truth: is an end due to waiter ``j`` (it must come within the bound)?"""
+        waiter, spec = world.waiters[j], self.scope.waiters[j]
+        if not waiting(waiter) or waiter.paused:
+            return False
+        if waiter.reset_during and world.token:
+            return True
+        gen = self.newest(world, spec.run)
+        if gen == 0:
+            return False
+        info, stored = world.gens[gen - 1], world.stored
+        knows = self.scope.run_id(spec.run) != "" or waiter.heard_final
+        if info.chief < 0:
+            knows = knows or self.scope.pin_owed_to_all
+            return stored is not None and stored.gen == gen and info.step >= spec.target and knows
+        chief = world.chiefs[info.chief]
+        if chief.status == "active" and not info.reset_ended:
+            return not chief.paused and chief.wrote and chief.step >= spec.target
+        if chief.status == "done":
+            return stored is not None and stored.gen == gen and stored.done and knows
+        return False
+
+    def dead(self, world: World, gen: int) -> bool:
+        """Truth: the chief of ``gen`` crashed (its restart may go back to a checkpoint)."""
+        chief = world.gens[gen - 1].chief
+        return chief >= 0 and world.chiefs[chief].status == "crashed"
+
+    def check_release(self, world: World, j: int, state: Stored) -> Violation | None:
+        spec = self.scope.waiters[j]
+        final = state.pinned or state.done
+        seen_live = final or j in state.witnesses or not self.dead(world, state.gen)
+        if state.run == spec.run and state.step >= spec.target and state.legit and seen_live:
+            return None
+        why = []
+        if state.run != spec.run:
+            why.append(f"the state is run {state.run}'s")
+        if not state.legit:
+            info = world.gens[state.gen - 1]
+            if info.reset_ended:
+                why.append(f"generation {state.gen} was reset")
+            else:
+                why.append(
+                    f"the newest generation of run {info.run} is "
+                    f"{self.newest(world, info.run)}, which has handed over step "
+                    f"{self.handed(world, self.newest(world, info.run))}"
+                )
+        if not seen_live:
+            why.append(
+                f"the chief of generation {state.gen} had crashed, and its state was written "
+                "before the wait began (never seen live)"
+            )
+        return Violation(
+            "never early",
+            f"{spec.name} (target {spec.target}) released at step {state.step} of generation "
+            f"{state.gen}: " + "; ".join(why),
+        )
+
+    def check_abort(
+        self, world: World, j: int, reason: str, state: Stored | None
+    ) -> Violation | None:
+        spec, waiter = self.scope.waiters[j], world.waiters[j]
+        if reason == "reset":
+            if waiter.reset_during:
+                return None
+            detail = "no reset came after its wait began"
+        else:
+            assert state is not None
+            if state.run == spec.run and state.legit and state.done and state.step < spec.target:
+                return None
+            detail = (
+                f"the done state (run {state.run}, generation {state.gen}, step {state.step}) is "
+                "not its own run's newest generation finishing below its target"
+            )
+        return Violation("aborted only for real", f"{spec.name} aborted ({reason}): {detail}")
+
+    def live_chief_of(self, world: World, run: str) -> str | None:
+        """Truth: a chief of ``run`` that wrote within its last heartbeat."""
+        for spec, chief in zip(self.scope.chiefs, world.chiefs, strict=True):
+            if (
+                spec.run == run
+                and chief.status == "active"
+                and not chief.paused
+                and chief.wrote
+                and chief.since_accepted <= self.scope.heartbeat
+            ):
+                return spec.name
+        return None
+
+    # ------------------------------------------------------------ exploration hooks
+
+    def successors(self, world: World) -> Iterator[tuple[str, World, Violation | None]]:
+        for after, label, violation in self.events(world):
+            yield label, self.settle(after), violation
+
+    def settle(self, world: World) -> World:
+        """After an event: a waiter no longer owed an end starts its count again."""
+        if not any(w.owed for w in world.waiters):
+            return world
+        waiters = tuple(
+            w if w.owed == 0 or self.owed(world, j) else w._replace(owed=0)
+            for j, w in enumerate(world.waiters)
+        )
+        return world._replace(waiters=waiters)
+
+    def events(self, world: World) -> Iterator[Outcome]:
+        """Every event possible in ``world``.
+
+        The processes' environment (starting, pausing, resuming, crashing; an
+        operator publishing) acts at the start of a tick, before the protocol's
+        actions of that tick (writes, reads, deliveries, watch ends), in every
+        order; Redis's faults and a reset come at any moment, between any two
+        actions. A process event placed later in a tick is, to every clock, the
+        same as one at the start of the next, where its effects can still be
+        ordered before or after any action: this prunes interleavings no
+        participant could tell apart. (Redis losing the state is not such an
+        event: when it comes within a tick decides whose probation started when.)
+        """
+        yield from self.tick(world)
+        if world.quiet:
+            for i in range(len(self.scope.chiefs)):
+                yield from self.chief_environment(world, i)
+            for j in range(len(self.scope.waiters)):
+                yield from self.waiter_environment(world, j)
+            yield from self.publish(world)
+        for after, text, violation in self.actions(world):
+            yield after._replace(quiet=False), text, violation
+
+    def actions(self, world: World) -> Iterator[Outcome]:
+        for i in range(len(self.scope.chiefs)):
+            yield from self.chief_actions(world, i)
+        if self.scope.contributor is not None:
+            yield from self.contributor_events(world)
+        for j in range(len(self.scope.waiters)):
+            yield from self.waiter_actions(world, j)
+        if world.budget.resets:
+            yield from self.reset(world)
+        yield from self.fault_events(world)
+
+    # ------------------------------------------------------------ time
+
+    def due(self, world: World) -> bool:
+        """Somebody owes an action now: time may not pass."""
+        heartbeat = self.scope.heartbeat
+        for chief in world.chiefs:
+            if chief.paused:
+                continue
+            if (
+                chief.status == "active"
+                and chief.since_write >= heartbeat
+                and not (chief.final and chief.probation)
+            ):
+                return True
+            if chief.status == "begun" or (chief.status == "watching" and not chief.watch_left):
+                return True
+        return any(
+            waiting(w) and not w.paused and w.since_read >= self.scope.fallback
+            for w in world.waiters
+        )
+
+    def tick(self, world: World) -> Iterator[Outcome]:
+        scope = self.scope
+        if world.tick >= scope.max_ticks or self.due(world):
+            return
+        chiefs = []
+        for chief in world.chiefs:
+            since_write = min(chief.since_write + 1, scope.heartbeat)
+            probation = chief.probation
+            if probation:
+                probation -= 1
+                if probation == 0:
+                    since_write = scope.heartbeat  # the end of probation is a write at once
+            chiefs.append(
+                chief._replace(
+                    since_write=since_write,
+                    probation=probation,
+                    since_begin=(
+                        min(chief.since_begin + 1, scope.fence)
+                        if chief.status == "begun"
+                        else chief.since_begin
+                    ),
+                    watch_left=max(chief.watch_left - 1, 0),
+                    began_this_tick=False,
+                    since_accepted=(
+                        min(chief.since_accepted + 1, scope.heartbeat + 1) if self.two_runs else 0
+                    ),
+                )
+            )
+        stored = world.stored
+        if stored is not None and not self.flags.no_clock_comparison:
+            stored = stored._replace(age=min(stored.age + 1, scope.fresh_window + 1))
+        world = world._replace(
+            tick=world.tick + 1,
+            stored=stored,
+            chiefs=tuple(chiefs),
+            contributor=world.contributor._replace(wrote=False),
+            waiters=tuple(
+                w._replace(
+                    since_read=min(w.since_read + 1, scope.fallback), first_read_this_tick=False
+                )
+                for w in world.waiters
+            ),
+        )
+        violation = None
+        waiters = []
+        for j, waiter in enumerate(world.waiters):
+            owed = waiter.owed + 1 if self.owed(world, j) else 0
+            if owed > scope.bound and violation is None:
+                violation = Violation(
+                    "never lost",
+                    f"{scope.waiters[j].name} has been owed an end for {owed} ticks "
+                    f"(bound {scope.bound}) and has none",
+                )
+            waiters.append(waiter._replace(owed=min(owed, scope.bound + 1)))
+        yield world._replace(waiters=tuple(waiters), quiet=True), f"tick {world.tick}", violation
+
+    # ------------------------------------------------------------ chiefs
+
+    def _chief(self, world: World, i: int, chief: Chief) -> World:
+        return world._replace(chiefs=_put(world.chiefs, i, chief))
+
+    def chief_environment(self, world: World, i: int) -> Iterator[Outcome]:
+        spec, chief = self.scope.chiefs[i], world.chiefs[i]
+        name = spec.name
+        if chief.status == "idle":
+            if spec.after is None or world.chiefs[self.chief_index[spec.after]].status != "idle":
+                for after, text, violation in self.begin(world, i):
+                    yield after._replace(quiet=False), text, violation
+                    if (
+                        after.chiefs[i].status == "begun"
+                        and self.scope.pause_after_begin
+                        and spec.may_pause
+                        and after.budget.pauses
+                    ):
+                        # a pause between the begin and the first write (a GC pause,
+                        # SIGSTOP): the first write is due only once the chief is back
+                        paused = self._chief(after, i, after.chiefs[i]._replace(paused=True))
+                        budget = after.budget._replace(pauses=after.budget.pauses - 1)
+                        text += f"; {name} pauses before its first write"
+                        yield paused._replace(budget=budget, quiet=False), text, violation
+            return
+        if chief.status in ENDED:
+            return
+        if chief.paused:
+            yield self._chief(world, i, chief._replace(paused=False)), f"{name} resumes", None
+            return
+        if spec.may_pause and world.budget.pauses:
+            paused = self._chief(world, i, chief._replace(paused=True))
+            budget = world.budget._replace(pauses=world.budget.pauses - 1)
+            yield paused._replace(budget=budget), f"{name} pauses", None
+        if spec.may_crash:
+            yield self._chief(world, i, chief._replace(status="crashed")), f"{name} crashes", None
+
+    def chief_actions(self, world: World, i: int) -> Iterator[Outcome]:
+        spec, chief = self.scope.chiefs[i], world.chiefs[i]
+        if chief.status == "idle" or chief.status in ENDED or chief.paused:
+            return
+        if chief.status == "watching":
+            if chief.watch_left == 0:
+                yield from self.decide(world, i)
+            return
+        if chief.final:
+            if chief.since_write >= 1 and chief.probation == 0:
+                yield from self.write(world, i, done=True)
+            return
+        if chief.since_write >= 1 or chief.status == "begun":
+            steps = [chief.step] + ([chief.step + 1] if chief.step < spec.last_step else [])
+            for step in steps:
+                moved = (
+                    world
+                    if step == chief.step
+                    else self._chief(world, i, chief._replace(step=step))
+                )
+                yield from self.write(moved, i, done=False)
+                if spec.may_finish and step == spec.last_step and chief.probation == 0:
+                    # a final write waits out its probation (it would vouch for nothing)
+                    yield from self.write(moved, i, done=True)
+
+    def begin(self, world: World, i: int) -> Iterator[Outcome]:
+        spec = self.scope.chiefs[i]
+        gen = len(world.gens) + 1
+        world = world._replace(gens=(*world.gens, Gen(spec.run, i, 0, False)))
+        chief = Chief(
+            status="active",
+            gen=gen,
+            step=spec.first_step,
+            since_write=self.scope.heartbeat,
+            reset_seen=world.token,
+            began_this_tick=self.same_ms,
+            since_accepted=self.scope.heartbeat + 1 if self.two_runs else 0,
+        )
+        label = f"{spec.name} begins generation {gen} at step {spec.first_step}"
+        world, note = self.fence_at_begin(world, i, gen)
+        label += note
+        stored = world.stored
+        if (
+            self.flags.runs_kept_apart
+            and stored is not None
+            and stored.run_id != self.scope.run_id(spec.run)
+            and not stored.done
+        ):
+            chief = chief._replace(
+                status="watching", watch_left=self.scope.fence, watch_mark=mark(stored)
+            )
+            label += f", finds another run's state (generation {stored.gen}) and watches it"
+            yield self._chief(world, i, chief), label, None
+            return
+        if self.scope.split_begin:
+            yield self._chief(world, i, chief._replace(status="begun")), label, None
+            return
+        for after, text, violation in self.write(self._chief(world, i, chief), i, done=False):
+            yield after, f"{label}; {text}", violation
+
+    def fence_at_begin(self, world: World, i: int, gen: int) -> tuple[World, str]:
+        """What ``begin_generation`` records: the fence of its own run's state, or, finding
+        no valid state, a hash of the fence alone."""
+        stored = world.stored
+        if stored is None:
+            if self.flags.begin_fences_empty_job:
+                note = f" (no state: leaves the fence of generation {gen})"
+                return world._replace(fenced=gen), note
+            return world, ""
+        if self.flags.begin_fences and stored.run_id == self.scope.run_id(self.scope.chiefs[i].run):
+            # it fences its own run's state (another run's is watched, not fenced)
+            world = world._replace(stored=stored._replace(fence=gen))
+            return world, f" (fences generation {stored.gen})"
+        return world, ""
+
+    def decide(self, world: World, i: int) -> Iterator[Outcome]:
+        spec, chief = self.scope.chiefs[i], world.chiefs[i]
+        stored = world.stored
+        if (
+            stored is not None
+            and stored.run_id != self.scope.run_id(spec.run)
+            and not stored.done
+            and mark(stored) != chief.watch_mark
+        ):
+            text = f"{spec.name} sees the other run's state change: refuses (conflict)"
+            yield self._chief(world, i, chief._replace(status="conflict")), text, None
+            return
+        # the watch's end is a second begin_generation: the generation begins now (its
+        # number is the one it got; the other run's state is not fenced, no state is)
+        world, _ = self.fence_at_begin(world, i, chief.gen)
+        world = self._chief(world, i, chief._replace(status="active", since_begin=0))
+        for after, text, violation in self.write(world, i, done=False):
+            yield after, f"{spec.name}'s watch ends quiet; {text}", violation
+
+    def reset_refuses(self, world: World, name: str, seen: int) -> bool:
+        if not world.token:
+            return False
+        if self.flags.reset_token_equality:
+            return world.token != seen
+        # the old rule: the marker is a time; only one later than the begin counts
+        return world.token > seen and name not in world.same_tick
+
+    def write(self, world: World, i: int, *, done: bool) -> Iterator[Outcome]:
+        spec, chief = self.scope.chiefs[i], world.chiefs[i]
+        name, run_id = spec.name, self.scope.run_id(spec.run)
+        what = f"{name} writes step {chief.step}" + (" as final (done)" if done else "")
+        if self.reset_refuses(world, name, chief.reset_seen):
+            yield self._chief(world, i, chief._replace(status="reset")), f"{what}: WAS_RESET", None
+            return
+        stored = world.stored
+        # the first write of a generation just begun (on its own clock): if it finds no
+        # state, it is the newest generation's, and needs no probation
+        first = not chief.wrote and chief.since_begin < self.scope.fence
+        chief = chief._replace(status="active", since_write=0)
+        fence = world.fenced if stored is None else stored.fence if self.flags.begin_fences else 0
+        newer = max(0 if stored is None else stored.gen, fence)
+        if newer > chief.gen:
+            info = world.gens[newer - 1]
+            violation = None
+            if info.run != spec.run and info.chief >= 0 and self.live_chief_of(world, spec.run):
+                violation = Violation(
+                    "runs kept apart",
+                    f"{name} of run {spec.run}, live, is superseded by run {info.run}'s "
+                    f"generation {newer}",
+                )
+            superseded = self._chief(world, i, chief._replace(status="superseded"))
+            by = (
+                "generation"
+                if stored is not None and newer == stored.gen
+                else "the fence of generation"
+            )
+            yield superseded, f"{what}: SUPERSEDED by {by} {newer}", violation
+            return
+        violation = None
+        note = ""
+        if stored is None or stored.gen < chief.gen:
+            if stored is None:
+                if first:
+                    note = "; created it (its generation's first write: no probation)"
+                elif self.flags.probation:
+                    chief = chief._replace(probation=self.scope.fence)
+                    note = f"; created it: on probation for {self.scope.fence} ticks"
+                else:
+                    note = "; created it"
+            else:
+                note = f"; replaces generation {stored.gen}"
+                other = self.live_chief_of(world, stored.run)
+                if stored.run != spec.run and not stored.pinned and other is not None:
+                    violation = Violation(
+                        "runs kept apart",
+                        f"{name} of run {spec.run} took the job over from {other} of run "
+                        f"{stored.run}, which is live",
+                    )
+            beat = self.made_beat(world, chief.gen)
+            new = Stored(run_id, chief.gen, chief.step, done, beat, False, False)
+            world = world._replace(fenced=0)  # the write replaces the whole hash
+        else:
+            new = stored._replace(
+                step=max(stored.step, chief.step), done=stored.done or done, beat=stored.beat + 1
+            )
+        new = new._replace(vouch=chief.probation == 0)
+        chief = chief._replace(wrote=True, since_accepted=0, since_begin=self.scope.fence)
+        if done and chief.probation:
+            chief = chief._replace(final=True)  # waits its probation out, writes again
+        elif done:
+            chief = chief._replace(status="done", final=False)
+        world = self._chief(world, i, chief)
+        text = f"{what}: {new.describe()} accepted{note}"
+        for after, heard, later in self.store(world, new):
+            yield after, text + heard, _first(violation, later)
+
+    # ------------------------------------------------------------ the contributor
+
+    def contributor_events(self, world: World) -> Iterator[Outcome]:
+        run = self.scope.contributor
+        assert run is not None
+        mine, stored = world.contributor, world.stored
+        if (
+            stored is None
+            or stored.run_id != self.scope.run_id(run)
+            or stored.done
+            or stored.pinned
+            or mine.status == "stopped"
+            or mine.wrote
+        ):
+            return
+        if self.flags.begin_fences and stored.fence > stored.gen:
+            # a newer generation has begun and not written yet
+            if mine.status == "idle":
+                return  # NOTHING_TO_JOIN: it joins the new one after its first write
+            text = (
+                f"the contributor finds the fence of generation {stored.fence} above its "
+                f"generation {mine.gen}: stops"
+            )
+            yield world._replace(contributor=mine._replace(status="stopped")), text, None
+            return
+        if mine.status == "idle":
+            step = self.handed(world, stored.gen)
+            joined = mine._replace(status="joined", gen=stored.gen, step=step)
+            text = f"the contributor joins generation {stored.gen} at step {step}"
+            yield world._replace(contributor=joined), text, None
+            return
+        if stored.gen != mine.gen:
+            if self.flags.contributor_pins_generation:
+                text = f"the contributor finds generation {stored.gen}, not its {mine.gen}: stops"
+                yield world._replace(contributor=mine._replace(status="stopped")), text, None
+                return
+            mine = mine._replace(gen=stored.gen)  # rejoins: the defect
+        vouch = stored.vouch if self.flags.contributor_keeps_probation else True
+        new = stored._replace(step=max(stored.step, mine.step), beat=stored.beat + 1, vouch=vouch)
+        world = world._replace(contributor=mine._replace(wrote=True))
+        text = f"the contributor writes step {mine.step}: {new.describe()} accepted"
+        for after, heard, violation in self.store(world, new):
+            yield after, text + heard, violation
+
+    # ------------------------------------------------------------ Redis: store, announce
+
+    def store(self, world: World, state: Stored) -> Iterator[Outcome]:
+        """The write of ``state`` (truth filled in) and its announcement to every waiter."""
+        state = state._replace(
+            age=0,
+            run=world.gens[state.gen - 1].run,
+            legit=self.legit(world, state.gen, state.step),
+            witnesses=frozenset(j for j, w in enumerate(world.waiters) if waiting(w)),
+        )
+        yield from self.announce(world._replace(stored=state), state)
+
+    def made_beat(self, world: World, gen: int) -> int:
+        """The beat a write that (re)makes the state of ``gen`` stores: the Redis clock, in
+        the code TIME in microseconds (- 1, + the write's 1), above every beat stored before
+        (a write takes a microsecond at least). Only the order of a generation's beats
+        decides anything (marks compare the generation first), so the model takes the least
+        value above every beat of ``gen`` that anyone still holds: a state, the replica's,
+        an announcement in an inbox, a waiter's or a watch's mark."""
+        if not self.flags.beat_from_clock:
+            return 1
+        return max((beat for of, beat in self.marks(world) if of == gen), default=0) + 1
+
+    def marks(self, world: World) -> Iterator[Mark]:
+        """Every ``(generation, beat)`` held anywhere: what a decision can compare."""
+        for state in (world.stored, world.replica):
+            if state is not None:
+                yield mark(state)
+        for waiter in world.waiters:
+            yield from (m for m in (waiter.prev_read, waiter.live_mark) if m is not None)
+            yield from (mark(m) for m in waiter.inbox if m is not None)
+        yield from (c.watch_mark for c in world.chiefs if c.watch_mark is not None)
+
+    def announce(self, world: World, message: Msg) -> Iterator[Outcome]:
+        outcomes: list[Outcome] = [(world, "", None)]
+        for j in range(len(self.scope.waiters)):
+            outcomes = [
+                (after, text + more, _first(violation, later))
+                for before, text, violation in outcomes
+                for after, more, later in self.hear(before, j, message)
+            ]
+        yield from outcomes
+
+    def hear(self, world: World, j: int, message: Msg) -> Iterator[Outcome]:
+        """Waiter ``j`` and one announcement: handled now, buffered, lost or late."""
+        waiter, name = world.waiters[j], self.scope.waiters[j].name
+        if not waiting(waiter) or waiter.paused:
+            yield world, "", None
+            return
+        if waiter.phase == "subscribed" or waiter.inbox:
+            inbox = (*waiter.inbox, message)[-self.scope.inbox :]
+            yield self._waiter(world, j, waiter._replace(inbox=inbox)), "", None
+            return
+        after, text, violation = self.handle(world, j, message)
+        yield after, f"; {text}", violation
+        budget = world.budget
+        if budget.lose_announcements:
+            lost = world._replace(
+                budget=budget._replace(lose_announcements=budget.lose_announcements - 1)
+            )
+            yield lost, f"; its announcement to {name} is lost", None
+        if budget.late_announcements:
+            late = self._waiter(world, j, waiter._replace(inbox=(message,)))
+            late = late._replace(
+                budget=budget._replace(late_announcements=budget.late_announcements - 1)
+            )
+            yield late, f"; its announcement to {name} is late", None
+
+    # ------------------------------------------------------------ waiters
+
+    def _waiter(self, world: World, j: int, waiter: Waiter) -> World:
+        return world._replace(waiters=_put(world.waiters, j, waiter))
+
+    def waiter_environment(self, world: World, j: int) -> Iterator[Outcome]:
+        spec, waiter = self.scope.waiters[j], world.waiters[j]
+        name = spec.name
+        if waiter.phase == "idle":
+            started = waiter._replace(phase="subscribed", since_read=self.scope.fallback)
+            text = f"{name} (target {spec.target}) starts waiting: subscribes (confirmed)"
+            yield self._waiter(world, j, started), text, None
+            return
+        if not waiting(waiter):
+            return
+        if waiter.paused:
+            back = waiter._replace(paused=False, since_read=self.scope.fallback)
+            yield self._waiter(world, j, back), f"{name} reconnects and subscribes again", None
+            return
+        budget = world.budget
+        if spec.may_pause and budget.pauses:
+            cut = self._waiter(world, j, waiter._replace(paused=True, inbox=()))
+            cut = cut._replace(budget=budget._replace(pauses=budget.pauses - 1))
+            yield cut, f"{name} is cut off from Redis", None
+
+    def waiter_actions(self, world: World, j: int) -> Iterator[Outcome]:
+        waiter = world.waiters[j]
+        if not waiting(waiter) or waiter.paused:
+            return
+        if waiter.since_read >= self.scope.fallback:
+            yield self.read(world, j)
+        if waiter.phase == "waiting" and waiter.inbox:
+            message, rest = waiter.inbox[0], waiter.inbox[1:]
+            yield self.handle(self._waiter(world, j, waiter._replace(inbox=rest)), j, message)
+
+    def read(self, world: World, j: int, *, scheduled: bool = True) -> Outcome:
+        """A read of the state and the reset token (one call), and what it decides.
+
+        ``scheduled``: the first read, or a fallback read (the next one is due a fallback
+        interval later); a read an announcement asked for leaves that schedule alone.
+        """
+        spec, waiter, stored = self.scope.waiters[j], world.waiters[j], world.stored
+        shown = "no state" if stored is None else stored.describe()
+        if world.fenced:
+            shown += f" (a hash with only the fence of generation {world.fenced})"
+        text = f"{spec.name} reads {shown}, reset token {world.token or 'none'}"
+        first = waiter.phase == "subscribed"
+        if scheduled or first:
+            waiter = waiter._replace(since_read=0)
+        if first:
+            waiter = waiter._replace(
+                phase="waiting",
+                baseline=world.token,
+                first_read_this_tick=self.same_ms,
+                done_at_start=stored.gen if stored is not None and stored.done else 0,
+            )
+            text += " (its first read)"
+        elif self.token_aborts(world, spec.name, waiter.baseline):
+            return self.end(self._waiter(world, j, waiter), j, "reset", None, text)
+        world = self._waiter(world, j, waiter)
+        violation = None
+        if stored is not None:
+            world, text, violation = self.consider(world, j, stored, "read", first, text)
+        # what it buffered before its first read, in order
+        while first and waiting(world.waiters[j]) and world.waiters[j].inbox:
+            waiter = world.waiters[j]
+            message, rest = waiter.inbox[0], waiter.inbox[1:]
+            world, more, later = self.handle(
+                self._waiter(world, j, waiter._replace(inbox=rest)), j, message
+            )
+            text, violation = f"{text}; then {more}", _first(violation, later)
+        return world, text, violation
+
+    def token_aborts(self, world: World, name: str, baseline: int) -> bool:
+        if not world.token:
+            return False
+        if self.flags.reset_token_equality:
+            return world.token != baseline
+        return world.token > baseline and name not in world.same_tick
+
+    def handle(self, world: World, j: int, message: Msg) -> Outcome:
+        """Waiter ``j`` handles one announcement (already taken off its inbox)."""
+        spec, waiter = self.scope.waiters[j], world.waiters[j]
+        if message is None:
+            if self.flags.announcement_is_hint_for_reset:
+                world, text, violation = self.read(world, j, scheduled=False)
+                return world, f"{spec.name} hears a reset, so {text}", violation
+            return self.end(world, j, "reset", None, f"{spec.name} hears a reset")
+        if message.run == spec.run and (message.done or message.pinned):
+            world = self._waiter(world, j, waiter._replace(heard_final=True))
+        text = f"{spec.name} hears {message.describe()}"
+        return self.consider(world, j, message, "announcement", False, text)
+
+    def consider(
+        self, world: World, j: int, state: Stored, via: str, first: bool, text: str
+    ) -> Outcome:
+        """What a read or an announcement of ``state`` does to waiter ``j``: the code's
+        ``WaitRules.on_snapshot`` and ``on_announcement``, then ``_judge``."""
+        flags, spec, waiter = self.flags, self.scope.waiters[j], world.waiters[j]
+        run_id = self.scope.run_id(spec.run)
+        if state.run_id != run_id or state.gen < waiter.max_gen:
+            return world, text, None  # another run's, or older than what it read
+        key = mark(state)
+        live_mark = waiter.live_mark
+
+        def observed(write: Mark) -> Mark:
+            # the newest write it knows happened during its wait: it only grows
+            return write if live_mark is None or write > live_mark else live_mark
+
+        if via == "announcement":
+            live_mark = observed(key)
+            if state.gen > waiter.max_gen:
+                # a generation it has not read yet: the read decides
+                world = self._waiter(world, j, waiter._replace(live_mark=live_mark))
+                world, more, violation = self.read(world, j, scheduled=False)
+                return world, f"{text}, so {more}", violation
+            live = True  # heard on its confirmed subscription: written during the wait
+        else:
+            if waiter.prev_read is not None and key > waiter.prev_read:
+                live_mark = observed(key)  # a write came between two of its reads
+            elif first and (
+                not flags.observed_write_required
+                or (not flags.no_clock_comparison and state.age <= self.scope.fresh_window)
+            ):
+                live_mark = observed(key)  # the defects: a first read taken for an observation
+            waiter = waiter._replace(prev_read=key, max_gen=state.gen)
+            live = live_mark is not None and key >= live_mark
+        waiter = waiter._replace(live_mark=live_mark)
+        world = self._waiter(world, j, waiter)
+        own = run_id != "" and state.run_id == run_id
+        if flags.done_needs_observation_or_run_id:
+            final_trusted = live or own
+        else:
+            final_trusted = own or state.gen != waiter.done_at_start
+        if state.step >= spec.target:
+            if state.pinned and not state.done:
+                released = live or own  # an operator's pin: a final fact of its run
+            elif state.done:
+                released = final_trusted and state.vouch
+            else:
+                released = state.vouch and live
+            if released:
+                return self.end(world, j, "released", state, text)
+        elif state.done and final_trusted and (state.vouch or not flags.abort_needs_vouch):
+            # a zombie's final write on probation (vouch=0) aborts nobody
+            return self.end(world, j, "done", state, text)
+        return world, text, None
+
+    def end(self, world: World, j: int, how: str, state: Stored | None, text: str) -> Outcome:
+        if how == "released":
+            assert state is not None
+            violation = self.check_release(world, j, state)
+            text = f"{text}: RELEASED at step {state.step}"
+            phase = "released"
+        else:
+            violation = self.check_abort(world, j, how, state)
+            text = f"{text}: ABORTED ({how})"
+            phase = "aborted"
+        waiter = world.waiters[j]._replace(phase=phase, inbox=(), owed=0)
+        return self._waiter(world, j, waiter), text, violation
+
+    # ------------------------------------------------------------ operators
+
+    def publish(self, world: World) -> Iterator[Outcome]:
+        budget = world.budget
+        operator = self.scope.operator
+        if operator is not None and budget.publishes:
+            gen = len(world.gens) + 1
+            world = world._replace(
+                gens=(*world.gens, Gen(operator.run, -1, operator.step, False)),
+                budget=budget._replace(publishes=0),
+            )
+            new = Stored(
+                self.scope.run_id(operator.run),
+                gen,
+                operator.step,
+                False,
+                self.made_beat(world, gen),
+                True,
+                self.flags.operator_pin,
+            )
+            world = world._replace(fenced=0)
+            text = f"an operator publishes step {operator.step}: {new.describe()}"
+            for after, heard, violation in self.store(world, new):
+                yield after._replace(quiet=False), text + heard, violation
+
+    def reset(self, world: World) -> Iterator[Outcome]:
+        same = frozenset(
+            [
+                s.name
+                for s, c in zip(self.scope.chiefs, world.chiefs, strict=True)
+                if c.began_this_tick
+            ]
+            + [
+                s.name
+                for s, w in zip(self.scope.waiters, world.waiters, strict=True)
+                if w.first_read_this_tick
+            ]
+        )
+        world = world._replace(
+            stored=None,
+            fenced=0,
+            token=world.next_token,
+            next_token=world.next_token + 1,
+            same_tick=same,
+            gens=tuple(gen._replace(reset_ended=True) for gen in world.gens),
+            budget=world.budget._replace(resets=world.budget.resets - 1),
+            waiters=tuple(
+                w._replace(reset_during=True) if w.phase == "waiting" else w for w in world.waiters
+            ),
+        )
+        text = f"an operator resets the job (token {world.token})"
+        for after, heard, violation in self.announce(world, None):
+            yield after, text + heard, violation
+
+    # ------------------------------------------------------------ faults
+
+    def fault_events(self, world: World) -> Iterator[Outcome]:
+        budget = world.budget
+        restart = tuple(w._replace(owed=0) for w in world.waiters)  # the bound starts again
+        if budget.lose_state and (world.stored is not None or world.fenced):
+            lost = world._replace(
+                stored=None,
+                fenced=0,
+                budget=budget._replace(lose_state=budget.lose_state - 1),
+                waiters=restart,
+            )
+            yield lost, "Redis loses the state (restarted empty, evicted, expired)", None
+        if budget.lose_token and world.token:
+            lost = world._replace(token=0, budget=budget._replace(lose_token=budget.lose_token - 1))
+            yield lost, "Redis loses the reset token", None
+        if budget.failovers and (world.replica, world.replica_fenced) != (
+            world.stored,
+            world.fenced,
+        ):
+            caught_up = world._replace(replica=world.stored, replica_fenced=world.fenced)
+            yield caught_up, "the replica catches up", None
+            back = world._replace(
+                stored=world.replica,
+                fenced=world.replica_fenced,
+                budget=budget._replace(failovers=budget.failovers - 1),
+                waiters=restart,
+            )
+            yield back, "Redis fails over to its lagging replica", None
+
+
+def waiting(waiter: Waiter) -> bool:
+    return waiter.phase in ("subscribed", "waiting")
+
+
+def mark(state: Stored) -> Mark:
+    return (state.gen, state.beat)
+
+
+# ---------------------------------------------------------------- exploration
+
+
+def explore(
+    flags: Flags | None = None, scope: Scope | None = None, *, limit: int = 1_500_000
+) -> Result:
+    """Every state reachable in ``scope`` under ``flags``, breadth first.
+
+    Stops at the first violation, which is then one of the shortest (in events);
+    its trace lists the events from the initial state.
+    """
+    model = Model(flags or Flags(), scope or ZOMBIE)
+    start = model.initial()
+    parent: dict[World, tuple[World, str] | None] = {start: None}
+    queue: deque[World] = deque([start])
+    worst = stuck = 0
+    while queue:
+        world = queue.popleft()
+        if model.due(world) and next(model.actions(world), None) is None:
+            stuck += 1
+        for label, after, violation in model.successors(world):
+            if violation is not None:
+                trace = [label]
+                at = world
+                while (link := parent[at]) is not None:
+                    at, event = link
+                    trace.append(event)
+                found = violation._replace(trace=tuple(reversed(trace)))
+                return Result(len(parent), found, worst, stuck)
+            if after in parent:
+                continue
+            parent[after] = (world, label)
+            worst = max([worst, *(w.owed for w in after.waiters)])
+            queue.append(after)
+        if len(parent) > limit:
+            raise RuntimeError(f"more than {limit} states in scope {model.scope.name}")
+    return Result(len(parent), None, worst, stuck)
+
+
+# ---------------------------------------------------------------- scopes
+
+ZOMBIE = Scope(
+    name="zombie",
+    chiefs=(
+        ChiefSpec("A1", "A", 2, 2, may_pause=True),
+        ChiefSpec("A2", "A", 1, 2, after="A1"),
+    ),
+    waiters=(WaiterSpec("W1", "A", 2),),
+    lose_state=1,
+    pauses=1,
+)
+"""Run A: A1 (at step 2) pauses and comes back a zombie; A2, the newest generation,
+restarts from a checkpoint at step 1; Redis forgets once."""
+
+DEAD = Scope(
+    name="dead",
+    chiefs=(
+        ChiefSpec("A1", "A", 1, 2, may_crash=True),
+        ChiefSpec("A2", "A", 1, 2, after="A1"),
+    ),
+    waiters=(WaiterSpec("W1", "A", 2),),
+    late_announcements=1,
+)
+"""A1 crashes at any moment; A2 restarts from a checkpoint; an announcement is late."""
+
+CONTRIBUTOR = Scope(
+    name="contributor",
+    chiefs=(
+        ChiefSpec("A1", "A", 2, 2, may_crash=True, may_pause=True),
+        ChiefSpec("A2", "A", 1, 1, after="A1"),
+    ),
+    waiters=(WaiterSpec("W1", "A", 2),),
+    contributor="A",
+    pauses=1,
+    max_ticks=4,
+)
+"""A contributor joins A1's generation at step 2; A1 crashes or pauses; A2 restarts
+from a checkpoint at step 1."""
+
+CONTRIBUTOR_FORGETS = CONTRIBUTOR._replace(
+    name="contributor-forgets",
+    chiefs=(
+        ChiefSpec("A1", "A", 2, 2, may_pause=True),
+        ChiefSpec("A2", "A", 1, 1, after="A1"),
+    ),
+    lose_state=1,
+    max_ticks=3,
+)
+"""As CONTRIBUTOR, and Redis forgets once while A1 is paused."""
+
+RUNS = Scope(
+    name="runs",
+    chiefs=(
+        ChiefSpec("A1", "A", 1, 2, may_pause=True, may_finish=True),
+        ChiefSpec("B1", "B", 1, 2, after="A1"),
+    ),
+    waiters=(WaiterSpec("W1", "A", 2),),
+    pauses=1,
+    max_ticks=5,
+)
+"""Two runs overlap: A without a run id, B with one; A1 may pause or finish."""
+
+DONE = Scope(
+    name="done",
+    chiefs=(ChiefSpec("A1", "A", 1, 2, may_finish=True),),
+    waiters=(WaiterSpec("W1", "A", 2), WaiterSpec("W2", "A", 3)),
+    max_ticks=8,
+)
+"""Run A (no run id) finishes at step 2: W1 (target 2) must be released, W2 (3) aborted."""
+
+RESET = Scope(
+    name="reset",
+    chiefs=(ChiefSpec("B1", "B", 1, 2),),
+    waiters=(WaiterSpec("W1", "B", 2), WaiterSpec("W2", "B", 1)),
+    resets=1,
+    max_ticks=5,
+)
+"""A reset at any moment of run B's job."""
+
+PUBLISH = Scope(
+    name="publish",
+    chiefs=(ChiefSpec("B1", "B", 1, 1, may_crash=True),),
+    waiters=(WaiterSpec("W1", "B", 1), WaiterSpec("W2", "B", 2)),
+    operator=OperatorSpec("B", 1),
+    max_ticks=7,
+)
+"""An operator publishes step 1 for run B (a run id); its chief may have crashed."""
+
+LIVENESS = Scope(
+    name="liveness",
+    chiefs=(ChiefSpec("B1", "B", 1, 2, may_finish=True),),
+    waiters=(WaiterSpec("W1", "B", 2, may_pause=True),),
+    lose_state=1,
+    lose_announcements=1,
+    pauses=1,
+    max_ticks=6,
+)
+"""One chief and one waiter, and the faults that only delay: Redis forgets, an
+announcement is lost, the waiter is cut off."""
+
+LIVENESS_SHARP = LIVENESS._replace(name="liveness-sharp", lose_announcements=2, pauses=0)
+"""As LIVENESS, with two announcements lost (in a row: only then does a waiter need its
+fallback read) and no cut-off: the worst wait meets the bound exactly."""
+
+BEGIN = ZOMBIE._replace(name="begin", split_begin=True)
+"""As ZOMBIE, but a begin and its first write are two calls: A1 may write between A2's,
+and Redis may forget the state (and the fence) between them."""
+
+BEGIN_PAUSED = BEGIN._replace(name="begin-paused", pause_after_begin=True, lose_state=0)
+"""As BEGIN, and A1 may pause between its begin (on no state: the job is new) and its first
+write, while A2 begins; Redis forgets nothing (with a loss, see the limit
+``paused-first-write-after-redis-forgot``)."""
+
+BEAT = Scope(
+    name="beat",
+    chiefs=(ChiefSpec("B1", "B", 2, 2),),
+    waiters=(WaiterSpec("W1", "B", 2),),
+    lose_state=1,
+    lose_announcements=3,
+    max_ticks=9,
+)
+"""One chief of run B at step 2 and one waiter; Redis forgets once, and up to three
+announcements are lost (a subscription that silently died): only reads release."""
+
+FINAL = ZOMBIE._replace(
+    name="final",
+    chiefs=(
+        ChiefSpec("A1", "A", 2, 2, may_pause=True, may_finish=True),
+        ChiefSpec("A2", "A", 1, 3, after="A1"),
+    ),
+    waiters=(WaiterSpec("W1", "A", 3),),
+    max_ticks=5,
+)
+"""As ZOMBIE (over five ticks), but A1 may finish: its final write may be the one that
+recreates the state Redis lost, after A2 superseded it; W1 waits for step 3, above it."""
+
+SCOPES = (
+    ZOMBIE,
+    DEAD,
+    CONTRIBUTOR,
+    CONTRIBUTOR_FORGETS,
+    RUNS,
+    DONE,
+    RESET,
+    PUBLISH,
+    LIVENESS,
+    BEGIN,
+    BEGIN_PAUSED,
+    BEAT,
+    FINAL,
+)
+
+
+# ---------------------------------------------------------------- what each fix rules out
+
+
+class Fix(NamedTuple):
+    flag: str
+    defect: int | None
+    """The number of the defect in the review of issue 21 (None: not one of its list)."""
+    what: str
+    """The defect, as the review put it."""
+    scope: Scope
+    """Where turning the flag off shows the defect."""
+    invariant: str
+    """The invariant its counterexample breaks."""
+
+
+FIXES = (
+    Fix(
+        "contributor_pins_generation",
+        1,
+        "an old run's contributor adopts a new chief's generation and pushes its old step",
+        CONTRIBUTOR,
+        "never early",
+    ),
+    Fix(
+        "probation",
+        2,
+        "a zombie's write after Redis restarted empty is accepted",
+        ZOMBIE,
+        "never early",
+    ),
+    Fix(
+        "observed_write_required",
+        4,
+        "a dead chief's stale state releases a newcomer (the confirmation window)",
+        DEAD,
+        "never early",
+    ),
+    Fix(
+        "no_clock_comparison",
+        5,
+        "a stored timestamp counts as fresh by a clock comparison (one in the future, always)",
+        DEAD,
+        "never early",
+    ),
+    Fix(
+        "done_needs_observation_or_run_id",
+        6,
+        "a worker that subscribed before the chief's done but read after distrusts it (lost)",
+        DONE,
+        "never lost",
+    ),
+    Fix(
+        "runs_kept_apart",
+        10,
+        "a second run silently supersedes a live one",
+        RUNS,
+        "runs kept apart",
+    ),
+    Fix(
+        "operator_pin",
+        11,
+        "an operator's publish releases only the waiters arriving within 5 s",
+        PUBLISH,
+        "never lost",
+    ),
+    Fix(
+        "reset_token_equality",
+        12,
+        "a reset in the same millisecond as a chief's begin is not seen",
+        RESET,
+        "never early",
+    ),
+    Fix(
+        "announcement_is_hint_for_reset",
+        None,
+        "the note's rule 8: a reset announcement (late, or of a reset before the wait's "
+        "first read) aborts a wait by itself",
+        RESET,
+        "aborted only for real",
+    ),
+    Fix(
+        "contributor_keeps_probation",
+        None,
+        "found by this model, now implemented: a contributor's vouching write ends the "
+        "probation of a zombie that recreated the state",
+        CONTRIBUTOR_FORGETS,
+        "never early",
+    ),
+    Fix(
+        "begin_fences",
+        None,
+        "found by this model, now implemented: between a new chief's begin_generation and its "
+        "first write (two calls) the generation before it still writes, and releases",
+        BEGIN,
+        "never early",
+    ),
+    Fix(
+        "begin_fences_empty_job",
+        None,
+        "found by this model, now implemented: a chief begins its generation on no state (a "
+        "new job, or one Redis lost) and pauses (shorter than FENCE) before its first write; a "
+        "newer chief begins meanwhile and finds no state to fence; the older one's first write, "
+        "its generation's first within FENCE of its begin, needs no probation: it vouches at "
+        "once and releases until the newest generation's first write",
+        BEGIN_PAUSED,
+        "never early",
+    ),
+    Fix(
+        "beat_from_clock",
+        None,
+        "found by this model, now implemented: Redis loses the state and the live generation "
+        "recreates it, its beat starting again at 1; a read is observed live only at or above "
+        "the greatest write the wait observed before, so a wait whose announcements are lost is "
+        "released by a read only once the beat passes that one, later than the bound",
+        BEAT,
+        "never lost",
+    ),
+    Fix(
+        "abort_needs_vouch",
+        None,
+        "found by this model, now implemented: a zombie's final write (close(done=True)) that "
+        "recreates the state Redis lost is stored done on probation (vouch=0); a wait above its "
+        "step that trusts it (it saw it happen, or its run id) aborts 'done' though the newest "
+        "generation is live (the release asked for the vouch of a done state, the abort did not)",
+        FINAL,
+        "aborted only for real",
+    ),
+)
+"""Every flag, the review's defect it rules out, and the scope that shows it."""
+
+
+class Limit(NamedTuple):
+    name: str
+    what: str
+    scope: Scope
+    invariant: str
+
+
+LIMITS = (
+    Limit(
+        "newest-cut-off",
+        "Redis loses the state and the newest generation cannot write for FENCE while a "
+        "zombie can: the zombie's state vouches after FENCE (the note's first limit)",
+        ZOMBIE._replace(
+            name="newest-cut-off",
+            chiefs=(
+                ChiefSpec("A1", "A", 2, 2, may_pause=True),
+                ChiefSpec("A2", "A", 1, 2, after="A1", may_pause=True),
+            ),
+            pauses=2,
+        ),
+        "never early",
+    ),
+    Limit(
+        "reset-token-lost",
+        "Redis loses a reset's token before the old chief's next write: that chief goes on, "
+        "and a waiter arriving after the reset can be released by it (the note's fourth limit)",
+        RESET._replace(name="reset-token-lost", lose_token=1),
+        "never early",
+    ),
+    Limit(
+        "lagging-replica",
+        "a failover to a replica that missed the newest generation's writes: until its next "
+        "write, a zombie writing onto the older state releases a waiter that has not seen the "
+        "newest generation (found by this model; the note's second limit names only the clock)",
+        ZOMBIE._replace(name="lagging-replica", lose_state=0, failovers=1),
+        "never early",
+    ),
+    Limit(
+        "paused-first-write-after-redis-forgot",
+        "a chief begins its generation and pauses (shorter than FENCE) before its first write; "
+        "a newer chief begins (fencing it) and writes, then Redis loses the state, and the "
+        "fence with it; the older one's first write finds no state and, its generation's "
+        "first within FENCE of its begin, needs no probation: it vouches at once and releases "
+        "until the newest generation's next write (found by this model; with FENCE of two "
+        "ticks a begin, a write and a loss do not fit in the pause)",
+        BEGIN_PAUSED._replace(name="paused-first-write-after-redis-forgot", lose_state=1),
+        "never early",
+    ),
+    Limit(
+        "runs-while-redis-forgot",
+        "a second run's chief begins while Redis has just lost the state: it finds nothing to "
+        "watch and takes the job over; the live run's chief is SUPERSEDED (found by this model)",
+        RUNS._replace(name="runs-while-redis-forgot", lose_state=1),
+        "runs kept apart",
+    ),
+    Limit(
+        "runs-share-a-run-id",
+        "two runs with the same run id (or none) are one run: the second takes the first over",
+        RUNS._replace(name="runs-share-a-run-id", run_ids=(("A", ""), ("B", ""))),
+        "runs kept apart",
+    ),
+    Limit(
+        "pin-without-run-id",
+        "the note's rule 10, 'every waiter with T <= N is released, now or later', holds only "
+        "with a run id: by rule 3 a waiter without one that arrives after the pin waits "
+        "(found by this model)",
+        PUBLISH._replace(
+            name="pin-without-run-id",
+            chiefs=(ChiefSpec("A1", "A", 1, 1, may_crash=True),),
+            waiters=(WaiterSpec("W1", "A", 1),),
+            operator=OperatorSpec("A", 1),
+            pin_owed_to_all=True,
+        ),
+        "never lost",
+    ),
+)
+"""Faults outside the promises (docs/protocol.md#limits): the model finds each one."""
