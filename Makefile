@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 EXTRAS ?= dev,docs,tensorflow,jax,fast,exporter
 PYTEST_ARGS ?=
 
-.PHONY: all demo test test-core lint docs dist venv redis-server prometheus bench bench-quick clean
+.PHONY: all demo test test-core soak lint docs dist venv redis-server prometheus bench bench-quick clean
 
 all: lint test
 
@@ -53,6 +53,15 @@ test: venv redis-server prometheus
 
 test-core: venv redis-server prometheus
 	$(PY) -m pytest -m "not tensorflow and not reliability" $(PYTEST_ARGS)
+
+# A long run of the stateful fault test (tests/reliability/test_protocol_stateful.py):
+# new random examples for SOAK_SECONDS (20 minutes by default; e.g. make soak
+# SOAK_SECONDS=3600), the whole run stopped by `timeout` 15 minutes after that at
+# the latest. A failure prints its minimal example and a @reproduce_failure blob.
+SOAK_SECONDS ?= 1200
+soak: venv redis-server
+	STEPBARRIER_SOAK_SECONDS=$(SOAK_SECONDS) timeout $$(( $(SOAK_SECONDS) + 900 )) \
+		$(PY) -m pytest tests/reliability/test_protocol_stateful.py $(PYTEST_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check .
