@@ -78,7 +78,7 @@ if stored == nil and (kind == 'none' or kind == 'hash') then
   local fence = kind == 'hash' and whole(redis.call('HGET', KEYS[1], 'fence')) or nil
   if fence and fence >= generation then generation = fence + 1 end
   redis.call('HSET', KEYS[1], 'fence', string.format('%.0f', generation))
-  if redis.call('TTL', KEYS[1]) < 0 then redis.call('EXPIRE', KEYS[1], 86400) end
+  redis.call('EXPIRE', KEYS[1], 86400)
 end
 local marker = ''
 if redis.call('TYPE', KEYS[2]).ok == 'string' then
