@@ -100,6 +100,7 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -1483,6 +1484,7 @@ def stateful_server(request: pytest.FixtureRequest) -> Iterator[RedisServer]:
         yield server
     finally:
         server.cleanup()
+        shutil.rmtree(ProtocolMachine.workdir, ignore_errors=True)
         STATS.seconds = now() - started
         capture = request.config.pluginmanager.get_plugin("capturemanager")
         with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
