@@ -25,7 +25,7 @@ from stepbarrier.errors import (
 from stepbarrier.publisher import StepPublisher
 from stepbarrier.schedule import schedule_wait_until_step
 from stepbarrier.status import BarrierInfo, JobStatus, WaiterInfo, read_status
-from stepbarrier.waiter import StepWaiter
+from stepbarrier.waiter import StepSource, StepWaiter
 
 __version__ = "0.1.0"
 
@@ -44,6 +44,7 @@ __all__ = [
     "RedisUnavailable",
     "StepBarrierError",
     "StepPublisher",
+    "StepSource",
     "StepWaiter",
     "WaiterInfo",
     "__version__",

@@ -29,6 +29,7 @@ from stepbarrier.defaults import (
     DEFAULT_DONE_TTL,
     DEFAULT_HEARTBEAT,
     DEFAULT_KEY_TTL,
+    DEFAULT_NO_CHIEF_WARNING,
     DEFAULT_REDIS_URL,
     DEFAULT_SENTINEL_SERVICE,
     DEFAULT_STALL_TIMEOUT,
@@ -44,6 +45,7 @@ from stepbarrier.schedule import MAX_STEP, schedule_wait_until_step, validate_sc
 
 __all__ = [
     "DEFAULT_DONE_TTL",
+    "DEFAULT_NO_CHIEF_WARNING",
     "DEFAULT_HEARTBEAT",
     "DEFAULT_KEY_TTL",
     "DEFAULT_REDIS_URL",
@@ -97,6 +99,7 @@ class BarrierConfig:
     run_id: str | None = None
     done_ttl: int = DEFAULT_DONE_TTL
     progress_timeout: float | None = None
+    no_chief_warning: float = DEFAULT_NO_CHIEF_WARNING
     use_eval: bool = False
     redis_cluster: bool = False
 
@@ -107,6 +110,7 @@ class BarrierConfig:
         check_int(self.done_ttl, "done_ttl", low=1, high=10 * 365 * 24 * 3600)
         if self.progress_timeout is not None:
             check_seconds(self.progress_timeout, "progress_timeout")
+        check_seconds(self.no_chief_warning, "no_chief_warning")
         if not isinstance(self.use_eval, bool):
             raise ConfigurationError(
                 f"use_eval must be True or False, got {self.use_eval!r}", variable="use_eval"

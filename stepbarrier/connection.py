@@ -101,7 +101,10 @@ def make_client(
     """
     options: dict[str, Any] = {
         "socket_timeout": socket_timeout,
-        "socket_connect_timeout": CONNECT_TIMEOUT,
+        # a caller with a short reply limit gets no longer a connect
+        "socket_connect_timeout": CONNECT_TIMEOUT
+        if socket_timeout is None
+        else min(CONNECT_TIMEOUT, socket_timeout),
         "retry": Retry(NoBackoff(), 0),
         "health_check_interval": 0,
         "decode_responses": False,

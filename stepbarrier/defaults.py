@@ -28,6 +28,9 @@ under the same job name needs no wait (its chief's newer generation replaces
 the finished state); the record must outlive the longest a worker may be cut
 off and still be waiting, so the chief keeps it at least its stall timeout
 plus a minute, whatever this says (docs/protocol.md#done)."""
+DEFAULT_NO_CHIEF_WARNING = 20.0
+"""Seconds a wait goes on without any write of its job's chief seen before it
+warns that the chief may not publish (or publishes under another job or Redis)."""
 FALLBACK_INTERVAL = 5.0
 """Seconds between a waiter's re-reads of the stored step (pub/sub is only a hint)."""
 
@@ -55,6 +58,7 @@ ENVIRONMENT_VARIABLES: tuple[str, ...] = (
     "STEPBARRIER_RUN_ID",
     "STEPBARRIER_DONE_TTL",
     "STEPBARRIER_PROGRESS_TIMEOUT",
+    "STEPBARRIER_NO_CHIEF_WARNING",
     "STEPBARRIER_USE_EVAL",
     "STEPBARRIER_REDIS_CLUSTER",
 )

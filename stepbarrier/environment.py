@@ -22,6 +22,7 @@ from stepbarrier.defaults import (
     DEFAULT_DONE_TTL,
     DEFAULT_HEARTBEAT,
     DEFAULT_KEY_TTL,
+    DEFAULT_NO_CHIEF_WARNING,
     DEFAULT_REDIS_URL,
     DEFAULT_SENTINEL_SERVICE,
     DEFAULT_STALL_TIMEOUT,
@@ -43,6 +44,13 @@ def _get(env: Mapping[str, str], name: str) -> str | None:
     if value is None or value.strip() == "":
         return None
     return value.strip()
+
+
+def job_in_env(environ: Mapping[str, str] | None = None) -> bool:
+    """True if ``STEPBARRIER_JOB`` is set (to anything but blanks): stepbarrier is
+    configured on this host (``GlobalStepWaiterHook`` without it waits as
+    TensorFlow's hook does)."""
+    return _get(os.environ if environ is None else environ, "STEPBARRIER_JOB") is not None
 
 
 def barrier_role_from_env(environ: Mapping[str, str] | None = None) -> Role | None:
@@ -162,6 +170,7 @@ class EnvSettings(TypedDict):
     run_id: str | None
     done_ttl: int
     progress_timeout: float | None
+    no_chief_warning: float
     use_eval: bool
     redis_cluster: bool
 
@@ -252,6 +261,8 @@ def settings_from_env(env: Mapping[str, str]) -> EnvSettings:
         run_id=run_id,
         done_ttl=done_ttl if done_ttl is not None else DEFAULT_DONE_TTL,
         progress_timeout=_env_seconds(env, "STEPBARRIER_PROGRESS_TIMEOUT"),
+        no_chief_warning=_env_seconds(env, "STEPBARRIER_NO_CHIEF_WARNING")
+        or DEFAULT_NO_CHIEF_WARNING,
         use_eval=_env_flag(env, "STEPBARRIER_USE_EVAL"),
         redis_cluster=_env_flag(env, "STEPBARRIER_REDIS_CLUSTER"),
     )

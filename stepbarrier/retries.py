@@ -89,6 +89,7 @@ def call_with_retries(
     deadline: float | None,
     clock: Callable[[], float],
     sleep: Callable[[float], None],
+    quiet: bool = False,
 ) -> T:
     """Run ``operation``, retrying transient Redis errors until ``deadline``.
 
@@ -101,12 +102,14 @@ def call_with_retries(
             transient.
         clock: Monotonic clock.
         sleep: Sleeps between tries (injectable for tests).
+        quiet: Log the retries at DEBUG, not as WARNINGs: the caller says
+            once what an outage means to it.
 
     Raises:
         RedisUnavailable: Still unreachable at the deadline.
         RedisRefused: A non-transient error, at once.
     """
-    settings = retry_settings(config, action=action, deadline=deadline, clock=clock)
+    settings = retry_settings(config, action=action, deadline=deadline, clock=clock, quiet=quiet)
     try:
         return Retrying(sleep=sleep, **settings)(operation)
     except REDIS_ERRORS as exc:
@@ -116,7 +119,12 @@ def call_with_retries(
 
 
 def retry_settings(
-    config: BarrierConfig, *, action: str, deadline: float | None, clock: Callable[[], float]
+    config: BarrierConfig,
+    *,
+    action: str,
+    deadline: float | None,
+    clock: Callable[[], float],
+    quiet: bool = False,
 ) -> dict[str, Any]:
     """tenacity's settings for ``call_with_retries`` (and its asyncio twin), all but ``sleep``.
 
@@ -127,7 +135,8 @@ def retry_settings(
     def note(state: RetryCallState) -> None:
         if state.attempt_number in (1, 10) or state.attempt_number % 50 == 0:
             error = state.outcome.exception() if state.outcome else None
-            log.warning(
+            log.log(
+                logging.DEBUG if quiet else logging.WARNING,
                 "%s unavailable (%s); retrying to %s",
                 describe_redis(config),
                 one_line(error) if error else "?",

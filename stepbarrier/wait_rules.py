@@ -24,6 +24,7 @@ once, by the rules of docs/protocol.md:
 from __future__ import annotations
 
 import logging
+import math
 import operator
 from collections.abc import Callable
 from typing import Literal
@@ -83,6 +84,11 @@ class WaitRules:
         timeout: Overall limit in seconds, or ``None``.
         clock: Monotonic clock.
         log: Where the wait's lines go (the driver's logger).
+        outside: The name of a second witness of the step the driver also
+            reads (``StepSource.name``, e.g. the TensorFlow session's global
+            step), or ``None``. With one, the wait is at least as patient as
+            that witness alone: the stall timeout holds only once a write of
+            this run's chief was seen and while Redis answers.
     """
 
     def __init__(
@@ -92,8 +98,13 @@ class WaitRules:
         timeout: float | None,
         clock: Callable[[], float],
         log: logging.Logger,
+        *,
+        outside: str | None = None,
     ) -> None:
         self.config = config
+        self.outside = outside
+        self.outside_step: int | None = None  # the witness's last step read
+        self.redis_lost = False  # the driver cannot reach Redis (it waits on the witness)
         self.target = target
         self.clock = clock
         self.log = log
@@ -112,9 +123,14 @@ class WaitRules:
         self.reads_without_message = 0
         self.read_step: int | None = None
         self.resubscribe = False
-        self.next_progress = self.started + PROGRESS_EVERY
+        self.progress_line_at = self.started + PROGRESS_EVERY
+        self.no_chief_at = self.started + config.no_chief_warning
+        self.next_progress = min(self.progress_line_at, self.no_chief_at)
+        """When the driver calls ``log_progress`` next (a progress line, or the
+        warning that no chief was seen)."""
         self.last_progress = self.started
         self.warned: set[str] = set()
+        self.released_by: str | None = None  # what released the wait, once it was
 
     @property
     def reached(self) -> bool:
@@ -334,6 +350,40 @@ class WaitRules:
         ):
             self._seen_step(announcement.step, at)  # not an older write announced late
 
+    def on_outside_step(self, step: int, hint: str = "") -> int | None:
+        """Judge a read of the outside witness (``outside``): the releasing step, or ``None``.
+
+        The witness is trusted as it stands (TensorFlow's own hook trusts the
+        session's global step): a step at or above the target releases. A step
+        that moved shows that training goes on, which counts as life for the
+        stall timeout. ``hint`` is said once, in a WARNING, when the witness
+        released a wait that never saw a write of its chief.
+        """
+        if isinstance(step, bool) or not hasattr(step, "__index__"):
+            raise TypeError(
+                f"{self.outside} must be an integer step, got {type(step).__name__} {step!r}"
+            )
+        step = operator.index(step)
+        now = self.clock()
+        if self.outside_step is not None and step != self.outside_step:
+            self.last_alive = max(self.last_alive, now)
+            self.last_progress = max(self.last_progress, now)
+        self.outside_step = step
+        if step < self.target:
+            return None
+        if not self.chief_seen:
+            self._warn_once(
+                "outside",
+                logging.WARNING,
+                "job %s: %s reached step %d before any write of this job's chief was seen on %s%s",
+                self.config.job,
+                self.outside,
+                step,
+                self.config.safe_url,
+                f"; {hint}" if hint else "",
+            )
+        return self.released(step, by=str(self.outside))
+
     def subscribed(self) -> None:
         """A new confirmed subscription: what the old one missed no longer counts."""
         self.reads_without_message = 0
@@ -377,7 +427,14 @@ class WaitRules:
     # -- limits ---------------------------------------------------------------------
 
     def stall_at(self) -> float:
-        """When the stall timeout passes, unless the chief is seen alive again."""
+        """When the stall timeout passes, unless the chief is seen alive again.
+
+        With an outside witness, never before a write of the chief was seen,
+        nor while Redis is lost: the witness alone may still release the wait,
+        as it would without stepbarrier.
+        """
+        if self.outside is not None and (not self.chief_seen or self.redis_lost):
+            return math.inf
         return self.last_alive + self.config.stall_timeout
 
     def retry_deadline(self) -> float:
@@ -447,6 +504,8 @@ class WaitRules:
         else:
             writer = f"last write of this run's chief observed {age:.1f} s ago"
         parts = [f"last step seen {seen}", writer]
+        if self.outside is not None and self.outside_step is not None:
+            parts.append(f"{self.outside} at {self.outside_step}")
         if self.holding is not None:
             parts.append(f"not released because {self.holding}")
         elif self.other_run is not None and not self.chief_seen:
@@ -454,15 +513,54 @@ class WaitRules:
         return "; ".join(parts)
 
     def log_progress(self) -> None:
-        """A progress line (call when ``clock() >= next_progress``)."""
-        self.next_progress = self.clock() + PROGRESS_EVERY
-        self.heartbeat_age = self.writer_age()
-        self.log.info(
-            "job %s: still waiting for step %d after %.0f s (%s)",
-            self.config.job,
-            self.target,
-            self.clock() - self.started,
-            self._situation(),
+        """A progress line, or the warning that no chief was seen (call when
+        ``clock() >= next_progress``)."""
+        now = self.clock()
+        if now >= self.no_chief_at and not self.chief_seen:
+            self._warn_once(
+                "no-chief",
+                logging.WARNING,
+                "job %s: no write of this job's chief seen on %s in %.0f s of waiting for "
+                "step %d (%s). %s Still waiting%s",
+                self.config.job,
+                self.config.safe_url,
+                now - self.started,
+                self.target,
+                self._situation(),
+                self.no_chief_causes(),
+                f"; {self.outside} can still release this worker" if self.outside else "",
+            )
+        if now >= self.progress_line_at:
+            self.progress_line_at = now + PROGRESS_EVERY
+            self.heartbeat_age = self.writer_age()
+            self.log.info(
+                "job %s: still waiting for step %d after %.0f s (%s)",
+                self.config.job,
+                self.target,
+                now - self.started,
+                self._situation(),
+            )
+        # once warned, or once a chief was seen, the warning is never due again
+        said = "no-chief" in self.warned or self.chief_seen
+        no_chief = math.inf if said else self.no_chief_at
+        self.next_progress = min(self.progress_line_at, max(no_chief, now + 0.001))
+
+    def no_chief_causes(self) -> str:
+        """The likely causes of a wait that never saw its chief, for messages."""
+        if self.redis_lost or not self.reached:
+            return (
+                f"Redis at {self.config.safe_url} did not answer this wait (see the error "
+                "above): is the URL right, and is Redis up?"
+            )
+        if self.other_run is not None:
+            return (
+                f"The stored state belongs to run {self.other_run}: is STEPBARRIER_RUN_ID "
+                "the same on the chief and this worker?"
+            )
+        return (
+            "Likely causes: the chief runs no publisher (add GlobalStepPublisherHook, "
+            "StepPublisherCallback or a StepPublisher to it, or build its hooks with "
+            "hooks_from_env()); or STEPBARRIER_JOB or the Redis URL differ from the chief's."
         )
 
     def released(self, step: int, *, by: str) -> int:
@@ -476,6 +574,7 @@ class WaitRules:
             by,
         )
         self.last_step = step
+        self.released_by = by
         return step
 
     def timeout(self, *, stalled: bool, progress: bool = False) -> BarrierTimeout:
@@ -494,7 +593,11 @@ class WaitRules:
         else:
             why = f"overall timeout of {self.deadline and self.deadline - self.started:g} s passed"
         hint = ""
-        if stalled and not progress and self.chief_seen:
+        if not self.chief_seen:
+            hint = f"; no write of this job's chief was ever seen on {self.config.safe_url}. " + (
+                self.no_chief_causes()
+            )
+        elif stalled and not progress:
             hint = (
                 "; if the job finished while this worker was cut off from Redis and Redis "
                 "has since forgotten it (a restart, an eviction), no record of it is left"

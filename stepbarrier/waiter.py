@@ -16,6 +16,14 @@ restart from an older checkpoint, is not trusted; no stored time is compared
 with any clock (docs/protocol.md, decided in ``stepbarrier.wait_rules``). A
 worker trusts only the state of its own run (``STEPBARRIER_RUN_ID``): another
 run's chief neither releases nor aborts it.
+
+A wait may also be given a ``StepSource``: a second witness of the step that
+it trusts as it stands, read before Redis is touched and then every
+``interval`` seconds (TensorFlow's hook passes the session's global step, the
+one thing TensorFlow's own hook reads). The wait then ends at whichever comes
+first, and is never less patient than the witness alone: Redis being down or
+refusing only leaves the witness to wait on, and the stall timeout holds only
+once a write of the chief was seen.
 """
 
 from __future__ import annotations
@@ -24,14 +32,15 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
 import redis
 
 from stepbarrier.config import BarrierConfig
-from stepbarrier.connection import RedisClient, call_with_retries, make_client
-from stepbarrier.errors import BarrierTimeout, RedisUnavailable
+from stepbarrier.connection import SOCKET_TIMEOUT, RedisClient, call_with_retries, make_client
+from stepbarrier.errors import BarrierTimeout, RedisRefused, RedisUnavailable
 from stepbarrier.protocol import StepAnnouncement, parse_announcement
 from stepbarrier.subscription import KeptSubscription, Subscription
 from stepbarrier.wait_rules import PROGRESS_EVERY, ReadNow, WaitRules, wait_target
@@ -39,7 +48,55 @@ from stepbarrier.waiter_link import WaiterLink
 
 log = logging.getLogger("stepbarrier.waiter")
 
-__all__ = ["PROGRESS_EVERY", "StepWaiter"]
+__all__ = [
+    "PROGRESS_EVERY",
+    "REDIS_RETRY_EVERY",
+    "SOURCE_RETRY_WITHIN",
+    "SOURCE_SOCKET_TIMEOUT",
+    "StepSource",
+    "StepWaiter",
+]
+
+SOURCE_SOCKET_TIMEOUT = 1.0
+"""Seconds a Redis reply may take for a waiter whose waits read a ``StepSource``."""
+SOURCE_RETRY_WITHIN = 1.0
+"""Seconds a wait with a ``StepSource`` retries a failing Redis call before it
+waits on the source alone (the source is read during the retries too)."""
+REDIS_RETRY_EVERY = 5.0
+"""Seconds between tries to reach a lost Redis while a wait with a ``StepSource``
+waits on the source alone."""
+
+
+@dataclass(frozen=True)
+class StepSource:
+    """A second witness of the job's step that a wait trusts as it stands.
+
+    Attributes:
+        read: Returns the step now (TensorFlow: ``int(session.run(global_step))``,
+            a read of the parameter server). What it raises ends the wait.
+        name: What it is, for log lines: ``"the session's global step"``.
+        interval: Seconds between reads while no write of the chief was seen
+            (TensorFlow's own hook reads every 0.5 s).
+        interval_with_chief: Seconds between reads once a write of the chief
+            was seen: Redis then wakes the wait, and the source is only the
+            safety net.
+        hint: Said once, in a WARNING, when the source released a wait that
+            never saw a write of its chief (how to add a publisher).
+    """
+
+    read: Callable[[], int]
+    name: str
+    interval: float = 0.5
+    interval_with_chief: float = 5.0
+    hint: str = ""
+
+
+class _SourceReleased(Exception):
+    """The source reached the target while the wait was inside a Redis retry."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(step)
+        self.step = step
 
 
 class StepWaiter:
@@ -51,6 +108,11 @@ class StepWaiter:
         client: A redis-py client; one is made from ``config`` if omitted.
         clock: Monotonic clock, injectable for tests.
         sleep: Sleep between retries, injectable for tests.
+        socket_timeout: Seconds a Redis reply (or connect) of a client the
+            waiter makes may take before the connection counts as dead. A
+            waiter whose waits read a ``StepSource`` takes a short one
+            (``SOURCE_SOCKET_TIMEOUT``): a Redis that hangs delays the
+            source's reads by no more.
 
     Example:
         >>> waiter = StepWaiter(BarrierConfig(job="demo", task_id=2))  # doctest: +SKIP
@@ -65,8 +127,10 @@ class StepWaiter:
         *,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        socket_timeout: float = SOCKET_TIMEOUT,
     ) -> None:
         self.config = config
+        self._socket_timeout = socket_timeout
         self._owns_client = client is None
         # made at the first wait, within its retries (a cluster client reads the
         # slot map at once, and Redis may be down)
@@ -79,13 +143,18 @@ class StepWaiter:
         """The chief generation of the last wait's release (``None`` before one); a
         worker that reports the step passes it to its contributor
         (``StepPublisher(contributor=True, join_generation=...)``)."""
+        self.last_released_by: str | None = None
+        """What released the last wait: ``"an announcement"``, ``"a read of the
+        state"`` (Redis), or the ``StepSource``'s name; ``None`` before a release."""
 
     @classmethod
     def from_env(cls) -> StepWaiter:
         """A waiter configured from ``STEPBARRIER_*`` variables and ``TF_CONFIG``."""
         return cls(BarrierConfig.from_env())
 
-    def wait(self, until_step: int, timeout: float | None = None) -> int:
+    def wait(
+        self, until_step: int, timeout: float | None = None, *, source: StepSource | None = None
+    ) -> int:
         """Block until the chief's published step is at least ``until_step``.
 
         Args:
@@ -94,6 +163,13 @@ class StepWaiter:
                 touching Redis.
             timeout: Overall limit in seconds; ``None`` uses ``config.timeout``
                 (itself ``None`` for no overall limit; the stall timeout still holds).
+            source: A second witness of the step (see ``StepSource``), read
+                before Redis and then on its interval; a step of it at or above
+                ``until_step`` releases the wait. With one, Redis being
+                unreachable or refusing never ends the wait (it is said once,
+                and Redis is tried again every ``REDIS_RETRY_EVERY`` seconds),
+                and the stall timeout holds only once a write of the chief was
+                seen and while Redis answers.
 
         Returns:
             The step seen (``>= until_step``). Under ``on_timeout="proceed"`` a
@@ -112,10 +188,11 @@ class StepWaiter:
         if target <= 0:
             return 0
         limit = self.config.timeout if timeout is None else timeout
-        wait = _Wait(self, target, limit)
+        wait = _Wait(self, target, limit, source)
         try:
             released = wait.run()
             self.last_generation = wait.rules.generation or None
+            self.last_released_by = wait.rules.released_by
             return released
         except (BarrierTimeout, RedisUnavailable) as exc:
             return wait.rules.proceed_after(exc)
@@ -136,7 +213,7 @@ class StepWaiter:
     def _connected(self) -> RedisClient:
         with self._client_lock:
             if self._client is None:
-                self._client = make_client(self.config)
+                self._client = make_client(self.config, socket_timeout=self._socket_timeout)
             return self._client
 
     def __enter__(self) -> StepWaiter:
@@ -154,12 +231,23 @@ class StepWaiter:
 class _Wait:
     """The I/O of one ``wait`` call; ``WaitRules`` decides."""
 
-    def __init__(self, waiter: StepWaiter, target: int, timeout: float | None) -> None:
+    def __init__(
+        self, waiter: StepWaiter, target: int, timeout: float | None, source: StepSource | None
+    ) -> None:
         self.waiter = waiter
         self.config = waiter.config
         self.keys = waiter.config.keys
         self.clock = waiter._clock
-        self.rules = WaitRules(self.config, target, timeout, self.clock, log)
+        self.source = source
+        self.next_source = self.clock()  # read at once: before Redis is touched
+        self.rules = WaitRules(
+            self.config,
+            target,
+            timeout,
+            self.clock,
+            log,
+            outside=None if source is None else source.name,
+        )
         self.link = WaiterLink(waiter._connected, self.config, target, since=time.time())
         self.pubsub: Subscription | None = None
         self.subscriptions = 0
@@ -167,19 +255,116 @@ class _Wait:
     # -- the loop -----------------------------------------------------------------
 
     def run(self) -> int:
+        self.rules.begin()
         try:
-            return self._loop()
-        except RedisUnavailable as exc:
-            raise self.rules.unreachable(exc) from exc
+            released = self._read_source()
+            if released is not None:
+                return released
+            while True:
+                try:
+                    return self._loop()
+                except (RedisUnavailable, RedisRefused) as exc:
+                    if self.source is None:
+                        if isinstance(exc, RedisRefused):
+                            raise
+                        raise self.rules.unreachable(exc) from exc
+                    released = self._on_source_alone(exc)
+                    if released is not None:
+                        return released
+        except _SourceReleased as outcome:
+            return outcome.step
+
+    # -- the outside witness -----------------------------------------------------
+
+    def _read_source(self) -> int | None:
+        """Read the source if its time has come: the releasing step, or ``None``."""
+        source = self.source
+        if source is None or self.clock() < self.next_source:
+            return None
+        step = source.read()
+        every = source.interval_with_chief if self.rules.chief_seen else source.interval
+        self.next_source = self.clock() + every
+        return self.rules.on_outside_step(step, source.hint)
+
+    def _sleep(self, seconds: float) -> None:
+        """Sleep (between Redis retries), reading the source when its time comes."""
+        if self.source is None:
+            self.waiter._sleep(seconds)
+            return
+        end = self.clock() + seconds
+        while True:
+            released = self._read_source()
+            if released is not None:
+                raise _SourceReleased(released)
+            left = end - self.clock()
+            if left <= 0:
+                return
+            self.waiter._sleep(max(0.001, min(left, self.next_source - self.clock())))
+
+    def _retry_deadline(self) -> float:
+        deadline = self.rules.retry_deadline()
+        if self.source is not None:
+            # Redis is only one of two witnesses: do not hang on it
+            deadline = min(deadline, self.clock() + SOURCE_RETRY_WITHIN)
+        return deadline
+
+    def _on_source_alone(self, exc: RedisUnavailable | RedisRefused) -> int | None:
+        """Redis is lost or refuses: wait on the source alone, as without stepbarrier.
+
+        Returns the releasing step, or ``None`` when it is time to try Redis again
+        (never after a refusal: that needs an operator).
+
+        Raises:
+            BarrierTimeout: The overall or the progress timeout passed.
+        """
+        rules = self.rules
+        assert self.source is not None
+        refused = isinstance(exc, RedisRefused)
+        if not rules.redis_lost:
+            rules.redis_lost = True
+            self._close_pubsub()
+            log.warning(
+                "job %s: %s; waiting on %s alone%s",
+                self.config.job,
+                exc,
+                self.source.name,
+                "" if refused else f", and trying Redis again every {REDIS_RETRY_EVERY:g} s",
+            )
+        retry_at = self.clock() + REDIS_RETRY_EVERY
+        while refused or self.clock() < retry_at:
+            released = self._read_source()
+            if released is not None:
+                return released
+            now = self.clock()
+            limit = rules.passed(now)
+            if limit is not None:
+                rules.after_last_chance(limit, None)
+            if now >= rules.next_progress:
+                rules.log_progress()
+            stop = min(self.next_source, rules.next_stop(self.next_source))
+            if not refused:
+                stop = min(stop, retry_at)
+            self.waiter._sleep(max(0.001, stop - self.clock()))
+        return None
+
+    # -- the loop -----------------------------------------------------------------
 
     def _loop(self) -> int:
         rules = self.rules
-        rules.begin()
         released = self._resume()  # the step may have come before we did
+        if rules.redis_lost:
+            # the stall timeout holds again, counted from now: while Redis was
+            # lost, no chief could be seen
+            rules.redis_lost = False
+            rules.last_alive = max(rules.last_alive, self.clock())
+            log.info("job %s: Redis answers again", self.config.job)
         if released is not None:
             return released
         next_read = self.clock() + self.config.fallback_interval
         while True:
+            released = self._read_source()
+            if released is not None:
+                return released
             now = self.clock()
             if now >= next_read:
                 result = self._read()
@@ -198,6 +383,8 @@ class _Wait:
                 rules.log_progress()
             assert self.pubsub is not None
             stop = rules.next_stop(next_read)
+            if self.source is not None:
+                stop = min(stop, self.next_source)
             try:
                 message = self.pubsub.get_message(
                     timeout=max(0.001, min(stop - now, self.config.fallback_interval))
@@ -232,9 +419,10 @@ class _Wait:
             self.link.sync,
             self.config,
             action="read the job's state",
-            deadline=self.rules.retry_deadline(),
+            deadline=self._retry_deadline(),
             clock=self.clock,
-            sleep=self.waiter._sleep,
+            sleep=self._sleep,
+            quiet=self.source is not None,  # _on_source_alone says it once
         )
         return self.rules.on_snapshot(snapshot, after)
 
@@ -261,9 +449,10 @@ class _Wait:
             lambda: self.link.subscribe(refresh_topology=refresh),
             self.config,
             action=f"subscribe to {self.keys.channel}",
-            deadline=self.rules.retry_deadline(),
+            deadline=self._retry_deadline(),
             clock=self.clock,
-            sleep=self.waiter._sleep,
+            sleep=self._sleep,
+            quiet=self.source is not None,  # _on_source_alone says it once
         )
         self.subscriptions += 1
         self.rules.subscribed()
@@ -283,6 +472,10 @@ class _Wait:
             return self._read()
         except RedisUnavailable:
             return None
+        except RedisRefused:
+            if self.source is None:
+                raise
+            return None
 
     def _close_pubsub(self) -> None:
         pubsub, self.pubsub = self.pubsub, None
@@ -296,6 +489,11 @@ class _Wait:
         closes it): closing it here would cost every released worker a socket
         shutdown, and Redis a disconnection, on the release's path.
         """
+        if self.rules.redis_lost:
+            # no try: against a Redis that hangs it would block up to the socket
+            # timeout after the release; the entry expires by itself
+            self._close_pubsub()
+            return
         try:
             self.link.leave()
         except Exception as exc:

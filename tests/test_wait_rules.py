@@ -436,3 +436,50 @@ def test_a_finished_state_written_on_probation_aborts_nobody() -> None:
     state = chief(20, run_id="run-1", done=True, vouch=False)
     assert rules.on_snapshot(read(state)) is None
     assert rules.on_announcement(announced(20, run_id="run-1", done=True, vouch=False), b"") is None
+
+
+# -- the no-chief warning and an outside witness -----------------------------------------
+
+
+def test_the_no_chief_warning_is_due_once_and_never_again_once_a_chief_was_seen() -> None:
+    clock = Clock()
+    rules = rules_after_a_read(10, clock)
+    assert rules.on_announcement(announced(11), None) is None  # a write seen
+    clock.now = rules.no_chief_at + 1.0
+    rules.log_progress()
+    # nothing is due before the next progress line: no busy loop of log_progress
+    assert rules.next_progress == rules.progress_line_at > clock.now + 5.0
+    assert "no-chief" not in rules.warned
+
+
+def test_without_a_chief_the_warning_comes_once_then_only_progress_lines() -> None:
+    clock = Clock()
+    rules = make_rules(clock)
+    assert rules.next_progress == rules.no_chief_at  # due before the first progress line
+    clock.now = rules.no_chief_at
+    rules.log_progress()
+    assert "no-chief" in rules.warned
+    assert rules.next_progress == rules.progress_line_at
+
+
+@pytest.mark.parametrize("bad", [True, 2.0, float("nan"), "7", None])
+def test_an_outside_witness_must_give_an_integer_step(bad: object) -> None:
+    clock = Clock()
+    config = BarrierConfig(job="rules")
+    rules = WaitRules(config, 1, None, clock, logging.getLogger("t"), outside="the counter")
+    with pytest.raises(TypeError, match="the counter must be an integer step"):
+        rules.on_outside_step(bad)  # type: ignore[arg-type]
+
+
+def test_an_outside_witness_releases_at_the_target_and_moving_counts_as_life() -> None:
+    clock = Clock()
+    config = BarrierConfig(job="rules", heartbeat=1.0, stall_timeout=STALL)
+    log = logging.getLogger("t")
+    rules = WaitRules(config, TARGET, None, clock, log, outside="the counter")
+    assert rules.stall_at() == float("inf")  # no chief seen: no stall timeout
+    assert rules.on_outside_step(3) is None
+    clock.now += 100.0
+    assert rules.on_outside_step(4) is None
+    assert rules.last_alive == clock.now
+    assert rules.on_outside_step(TARGET) == TARGET
+    assert rules.released_by == "the counter"
