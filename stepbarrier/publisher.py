@@ -13,12 +13,23 @@ Outages are retried with backoff; the latest step is written once Redis is back.
 Each write also says how long ago the training loop last handed the step over.
 A step that no loop has confirmed for longer than its confirmation window (a
 chief recovering its session, say) releases no newly arriving worker.
+
+The heartbeat says that the training loop lives, not only the process: once the
+loop has handed no step over for the stall timeout (or its confirmation window,
+if that is longer: a slow chief's long steps), the heartbeat stops (a loop
+that died in a process that lives on, a notebook, a caught exception), so that
+waiting workers reach their stall timeout; the next ``publish`` resumes it. A
+loop that ends one session in order and may start another says so with
+``pause``: the heartbeat then goes on, vouching for nothing new, until the next
+``publish`` (TensorFlow's workers wait on between a chief's sessions too).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
@@ -33,6 +44,13 @@ __all__ = ["LOG_EVERY", "STEP_TIME_SMOOTHING", "StepPublisher"]
 
 STEP_TIME_SMOOTHING = 0.2
 """Weight of the newest gap in the running mean of the time between two publishes."""
+
+# The paused chief publisher of each job in this process (at most one): a new
+# chief publisher of the job (a hook or callback made anew for the next session)
+# closes it, instead of letting the two write until Redis tells the older one it
+# was superseded.
+_paused: dict[tuple[str, str], StepPublisher] = {}
+_paused_lock = threading.Lock()
 
 
 class StepPublisher:
@@ -58,6 +76,9 @@ class StepPublisher:
             e.g. the one this worker's own wait was released by
             (``StepWaiter.last_generation``); by default the first one found.
             A contributor never reports into another generation.
+        optional: (A contributor) nobody asked for this reporting (a default):
+            a refusal because the user may not write the step is said at INFO,
+            not as a WARNING.
 
     Example:
         >>> with StepPublisher(BarrierConfig(job="demo")) as publisher:  # doctest: +SKIP
@@ -76,6 +97,7 @@ class StepPublisher:
         description: str | None = None,
         operator: bool = False,
         join_generation: int | None = None,
+        optional: bool = False,
     ) -> None:
         if contributor and operator:
             raise ValueError("a publisher is a contributor or an operator, not both")
@@ -92,9 +114,15 @@ class StepPublisher:
             contributor=contributor,
             chief_name=chief,
             operator=operator,
+            optional=optional and contributor,
         )
         if contributor and join_generation is not None:
             self._loop.state.join(_checked_generation(join_generation))
+        if not contributor and not operator:
+            with _paused_lock:
+                earlier = _paused.pop(self._pause_key, None)
+            if earlier is not None and earlier._loop.paused:
+                earlier.close(done=False, timeout=2.0)  # its next session is this one
         # What publish() writes and reads: plain attributes, no lock (see Handover).
         self._handover = self._loop.handover
         self._loop.start()
@@ -120,9 +148,12 @@ class StepPublisher:
         value = checked_step(step, what="step", low=0)
         handover = self._handover
         now = self._clock()
-        gap = now - handover.handed_at
-        mean = handover.step_time
-        handover.step_time = gap if mean is None else mean + STEP_TIME_SMOOTHING * (gap - mean)
+        if handover.skip_gap:
+            handover.skip_gap = False  # the gap of a pause or a new session is no step
+        else:
+            gap = now - handover.handed_at
+            mean = handover.step_time
+            handover.step_time = gap if mean is None else mean + STEP_TIME_SMOOTHING * (gap - mean)
         handover.handed_at = now
         handover.latest = value
         handover.handed += 1
@@ -168,6 +199,40 @@ class StepPublisher:
         """
         return self._loop.last_failure
 
+    def pause(self, *, flush_timeout: float | None = None) -> bool:
+        """Keep the heartbeat going while the training loop hands nothing over.
+
+        For a chief between two training sessions (``fit`` calls, a
+        train/evaluate loop): waiting workers wait on instead of reaching their
+        stall timeout in the gap. The step is not vouched for in the pause (the
+        next session may restore an older checkpoint), so it releases nobody
+        new; the next ``publish`` ends the pause. ``close`` ends it too.
+
+        Args:
+            flush_timeout: Seconds to wait for the last handed-over step to be
+                stored (at the end of a session: the process may end right
+                after it, and a worker waiting for exactly that step must see
+                it); ``None``: do not wait (a pause within a session, such as
+                an evaluation).
+
+        Returns:
+            True if the last step is stored (or nothing was waited for); if
+            not, a warning says why (as ``close`` does).
+        """
+        self._loop.pause()
+        if not self.contributor:
+            with _paused_lock:
+                _paused[self._pause_key] = self
+        if flush_timeout is None or self.flush(flush_timeout) or not self.active:
+            return True
+        log.warning(
+            "job %s: the final step %s may not have reached Redis (%s)",
+            self.config.job,
+            self._handover.latest,
+            self.last_error or "timed out",
+        )
+        return False
+
     def new_generation(self) -> None:
         """Start a new chief generation (after a restart or a checkpoint restore).
 
@@ -207,17 +272,34 @@ class StepPublisher:
         if self._closed:
             return True
         self._closed = True
+        with _paused_lock:
+            if _paused.get(self._pause_key) is self:
+                del _paused[self._pause_key]
         deadline = self._clock() + timeout
         ok = self._loop.stop(done=done and not self.contributor, deadline=deadline)
         latest, ended = self._handover.latest, self._loop.ended
         if not ok and ended is None and latest is not None:
-            log.warning(
+            if self.contributor and self._loop.state.joined is None and not self.last_error:
+                # nothing timed out: no chief generation of this run was there to join
+                log.info(
+                    "job %s: step %s was not reported: no chief generation of this run "
+                    "was found to report it into",
+                    self.config.job,
+                    latest,
+                )
+                return False
+            log.log(
+                logging.INFO if self._loop.state.optional else logging.WARNING,
                 "job %s: the final step %s may not have reached Redis (%s)",
                 self.config.job,
                 latest,
                 self.last_error or "timed out",
             )
         return ok or (latest is None and ended is None)
+
+    @property
+    def _pause_key(self) -> tuple[str, str]:
+        return (self.config.job, self.config.redis_url)
 
     def __enter__(self) -> StepPublisher:
         return self

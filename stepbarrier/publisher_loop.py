@@ -10,6 +10,7 @@ reaches it through a ``Handover`` and a few calls that are off the hot path.
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -27,7 +28,7 @@ from stepbarrier.connection import (
 )
 from stepbarrier.connection import backoff as retry_backoff
 from stepbarrier.errors import RedisUnavailable, StepBarrierError
-from stepbarrier.freshness import fence_time
+from stepbarrier.freshness import confirm_window, fence_time
 from stepbarrier.publisher_state import Handover, PublisherState, log
 from stepbarrier.registrations import RegistrationListener
 from stepbarrier.step_write import Beginning, StepWriter
@@ -56,6 +57,7 @@ class PublisherLoop:
         contributor: bool,
         chief_name: str,
         operator: bool = False,
+        optional: bool = False,
     ) -> None:
         self.config = config
         self.contributor = contributor
@@ -71,9 +73,15 @@ class PublisherLoop:
         self.wake = threading.Event()  # write now: a crossed threshold, flush(), stop()
         self._stopping = threading.Event()
         self.state = PublisherState(
-            config, self.handover, self.wake, clock=clock, contributor=contributor
+            config,
+            self.handover,
+            self.wake,
+            clock=clock,
+            contributor=contributor,
+            optional=optional,
         )
         self._final_done: bool | None = None
+        self._idle_said = False
         self._close_deadline = math.inf
         self.writes = 0  # these three: see StepPublisher's properties
         self._last_error: str | None = None
@@ -110,6 +118,49 @@ class PublisherLoop:
         self.thread.start()
         if self.listener is not None:
             self.listener.start()
+
+    def pause(self) -> None:
+        """Heartbeat on while nothing is handed over; see ``StepPublisher.pause``
+        (called by the training thread, like ``publish``)."""
+        self.handover.paused_at = self.handover.handed
+        self.handover.skip_gap = True
+
+    @property
+    def paused(self) -> bool:
+        """True from ``pause()`` until the next step is handed over."""
+        return self.handover.paused_at == self.handover.handed
+
+    def loop_idle(self) -> bool:
+        """True once the training loop handed nothing over for ``idle_limit()``,
+        out of a pause, and what it handed over last is stored: the heartbeat
+        then stops (said once; and again when it resumes)."""
+        handover = self.handover
+        idle = self._clock() - handover.handed_at
+        paused = self.paused
+        stored = self.state.stored_seq >= handover.handed
+        stopped = idle >= self.idle_limit() and stored and not paused
+        if stopped and not self._idle_said:
+            self._idle_said = True
+            log.warning(
+                "job %s: the training loop handed no step over for %.0f s (the stall "
+                "timeout, or its confirmation window); the heartbeat stops, so that "
+                "waiting workers see that this chief no longer trains; the next step "
+                "resumes it",
+                self.config.job,
+                idle,
+            )
+        elif not stopped and self._idle_said:
+            self._idle_said = False
+            log.info("job %s: the training loop hands steps over again", self.config.job)
+        return stopped
+
+    def idle_limit(self) -> float:
+        """How long the loop may hand nothing over before the heartbeat stops: the
+        stall timeout, or its confirmation window (four of its mean step times,
+        at least 5 s: a slow chief's long steps), whichever is longer."""
+        # at least the confirmation window too: a step that still vouches is
+        # heartbeated (a late joiner's registration asks for a write of it)
+        return max(self.config.stall_timeout, confirm_window(self.handover.step_time))
 
     def new_generation(self) -> None:
         """Drop the handed-over step and, for a chief, ask for a new generation."""
@@ -182,7 +233,7 @@ class PublisherLoop:
             self.wake.clear()
             if self._stopping.is_set():
                 break
-            if self.handover.latest is None:
+            if self.handover.latest is None or self.loop_idle():
                 next_beat = self._clock() + self.config.heartbeat
                 continue
             try:
@@ -204,7 +255,9 @@ class PublisherLoop:
                 now = self._clock()
                 if now - last_log >= LOG_EVERY:
                     last_log = now
-                    log.warning("%s; training continues, will retry", self.last_error)
+                    # optional reporting (a worker's, by default) is no one's concern
+                    level = logging.INFO if self.state.optional else logging.WARNING
+                    log.log(level, "%s; training continues, will retry", self.last_error)
                 delay = backoff(backoff_attempt(failures)) if transient else self.config.heartbeat
                 self._stopping.wait(delay)
                 next_beat = self._clock()

@@ -35,6 +35,11 @@ class Handover:
         step_time: Running mean of the seconds between two hand-overs (``None`` before two).
         next_threshold: The training thread sets ``PublisherLoop.wake`` once ``latest``
             reaches it (``-1``: the next step must be written at once).
+        skip_gap: The time to the next hand-over is a pause's or a new session's,
+            not a step's: it does not count in ``step_time`` (it would stretch the
+            confirmation window a stale step vouches in).
+        paused_at: ``handed`` when the loop paused (``StepPublisher.pause``); the
+            pause lasts while no step is handed over.
     """
 
     # No lock: publish() runs on every training step and must cost a fraction of a
@@ -48,6 +53,8 @@ class Handover:
     handed: int = 0
     step_time: float | None = None
     next_threshold: float = -1.0
+    skip_gap: bool = False
+    paused_at: int | None = None
 
 
 class PublisherState:
@@ -75,8 +82,10 @@ class PublisherState:
         *,
         clock: Callable[[], float],
         contributor: bool,
+        optional: bool = False,
     ) -> None:
         self._config = config
+        self.optional = optional  # a contributor nobody asked for: a refusal is INFO
         self.handover = handover
         self.wake = wake
         self._clock = clock
@@ -123,6 +132,7 @@ class PublisherState:
             self._vouched_step = -1
             self.handover.next_threshold = -1.0
             self._heard_targets = set()
+            self.handover.skip_gap = True  # the new session's first step ends a gap
             if not self.contributor:
                 self._generation_wanted += 1
 
@@ -178,7 +188,9 @@ class PublisherState:
                     # a step this generation has not stored yet is news however
                     # late its write: the loop did hand it over (only a stale one,
                     # rewritten heartbeat after heartbeat, needs the window)
-                    new_step=step > self._vouched_step,
+                    # (not in a pause: the step is old; if Redis forgot it
+                    # meanwhile, it must not come back as news)
+                    new_step=step > self._vouched_step and handover.paused_at != seq,
                 ),
                 reset_marker=self.reset_marker,
                 # a generation just begun is the newest: if Redis has no state,
@@ -220,6 +232,7 @@ class PublisherState:
                     f"this worker does not report the global step: {error} "
                     "(reporting needs a user with the chief role's rights; see "
                     "docs/tensorflow-keras.md#workers-keep-the-step-moving)",
+                    level=logging.INFO if self.optional else None,
                 )
 
     def _apply(self, result: WriteResult, seq: int) -> bool:
@@ -279,12 +292,13 @@ class PublisherState:
         self.stored.notify_all()
         return True
 
-    def _end(self, why: str, message: str) -> None:
+    def _end(self, why: str, message: str, *, level: int | None = None) -> None:
         """Stop this writer for good (holding the lock)."""
         if self.ended is None:
             self.end_message = message
             self.ended = why
-            level = logging.ERROR if why in ("reset", "conflict") else logging.WARNING
+            if level is None:
+                level = logging.ERROR if why in ("reset", "conflict") else logging.WARNING
             log.log(level, "job %s: %s", self._config.job, message)
         self.handover.next_threshold = math.inf
         self.stored.notify_all()
