@@ -19,12 +19,19 @@ step in between is released at the end of that execution).
 
 Written for Keras 3 (``tf.keras`` in TensorFlow 2.16 and later) on any backend
 that can train (TensorFlow, JAX; the NumPy backend cannot ``fit``).
+
+``StepWaiterCallback`` fits the default strategy, ``OneDeviceStrategy`` and
+``ParameterServerStrategy``; under a synchronous ``tf.distribute`` strategy
+(``MirroredStrategy``, ``MultiWorkerMirroredStrategy``, ``TPUStrategy``,
+``CentralStorageStrategy``) it raises ``ConfigurationError`` before it waits:
+there the start and end barrier callbacks fit instead.
 """
 
 from __future__ import annotations
 
 import logging
 import operator
+import sys
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -48,6 +55,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
 
 from stepbarrier.config import BarrierConfig
 from stepbarrier.environment import barrier_parties_from_env, barrier_role_from_env
+from stepbarrier.errors import ConfigurationError
 from stepbarrier.keras_barrier_callbacks import (
     EndBarrierCallback,
     StartBarrierCallback,
@@ -82,7 +90,10 @@ class StepPublisherCallback(keras.callbacks.Callback):  # type: ignore[misc]
     waiting workers waiting. Give ``last_step`` (the optimizer step at which
     training is over) and the ``fit`` that ends at or above it finishes the
     job: workers still waiting for a later step are aborted. Or finish it
-    explicitly with ``stepbarrier publish STEP --done``.
+    explicitly with ``stepbarrier publish STEP --done``. Between two ``fit``
+    calls the publisher pauses (``StepPublisher.pause``): its heartbeat goes
+    on, vouching for nothing new, so that workers wait on through the gap;
+    ``close()`` ends the pause without finishing the job.
 
     Args:
         config: The job's settings; ``None`` reads ``BarrierConfig.from_env()``
@@ -99,6 +110,7 @@ class StepPublisherCallback(keras.callbacks.Callback):  # type: ignore[misc]
         self._config = config
         self._last_step = None if last_step is None else operator.index(last_step)
         self._publisher: StepPublisher | None = None
+        self._paused: StepPublisher | None = None  # between two fit() calls
 
     @property
     def publisher(self) -> StepPublisher | None:
@@ -108,6 +120,9 @@ class StepPublisherCallback(keras.callbacks.Callback):  # type: ignore[misc]
     def on_train_begin(self, logs: Mapping[str, Any] | None = None) -> None:
         if self._config is None:
             self._config = BarrierConfig.from_env()
+        if self._publisher is None:
+            paused, self._paused = self._paused, None
+            self._publisher = paused if paused is not None and paused.active else None
         if self._publisher is None:
             self._publisher = StepPublisher(self._config)
         self._publisher.new_generation()
@@ -124,7 +139,26 @@ class StepPublisherCallback(keras.callbacks.Callback):  # type: ignore[misc]
         final = self._iterations()
         publisher.publish(final)
         done = self._last_step is not None and final >= self._last_step
-        publisher.close(done=done)  # it warns if the final step did not get through
+        if done:
+            publisher.close(done=True)  # it warns if the final step did not get through
+            return
+        # another fit() may follow: the heartbeat goes on, so waiting workers
+        # wait on through the gap (see StepPublisher.pause)
+        publisher.pause(flush_timeout=10.0)  # it warns if the final step did not get through
+        self._paused = publisher
+
+    def on_test_begin(self, logs: Mapping[str, Any] | None = None) -> None:
+        # a validation inside fit hands no step over, however long it takes: it
+        # is a pause, not a loop that died (the next batch's step ends it)
+        if self._publisher is not None:
+            self._publisher.pause()
+
+    def close(self) -> None:
+        """End the pause after the last ``fit`` without finishing the job."""
+        for publisher in (self._paused, self._publisher):
+            if publisher is not None:
+                publisher.close(done=False)
+        self._paused = self._publisher = None
 
     def _iterations(self) -> int:
         # optimizer updates; with gradient accumulation ``iterations`` is a
@@ -133,6 +167,95 @@ class StepPublisherCallback(keras.callbacks.Callback):  # type: ignore[misc]
         if hasattr(iterations, "numpy"):  # a variable: the fast path, on every batch
             return int(iterations.numpy())
         return int(keras.ops.convert_to_numpy(iterations))
+
+
+_FITTING_STRATEGIES = (
+    "distribute.OneDeviceStrategy",
+    "distribute.ParameterServerStrategy",
+    "distribute.experimental.ParameterServerStrategy",
+    "compat.v1.distribute.OneDeviceStrategy",
+    "compat.v1.distribute.experimental.ParameterServerStrategy",
+)
+"""Besides the default strategy, the ``tf.distribute`` strategies a step wait fits."""
+
+_SYNCHRONOUS_STRATEGIES = (
+    "distribute.MultiWorkerMirroredStrategy",
+    "distribute.MirroredStrategy",
+    "distribute.TPUStrategy",
+    "distribute.experimental.TPUStrategy",
+    "distribute.experimental.CentralStorageStrategy",
+    "compat.v1.distribute.experimental.MultiWorkerMirroredStrategy",
+    "compat.v1.distribute.MirroredStrategy",
+    "compat.v1.distribute.experimental.TPUStrategy",
+    "compat.v1.distribute.experimental.CentralStorageStrategy",
+)
+"""The public names a refused strategy is called by, the most specific first; a
+strategy in neither list (a subclass of ``tf.distribute.Strategy``) is refused too."""
+
+
+def _tf_class(tf: Any, dotted: str) -> type | None:
+    """``tf.<dotted>`` when this TensorFlow has that class, else ``None``."""
+    found: Any = tf
+    for part in dotted.split("."):
+        found = getattr(found, part, None)
+    return found if isinstance(found, type) else None
+
+
+def _synchronous_strategy(model: Any) -> str | None:
+    """The public name of the synchronous ``tf.distribute`` strategy ``model``
+    trains under, or ``None``.
+
+    Both the model's ``distribute_strategy`` (Keras on TensorFlow: the strategy
+    whose scope built the model; callbacks run outside that scope) and the
+    strategy whose scope is entered now count. TensorFlow is never imported
+    here: if nothing imported it, there can be no strategy.
+    """
+    tf = sys.modules.get("tensorflow")
+    distribute = getattr(tf, "distribute", None)
+    if distribute is None:
+        return None
+    candidates = [getattr(model, "distribute_strategy", None)]
+    if distribute.has_strategy():
+        candidates.append(distribute.get_strategy())
+        default = None
+    else:
+        default = distribute.get_strategy()  # outside every scope: the default strategy
+    fitting = tuple(c for c in (_tf_class(tf, name) for name in _FITTING_STRATEGIES) if c)
+    for strategy in candidates:
+        if (
+            strategy is None
+            or strategy is default
+            # the default strategy seen from inside another strategy's scope
+            or type(strategy).__name__ == "_DefaultDistributionStrategy"
+            or isinstance(strategy, fitting)
+        ):
+            continue
+        for name in _SYNCHRONOUS_STRATEGIES:
+            cls = _tf_class(tf, name)
+            if cls is not None and isinstance(strategy, cls):
+                return f"tf.{name}"
+        return f"{type(strategy).__module__}.{type(strategy).__qualname__}"
+    return None
+
+
+def _refuse_a_synchronous_strategy(model: Any) -> None:
+    """Raise ``ConfigurationError`` if ``model`` trains under a synchronous strategy."""
+    name = _synchronous_strategy(model)
+    if name is None:
+        return
+    raise ConfigurationError(
+        f"StepWaiterCallback cannot run under {name}: a synchronous strategy "
+        "takes every training step on all workers together (an all-reduce), so the "
+        "chief would block in its first step until this worker joins it while this "
+        "worker waits for the chief's step, a deadlock that the chief's heartbeat "
+        "keeps the stall timeout from ending. The strategy keeps the workers in step "
+        "by itself: to hold them together at the start and the end of training, use "
+        "StartBarrierCallback and EndBarrierCallback instead (or "
+        "callbacks_from_env(start_barrier=True, end_barrier=True) with neither "
+        "STEPBARRIER_WAIT_UNTIL_STEP nor STEPBARRIER_SCHEDULE for the workers). "
+        "StepWaiterCallback fits the default strategy, OneDeviceStrategy and "
+        "ParameterServerStrategy (docs/tensorflow-keras.md#distribution-strategies)."
+    )
 
 
 class StepWaiterCallback(keras.callbacks.Callback):  # type: ignore[misc]
@@ -146,6 +269,15 @@ class StepWaiterCallback(keras.callbacks.Callback):  # type: ignore[misc]
     optimizer updates (``model.optimizer.iterations``, one per
     ``gradient_accumulation_steps`` batches) and is published once per
     execution (every ``steps_per_execution`` batches).
+
+    Under a synchronous ``tf.distribute`` strategy (``MirroredStrategy``,
+    ``MultiWorkerMirroredStrategy``, ``TPUStrategy``, ``CentralStorageStrategy``)
+    the wait would be a deadlock: the chief waits in its first step for this
+    worker, this worker for the chief's step. ``fit`` then raises
+    ``ConfigurationError`` at once, before any wait, for any ``wait_until_step``;
+    ``StartBarrierCallback`` and ``EndBarrierCallback`` fit those strategies.
+    The default strategy, ``OneDeviceStrategy`` and ``ParameterServerStrategy``
+    are fine.
 
     Args:
         wait_until_step: The chief's step to wait for; ``<= 0`` starts at once
@@ -179,12 +311,14 @@ class StepWaiterCallback(keras.callbacks.Callback):  # type: ignore[misc]
         return self._wait_until_step
 
     def on_train_begin(self, logs: Mapping[str, Any] | None = None) -> None:
+        _refuse_a_synchronous_strategy(self.model)  # a deadlock: before Redis or the wait
         if not self._started and self._config is None:
             self._config = BarrierConfig.from_env()  # a bad setting fails before training
 
     def on_train_batch_begin(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
         if self._started:
             return
+        _refuse_a_synchronous_strategy(self.model)  # also without on_train_begin
         if self._config is None:
             self._config = BarrierConfig.from_env()
         log.info("Waiting for step %d before starting training.", self._wait_until_step)

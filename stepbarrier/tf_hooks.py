@@ -32,6 +32,7 @@ never waits (and never touches Redis); only the first ``before_run`` after
 
 from __future__ import annotations
 
+import enum
 import logging
 import operator
 import time
@@ -52,14 +53,15 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
     ) from exc
 
 from stepbarrier.config import BarrierConfig
-from stepbarrier.environment import barrier_parties_from_env, barrier_role_from_env
+from stepbarrier.environment import barrier_parties_from_env, barrier_role_from_env, job_in_env
 from stepbarrier.fetch_schedule import FETCH_EVERY, FETCH_WITHIN, StepLead
 from stepbarrier.publisher import StepPublisher
 from stepbarrier.target_step import target_step
 from stepbarrier.tf_barrier_hooks import EndBarrierHook, StartBarrierHook, barrier_hooks
 from stepbarrier.tf_global_step import global_step_or_raise
+from stepbarrier.tf_logging import follow_tensorflow_logging
 from stepbarrier.tf_publisher_hook import GlobalStepPublisherHook
-from stepbarrier.waiter import StepWaiter
+from stepbarrier.waiter import SOURCE_SOCKET_TIMEOUT, StepSource, StepWaiter
 
 __all__ = [
     "EndBarrierHook",
@@ -68,9 +70,13 @@ __all__ = [
     "FETCH_EVERY",
     "FETCH_WITHIN",
     "REPORT_EVERY",
+    "SESSION_READ_EVERY",
+    "SESSION_READ_WITH_CHIEF",
     "StartBarrierHook",
     "StepLead",
+    "follow_tensorflow_logging",
     "hooks_from_env",
+    "wait_on_session",
 ]
 
 log = logging.getLogger("stepbarrier.tf_hooks")
@@ -80,13 +86,43 @@ REPORT_EVERY = 10
 through ``SessionRunArgs`` costs about 0.25 ms, so 0.025 ms a run on average)."""
 
 
+SESSION_READ_EVERY = 0.5
+"""Seconds between two reads of the session's global step while no chief of the
+job was seen on Redis: TensorFlow's own hook reads it this often."""
+SESSION_READ_WITH_CHIEF = 5.0
+"""Seconds between two reads of the session's global step once a write of the
+chief was seen: Redis then wakes the worker, and the read is the safety net."""
+
+_NO_PUBLISHER_HINT = (
+    "no GlobalStepPublisherHook was heard; for wake-ups within milliseconds of the step, "
+    "add GlobalStepPublisherHook() to the chief's chief_only_hooks (or build every host's "
+    "hooks with stepbarrier.tf_hooks.hooks_from_env()), with the same STEPBARRIER_JOB and "
+    "Redis on the chief"
+)
+
+
+class _Default(enum.Enum):
+    REPORT_EVERY = "REPORT_EVERY"  # the default, not asked for: a refusal is INFO
+
+
 class GlobalStepWaiterHook(tf.compat.v1.train.SessionRunHook):  # type: ignore[misc]
-    """Delays a worker's training until the chief's global step reaches a step.
+    """Delays a worker's training until the job's global step reaches a step.
 
     A drop-in replacement for ``tf.compat.v1.train.GlobalStepWaiterHook``: the
-    same argument and the same lifecycle, but the step comes from the chief's
-    ``GlobalStepPublisherHook`` through Redis, so the worker starts within
-    milliseconds of the step and does not poll the parameter server.
+    same argument and the same lifecycle. It reads the session's global step,
+    as TensorFlow's hook does (once before anything else, then every 0.5 s, or
+    every 5 s once a chief of the job was seen on Redis), and it listens to the
+    chief's ``GlobalStepPublisherHook`` through Redis, which wakes it within
+    milliseconds of the step. Whichever comes first releases the worker, so it
+    never starts later than with TensorFlow's hook, and never earlier (the
+    session's step is what TensorFlow trusts).
+
+    Without ``STEPBARRIER_JOB`` (and no ``config``) it is TensorFlow's hook: it
+    reads the session's step every 0.5 s, after one WARNING naming the
+    variables that turn on the Redis wake-ups. With Redis unreachable or
+    refusing, it says so once and waits on the session's step. Its lines go
+    to TensorFlow's logger, at TensorFlow's verbosity, when the application
+    has configured no logging for ``stepbarrier`` (``follow_tensorflow_logging``).
 
     Args:
         wait_until_step: The global step to wait for; ``<= 0`` starts at once
@@ -98,26 +134,29 @@ class GlobalStepWaiterHook(tf.compat.v1.train.SessionRunHook):  # type: ignore[m
             NaN and ``+inf`` (which TensorFlow's hook would wait for forever)
             raise ``ConfigurationError``, a ``bool`` ``TypeError``.
         config: The job's settings; ``None`` reads ``BarrierConfig.from_env()``
-            in ``begin()`` (only when there is something to wait for).
+            in ``begin()`` (only when there is something to wait for, and only
+            if ``STEPBARRIER_JOB`` is set).
         report_every: Once started, the worker fetches the global step with
             every ``report_every``-th run and adds it to the job's published
-            step (``None`` or 0: never). In asynchronous parameter-server
-            training every worker moves the global step, and training goes on
-            after the chief's session ends; TensorFlow's hook, which reads the
-            step on the parameter server, then still releases waiting workers,
-            and so does this one, through the steps the started workers report.
-            A report only raises the step of the chief's current generation
-            (never above what the worker read), and never finishes the job.
-            Reporting needs a config: given here, or read in ``begin()``, which
-            happens only when there is something to wait for (so
-            ``GlobalStepWaiterHook(0)`` without a config, like TensorFlow's,
-            never touches Redis; ``hooks_from_env`` always passes one).
+            step (``None`` or 0: never), for waiters that listen to Redis only
+            (``stepbarrier wait``, the asyncio waiter) when the chief's session
+            ends first in asynchronous training; waiting hooks read the
+            session's step anyway. A report only raises the step of the
+            generation this worker's wait was released by, and never finishes
+            the job. It needs a user allowed to write the step: by default
+            (``REPORT_EVERY``) a worker whose user may not (the shipped
+            ``worker`` role) says so at INFO and trains on; given explicitly,
+            that refusal is a WARNING. Reporting needs a config: given here,
+            or read in ``begin()``.
 
     Attributes:
-        released_at_step: The chief's step that released this worker (``None``
-            until a wait ended; under ``on_timeout="proceed"`` it may be below
+        released_at_step: The step that released this worker (``None`` until a
+            wait ended; under ``on_timeout="proceed"`` it may be below
             ``wait_until_step``).
         released_at: ``time.time()`` of that release.
+        released_by: What released it: ``"an announcement"`` or ``"a read of
+            the state"`` (Redis), ``"the session's global step"``; ``None``
+            before a release.
 
     Example:
         >>> hook = GlobalStepWaiterHook(wait_until_step=13)  # doctest: +SKIP
@@ -133,10 +172,13 @@ class GlobalStepWaiterHook(tf.compat.v1.train.SessionRunHook):  # type: ignore[m
         wait_until_step: float,
         config: BarrierConfig | None = None,
         *,
-        report_every: int | None = REPORT_EVERY,
+        report_every: int | _Default | None = _Default.REPORT_EVERY,
     ) -> None:
         self._wait_until_step = target_step(wait_until_step)
         self._config = config
+        self._report_optional = report_every is _Default.REPORT_EVERY
+        if isinstance(report_every, _Default):
+            report_every = REPORT_EVERY
         self._report_every = operator.index(report_every or 0)
         if self._report_every < 0:
             raise ValueError(f"report_every must be 0 or more, got {report_every}")
@@ -147,6 +189,7 @@ class GlobalStepWaiterHook(tf.compat.v1.train.SessionRunHook):  # type: ignore[m
         self._waiter: StepWaiter | None = None
         self.released_at_step: int | None = None
         self.released_at: float | None = None
+        self.released_by: str | None = None
 
     @property
     def wait_until_step(self) -> int:
@@ -156,8 +199,10 @@ class GlobalStepWaiterHook(tf.compat.v1.train.SessionRunHook):  # type: ignore[m
     def begin(self) -> None:
         self._worker_is_started = False
         self._global_step = global_step_or_raise("GlobalStepWaiterHook")
-        if self._wait_until_step > 0 and self._config is None:
-            self._config = BarrierConfig.from_env()  # a bad setting fails before the session
+        if self._wait_until_step > 0:
+            follow_tensorflow_logging()
+            if self._config is None:
+                self._config = _config_or_warn()  # a bad setting fails before the session
 
     def before_run(self, run_context: Any) -> Any:
         if self._worker_is_started:
@@ -166,20 +211,37 @@ class GlobalStepWaiterHook(tf.compat.v1.train.SessionRunHook):  # type: ignore[m
             self._worker_is_started = True
             self._start_reporting()
             return self._report_request()
+        follow_tensorflow_logging()  # TensorFlow's verbosity may have changed since
+        target = self._wait_until_step
+        log.info("Waiting for global step %d before starting training.", target)
+        global_step = self._global_step
+        session = StepSource(
+            read=lambda: int(run_context.session.run(global_step)),
+            name="the session's global step",
+            interval=SESSION_READ_EVERY,
+            interval_with_chief=SESSION_READ_WITH_CHIEF,
+            hint=_NO_PUBLISHER_HINT,
+        )
         if self._config is None:
-            self._config = BarrierConfig.from_env()
-        log.info("Waiting for global step %d before starting training.", self._wait_until_step)
-        self._waiter = StepWaiter(self._config)
-        try:
-            step = self._waiter.wait(self._wait_until_step)
-        except BaseException:
-            self._close_waiter()
-            raise
+            step = wait_on_session(session, target)
+            by: str | None = session.name
+        else:
+            self._waiter = StepWaiter(self._config, socket_timeout=SOURCE_SOCKET_TIMEOUT)
+            try:
+                step = self._waiter.wait(target, source=session)
+            except BaseException:
+                self._close_waiter()
+                raise
+            by = self._waiter.last_released_by
         # the waiter's connections are closed after this first run, not on its way
         self.released_at = time.time()
         self.released_at_step = step
+        self.released_by = by
         self._worker_is_started = True
-        self._start_reporting()
+        if self._waiter is None or self._waiter.last_generation is not None:
+            # (released by the session before any chief state was read: there is
+            # no generation to report into, and Redis may be out of reach)
+            self._start_reporting()
         return self._report_request()
 
     def after_run(self, run_context: Any, run_values: Any) -> None:
@@ -201,7 +263,12 @@ class GlobalStepWaiterHook(tf.compat.v1.train.SessionRunHook):  # type: ignore[m
             # no other: a later chief may be another run's, or one that restored
             # an older checkpoint (docs/protocol.md#contributors)
             joined = None if self._waiter is None else self._waiter.last_generation
-            self._reporter = StepPublisher(self._config, contributor=True, join_generation=joined)
+            self._reporter = StepPublisher(
+                self._config,
+                contributor=True,
+                join_generation=joined,
+                optional=self._report_optional,
+            )
 
     def _report_request(self) -> Any:
         if self._reporter is None:
@@ -216,6 +283,61 @@ class GlobalStepWaiterHook(tf.compat.v1.train.SessionRunHook):  # type: ignore[m
         waiter, self._waiter = self._waiter, None
         if waiter is not None:
             waiter.close()
+
+
+def wait_on_session(session: StepSource, target: int) -> int:
+    """TensorFlow's own wait: read the session's step until it reaches ``target``.
+
+    What ``GlobalStepWaiterHook`` does without ``STEPBARRIER_JOB``: the same reads
+    at the same pace as ``tf.compat.v1.train.GlobalStepWaiterHook``, and a line
+    when the step moved by more than 1000 since the last one, as TensorFlow says.
+    """
+    started = time.monotonic()
+    logged: int | None = None
+    while True:
+        step = session.read()
+        if step >= target:
+            log.info(
+                "released at step %d (target %d) after %.3f s, by %s",
+                step,
+                target,
+                time.monotonic() - started,
+                session.name,
+            )
+            return step
+        if logged is None or step - logged > 1000:
+            log.info(
+                "Waiting for global step %d before starting training. Current step is %d.",
+                target,
+                step,
+            )
+            logged = step
+        time.sleep(session.interval)  # looked up now: tests patch it, as TensorFlow's do
+
+
+_warned_unconfigured = False
+
+
+def _config_or_warn() -> BarrierConfig | None:
+    """``BarrierConfig.from_env()``, or ``None`` (after one WARNING) without ``STEPBARRIER_JOB``.
+
+    Raises:
+        ConfigurationError: ``STEPBARRIER_JOB`` is set and a variable is invalid.
+    """
+    global _warned_unconfigured
+    if job_in_env():
+        return BarrierConfig.from_env()
+    if not _warned_unconfigured:
+        _warned_unconfigured = True
+        log.warning(
+            "STEPBARRIER_JOB is not set: GlobalStepWaiterHook waits as TensorFlow's hook "
+            "does, reading the session's global step every %g s. For wake-ups within "
+            "milliseconds of the step, set STEPBARRIER_JOB and STEPBARRIER_REDIS_URL (and "
+            "STEPBARRIER_REDIS_USERNAME/STEPBARRIER_REDIS_PASSWORD_FILE on a Redis with "
+            "users) on every host, and add GlobalStepPublisherHook to the chief",
+            SESSION_READ_EVERY,
+        )
+    return None
 
 
 def hooks_from_env(

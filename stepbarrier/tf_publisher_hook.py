@@ -18,6 +18,7 @@ from stepbarrier.config import BarrierConfig
 from stepbarrier.fetch_schedule import FETCH_EVERY, FETCH_WITHIN, FetchSchedule, StepLead
 from stepbarrier.publisher import StepPublisher
 from stepbarrier.tf_global_step import global_step_or_raise, step_tensor
+from stepbarrier.tf_logging import follow_tensorflow_logging
 
 __all__ = ["FETCH_EVERY", "FETCH_WITHIN", "GlobalStepPublisherHook", "StepLead"]
 
@@ -60,14 +61,23 @@ class GlobalStepPublisherHook(tf.compat.v1.train.SessionRunHook):  # type: ignor
     a recovering ``MonitoredSession``) publishes its real, lower step.
 
     How a job ends: ``end()`` publishes the exact final step but does not, by
-    itself, finish the job, because TensorFlow also calls it when a crashed
-    chief's ``try/finally`` closes its session, and at the end of each session
-    of a chief that trains in several. Waiting workers go on waiting: in
-    asynchronous training the released workers keep the step moving (see
-    ``GlobalStepWaiterHook``). Give ``last_step`` (the step at which your
-    ``StopAtStepHook`` or loop ends) and ``end()`` finishes the job once the
-    step reached it: workers still waiting for a later step are aborted. Or
-    finish it explicitly: ``stepbarrier publish STEP --done``.
+    itself, finish the job, because TensorFlow calls it at the end of each
+    session of a chief that trains in several (train/evaluate loops). The
+    publisher then pauses (``StepPublisher.pause``): its heartbeat goes on while
+    the process lives, vouching for nothing new, so waiting workers wait on
+    through the gap, as TensorFlow's do; the next session (of this hook, or of a
+    new one) takes over. In asynchronous training the released workers keep
+    the step moving meanwhile (see ``GlobalStepWaiterHook``). Give
+    ``last_step`` (the step at which your ``StopAtStepHook`` or loop ends) and
+    ``end()`` finishes the job once the step reached it: workers still waiting
+    for a later step are aborted. Or finish it explicitly: ``stepbarrier
+    publish STEP --done``; ``close()`` ends a pause without finishing.
+
+    A training loop that dies of an error skips ``end()`` (TensorFlow calls it
+    only when the loop stops in order). If the process lives on (a notebook, a
+    caught exception), the heartbeat stops once the loop has handed no step over
+    for the stall timeout (or its confirmation window, if longer), so that
+    waiting workers reach theirs.
 
     Args:
         config: The job's settings; ``None`` reads ``BarrierConfig.from_env()``
@@ -92,6 +102,7 @@ class GlobalStepPublisherHook(tf.compat.v1.train.SessionRunHook):  # type: ignor
         self._config = config
         self._last_step = None if last_step is None else operator.index(last_step)
         self._publisher: StepPublisher | None = None
+        self._paused: StepPublisher | None = None  # between two sessions
         self._global_step: Any = None
         self._lead = StepLead()
         self._fetches = FetchSchedule()
@@ -106,13 +117,17 @@ class GlobalStepPublisherHook(tf.compat.v1.train.SessionRunHook):  # type: ignor
 
     def begin(self) -> None:
         self._variable = self._global_step = global_step_or_raise("GlobalStepPublisherHook")
+        follow_tensorflow_logging()
         if self._config is None:
             self._config = BarrierConfig.from_env()
 
     def after_create_session(self, session: Any, coord: Any) -> None:
         if self._publisher is None:
             assert self._config is not None, "begin() was not called"
-            self._publisher = StepPublisher(self._config)
+            paused, self._paused = self._paused, None
+            self._publisher = paused if paused is not None and paused.active else None
+            if self._publisher is None:
+                self._publisher = StepPublisher(self._config)
         self._publisher.new_generation()
         self._global_step = step_tensor(self._variable)
         step = int(session.run(self._global_step))
@@ -165,4 +180,18 @@ class GlobalStepPublisherHook(tf.compat.v1.train.SessionRunHook):  # type: ignor
         except Exception as exc:  # the session may be unusable; the lower bound stands
             log.warning("could not read the final global step: %s", exc)
         done = self._last_step is not None and final is not None and final >= self._last_step
-        publisher.close(done=done)  # it warns if the final step did not get through
+        if done:
+            publisher.close(done=True)  # it warns if the final step did not get through
+            return
+        # another session may follow: waiting workers wait on (it warns if the
+        # final step did not get through)
+        publisher.pause(flush_timeout=10.0)
+        self._paused = publisher
+
+    def close(self) -> None:
+        """End the pause after the last session without finishing the job: the
+        heartbeat stops (waiting workers then reach their stall timeout)."""
+        for publisher in (self._paused, self._publisher):
+            if publisher is not None:
+                publisher.close(done=False)
+        self._paused = self._publisher = None

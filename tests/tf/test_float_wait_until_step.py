@@ -22,7 +22,7 @@ from tensorflow.python.training import basic_session_run_hooks
 from stepbarrier import BarrierConfig, BarrierTimeout, ConfigurationError, StepPublisher
 from stepbarrier.keras_callbacks import StepWaiterCallback
 from stepbarrier.tf_hooks import GlobalStepWaiterHook
-from tests.tf.tf_graphs import context
+from tests.tf.tf_graphs import SessionAt, context
 
 pytestmark = pytest.mark.tensorflow
 
@@ -113,11 +113,11 @@ def test_a_float_step_releases_at_the_next_integer_step_not_before(
         publisher.publish(13)
         assert publisher.flush(10)
         with pytest.raises(BarrierTimeout) as caught:
-            hook.before_run(context(None))
+            hook.before_run(context(SessionAt()))
         assert caught.value.target == 14
         publisher.publish(14)
         assert publisher.flush(10)
-        hook.before_run(context(None))
+        hook.before_run(context(SessionAt()))
     assert hook.released_at_step == 14
 
 

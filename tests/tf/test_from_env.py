@@ -18,7 +18,7 @@ from stepbarrier.keras_callbacks import (
 )
 from stepbarrier.tf_hooks import GlobalStepPublisherHook, GlobalStepWaiterHook, hooks_from_env
 from tests.redis_harness import RedisServer
-from tests.tf.tf_graphs import context
+from tests.tf.tf_graphs import SessionAt, context
 
 pytestmark = pytest.mark.tensorflow
 
@@ -135,7 +135,7 @@ def test_the_hooks_from_the_environment_work_together(redis_server: RedisServer,
         with tf.Graph().as_default():
             tf.compat.v1.train.get_or_create_global_step()
             waiter.begin()
-            waiter.before_run(context(None))
+            waiter.before_run(context(SessionAt()))
             released.set()
 
     thread = threading.Thread(target=worker, daemon=True)

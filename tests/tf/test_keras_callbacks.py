@@ -176,3 +176,68 @@ def test_model_fit_in_a_chief_and_a_worker_process(
     assert worker["released_at"] <= worker["first_step_at"]
     assert worker["steps_trained"] == 40
     assert read_status(BarrierConfig(job=job, redis_url=redis_server.url)).done
+
+
+def test_a_worker_waits_on_through_a_gap_between_two_fit_calls(
+    make_config: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from stepbarrier import freshness
+
+    monkeypatch.setattr(freshness, "MIN_CONFIRM", 1.0)  # the idle limit: 1 s
+    # the gap is longer than the stall timeout: the paused publisher heartbeats on
+    config = make_config(heartbeat=0.1, stall_timeout=1.0)
+    chief = StepPublisherCallback(config)
+    model = keras.Sequential([keras.Input(shape=(2,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    x = np.zeros((5 * 4, 2), dtype="float32")
+    try:
+        model.fit(x, x[:, :1], batch_size=4, epochs=1, verbose=0, callbacks=[chief])
+        assert read_status(config).step == 5
+        waiting = Waiting(lambda: StepWaiter(config).wait(8, timeout=60))
+        wait_registered(config)
+        time.sleep(3.0)  # the gap: three stall timeouts (and idle limits)
+        assert waiting.thread.is_alive(), waiting.error
+        model.fit(x, x[:, :1], batch_size=4, epochs=1, verbose=0, callbacks=[chief])
+        assert waiting.join() >= 8
+    finally:
+        chief.close()
+
+
+class SlowValidation(keras.callbacks.Callback):  # type: ignore[misc]
+    """A validation that takes ``seconds``: the training loop hands no step over."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def on_test_begin(self, logs: Any = None) -> None:
+        time.sleep(self.seconds)
+
+
+def test_a_long_validation_inside_fit_is_a_pause_not_a_dead_loop(
+    make_config: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from stepbarrier import BarrierTimeout, freshness
+
+    monkeypatch.setattr(freshness, "MIN_CONFIRM", 1.0)  # the idle limit: 1 s
+    config = make_config(heartbeat=0.1, stall_timeout=1.0)
+    chief = StepPublisherCallback(config)
+    model = keras.Sequential([keras.Input(shape=(2,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    x = np.zeros((3 * 4, 2), dtype="float32")
+    try:
+        waiting = Waiting(lambda: StepWaiter(config).wait(100, timeout=4.0))
+        model.fit(
+            x,
+            x[:, :1],
+            batch_size=4,
+            epochs=1,
+            verbose=0,
+            validation_data=(x[:4], x[:4, :1]),
+            callbacks=[chief, SlowValidation(3.0)],  # three stall timeouts
+        )
+        error = waiting.outcome()
+        # the overall timeout, not the stall: the chief's heartbeat went on
+        assert isinstance(error, BarrierTimeout) and not error.stalled, error
+    finally:
+        chief.close()

@@ -3,8 +3,8 @@
 One ps, a ``master`` (TF1's name for the chief) and three workers run
 ``examples/tf1_parameter_server.py``: worker 0 waits for its ``log:20`` step;
 worker 1 waits for a step the master never reaches, so it is aborted when the
-master finishes; worker 2 waits in a barrier job nobody publishes to, with a
-1 s timeout. A worker whose wait ended without its step must exit non-zero, or
+master finishes; worker 2 waits in a barrier job nobody publishes to, for a step the job never
+reaches, with a 1 s timeout. A worker whose wait ended without its step must exit non-zero, or
 Kubernetes would count it as done.
 """
 
@@ -77,7 +77,9 @@ def outcomes(
             **base,
             "TF_CONFIG": tf_config(cluster, "worker", 2),
             "STEPBARRIER_JOB": f"{job}-nobody-publishes",
-            "STEPBARRIER_WAIT_UNTIL_STEP": "5",
+            # a step the job never reaches: the session's step (the safety net,
+            # which would release a lower one as TensorFlow's hook does) never comes
+            "STEPBARRIER_WAIT_UNTIL_STEP": "100000",
             "STEPBARRIER_TIMEOUT": "1",
         },
     }

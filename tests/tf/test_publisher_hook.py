@@ -13,7 +13,7 @@ import tensorflow as tf
 from stepbarrier import BarrierAborted, BarrierConfig, StepPublisher, StepWaiter, read_status
 from stepbarrier.cli.local_cluster import free_port
 from stepbarrier.tf_hooks import FETCH_EVERY, GlobalStepPublisherHook, GlobalStepWaiterHook
-from tests.tf.tf_graphs import NO_EXTRAS, CrashOnce, Waiting, context, wait_registered
+from tests.tf.tf_graphs import NO_EXTRAS, CrashOnce, SessionAt, Waiting, context, wait_registered
 
 pytestmark = pytest.mark.tensorflow
 
@@ -167,7 +167,7 @@ def test_a_chief_restored_from_a_checkpoint_makes_workers_wait_for_the_real_step
                     tf.compat.v1.train.get_or_create_global_step()
                     waiter = GlobalStepWaiterHook(20, config)
                     waiter.begin()
-                    waiter.before_run(context(None))
+                    waiter.before_run(context(SessionAt()))
                     return waiter.released_at_step
 
             worker = Waiting(wait_with_hook)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from collections.abc import Callable
 
@@ -19,7 +20,7 @@ from stepbarrier import (
 )
 from stepbarrier.tf_hooks import GlobalStepWaiterHook
 from tests.redis_harness import RedisServer
-from tests.tf.tf_graphs import context
+from tests.tf.tf_graphs import NO_EXTRAS, SessionAt, context
 
 pytestmark = pytest.mark.tensorflow
 
@@ -38,7 +39,7 @@ def test_the_overall_timeout_raises_barrier_timeout_from_before_run(
     with tf.Graph().as_default():
         hook = started_hook(5, config)
         with pytest.raises(BarrierTimeout) as caught:
-            hook.before_run(context(None))
+            hook.before_run(context(SessionAt()))
     assert caught.value.target == 5
     assert hook.released_at_step is None
 
@@ -49,9 +50,9 @@ def test_on_timeout_proceed_starts_training_with_the_last_step_seen(
     config = make_config(timeout=0.3, on_timeout="proceed")
     with tf.Graph().as_default():
         hook = started_hook(5, config)
-        assert hook.before_run(context(None)) is None
+        assert hook.before_run(context(SessionAt())) is None
         assert hook.released_at_step == 0  # no chief was ever seen
-        assert hook.before_run(context(None)) is None  # started: no second wait
+        assert hook.before_run(context(SessionAt())) is None  # started: no second wait
 
 
 def test_a_job_finished_below_the_step_aborts_the_worker(config: BarrierConfig) -> None:
@@ -62,7 +63,7 @@ def test_a_job_finished_below_the_step_aborts_the_worker(config: BarrierConfig) 
     with tf.Graph().as_default():
         hook = started_hook(5, config)
         with pytest.raises(BarrierAborted) as caught:
-            hook.before_run(context(None))
+            hook.before_run(context(SessionAt()))
     assert (caught.value.reason, caught.value.last_step) == ("done", 3)
 
 
@@ -72,7 +73,7 @@ def test_a_released_worker_leaves_the_registry(config: BarrierConfig) -> None:
         assert publisher.flush(10)
         with tf.Graph().as_default():
             hook = started_hook(5, config)
-            hook.before_run(context(None))
+            hook.before_run(context(SessionAt()))
             hook.end(None)
         assert hook.released_at_step == 7
         assert read_status(config).waiters == ()
@@ -87,14 +88,34 @@ def test_without_a_config_the_environment_is_read_at_begin_not_at_construction(
     with tf.Graph().as_default():
         tf.compat.v1.train.get_or_create_global_step()
         hook = GlobalStepWaiterHook(5)  # built anywhere, like TensorFlow's hook
-        with pytest.raises(ConfigurationError, match="STEPBARRIER_JOB"):
-            hook.begin()
         monkeypatch.setenv("STEPBARRIER_JOB", job)
+        monkeypatch.setenv("STEPBARRIER_TIMEOUT", "soon")
+        with pytest.raises(ConfigurationError, match="STEPBARRIER_TIMEOUT"):
+            hook.begin()  # a bad setting fails before the session
+        monkeypatch.delenv("STEPBARRIER_TIMEOUT")
         monkeypatch.setenv("STEPBARRIER_REDIS_URL", redis_server.url)
         config = BarrierConfig.from_env()
         with StepPublisher(config) as publisher:
             publisher.publish(6)
             assert publisher.flush(10)
             hook.begin()
-            hook.before_run(context(None))
+            hook.before_run(context(SessionAt()))
     assert hook.released_at_step == 6
+
+
+def test_a_hook_for_step_0_on_a_job_without_a_publisher_ends_without_a_warning(
+    config: BarrierConfig, caplog: pytest.LogCaptureFixture
+) -> None:
+    # it reports the step, but no chief generation is there to report into:
+    # nothing timed out, so nothing is said to have timed out
+    caplog.set_level(logging.INFO)
+    with tf.Graph().as_default():
+        step = tf.compat.v1.train.get_or_create_global_step()
+        increment = tf.compat.v1.assign_add(step, 1)
+        hook = GlobalStepWaiterHook(0, config, report_every=1)
+        with tf.compat.v1.train.MonitoredTrainingSession(hooks=[hook], **NO_EXTRAS) as session:
+            for _ in range(30):
+                session.run(increment)
+    said = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert said == [], [r.getMessage() for r in said]
+    assert any("was not reported" in r.getMessage() for r in caplog.records)

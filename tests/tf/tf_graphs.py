@@ -30,6 +30,18 @@ class ForbiddenSession:
         raise AssertionError("the hook read the global step")
 
 
+class SessionAt:
+    """A session whose global step stays at ``step``: what a hook reads from it."""
+
+    def __init__(self, step: int = 0) -> None:
+        self.step = step
+        self.reads = 0
+
+    def run(self, *args: Any, **kwargs: Any) -> int:
+        self.reads += 1
+        return self.step
+
+
 def context(session: Any) -> Any:
     return tf.compat.v1.train.SessionRunContext(original_args=None, session=session)
 
