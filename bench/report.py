@@ -6,6 +6,7 @@ Usage: ``python bench/report.py [--quick]`` (``run_all.py`` calls it at the end;
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Sequence
@@ -52,7 +53,9 @@ def stats_row(label: str, stats: dict[str, float], digits: int = 2) -> str:
 STATS_HEADER = "| | n | median | p90 | p99 | max | mean |\n|---|---|---|---|---|---|---|"
 
 
-def wake_section(tf: dict[str, Any] | None, floor: dict[str, Any] | None) -> list[str]:
+def wake_section(
+    tf: dict[str, Any] | None, floor: dict[str, Any] | None, run: dict[str, Any] | None = None
+) -> list[str]:
     lines = ["## 1-2. Wake latency (ms)", ""]
     lines.append(
         "From the end of the chief's run that reached step K (or the `publish`/`PUBLISH` "
@@ -68,6 +71,15 @@ def wake_section(tf: dict[str, Any] | None, floor: dict[str, Any] | None) -> lis
                 else "stepbarrier `GlobalStepWaiterHook`"
             )
             lines.append(stats_row(f"{label}, chief step {period}", stats))
+        untouched = tf.get("untouched") or {}
+        for kind, stats in sorted(
+            untouched.get("latency_ms", {}).items(),
+            key=lambda item: list(UNTOUCHED_NAMES).index(item[0]),
+        ):
+            label = (
+                f"{UNTOUCHED_NAMES[kind]}, chief untouched, chief step {untouched['period_ms']}ms"
+            )
+            lines.append(stats_row(label, stats))
     if floor:
         core = "stepbarrier core: `publish()` -> `wait()` (no TF)"
         lines.append(stats_row(core, floor["core_ms"]))
@@ -75,6 +87,10 @@ def wake_section(tf: dict[str, Any] | None, floor: dict[str, Any] | None) -> lis
     lines.append("")
     if tf:
         dropped = {k: v for k, v in tf["dropped"].items() if v}
+        untouched = tf.get("untouched") or {}
+        dropped.update(
+            {f"{k}, chief untouched": v for k, v in untouched.get("dropped", {}).items() if v}
+        )
         if dropped:
             lines.append(f"Trials dropped (the wait began after step K was reached): {dropped}.")
         for period in ("10ms", "200ms"):
@@ -86,6 +102,7 @@ def wake_section(tf: dict[str, Any] | None, floor: dict[str, Any] | None) -> lis
                     f"{t['median'] / s['median']:,.0f}x at the median, "
                     f"{t['p99'] / s['p99']:,.0f}x at p99."
                 )
+        lines += untouched_lines(tf)
         lines.append(
             f"- publisher-hook verifications (extra global-step reads at a crossed target): "
             f"{tf.get('publisher_verifications')}."
@@ -105,7 +122,175 @@ def wake_section(tf: dict[str, Any] | None, floor: dict[str, Any] | None) -> lis
     lines.append("")
     lines.append("![wake latency](wake_latency.png)")
     lines.append("")
+    if tf:
+        lines += ps_reads_lines(tf)
+        lines += tf_run_lines(tf, run)
     return lines
+
+
+UNTOUCHED_NAMES = {
+    "tensorflow": "TensorFlow `GlobalStepWaiterHook`",
+    "stepbarrier": "stepbarrier `GlobalStepWaiterHook` (configured, no publisher)",
+    "unconfigured": "stepbarrier `GlobalStepWaiterHook` without `STEPBARRIER_JOB`",
+}
+READ_CASES = {
+    "tensorflow@publisher": "TensorFlow `GlobalStepWaiterHook`",
+    "stepbarrier@publisher": "stepbarrier's, chief with `GlobalStepPublisherHook`",
+    "tensorflow@untouched": "TensorFlow `GlobalStepWaiterHook` (chief-untouched trials)",
+    "stepbarrier@untouched": "stepbarrier's, chief untouched (configured, no publisher)",
+    "unconfigured@untouched": "stepbarrier's without `STEPBARRIER_JOB` (chief untouched)",
+}
+
+
+def ratio(a: float | None, b: float | None) -> str:
+    if not a or not b:
+        return "-"
+    return f"{a / b:,.2f}x"
+
+
+def untouched_lines(tf: dict[str, Any]) -> list[str]:
+    """The chief-untouched trials as ratios to TensorFlow's hook, and what released them."""
+    untouched = tf.get("untouched")
+    if not untouched:
+        return []
+    stats = untouched["latency_ms"]
+    base = stats.get("tensorflow", {})
+    lines = []
+    for kind in ("stepbarrier", "unconfigured"):
+        s = stats.get(kind, {})
+        if base.get("n") and s.get("n"):
+            lines.append(
+                f"- chief untouched (no `GlobalStepPublisherHook`), chief step "
+                f"{untouched['period_ms']}ms: {UNTOUCHED_NAMES[kind]} / TensorFlow's hook = "
+                f"{ratio(s['median'], base['median'])} at the median, "
+                f"{ratio(s['p90'], base['p90'])} at p90, {ratio(s['mean'], base['mean'])} "
+                f"in the mean ({s['n']} and {base['n']} trials; 1x: the same, both read the "
+                f"session's step every 0.5 s)."
+            )
+    released = {
+        **{f"{k}, chief with the publisher": v for k, v in tf.get("released_by", {}).items()},
+        **{f"{k}, chief untouched": v for k, v in untouched["released_by"].items()},
+    }
+    parts = [
+        f"{name}: " + ", ".join(f"{by} {n}" for by, n in sorted(counts.items()))
+        for name, counts in released.items()
+        if not name.startswith(("tensorflow", "unconfigured"))
+    ]
+    early = any(
+        "the session's global step" in counts for counts in tf.get("released_by", {}).values()
+    )
+    if parts:
+        lines.append(
+            f"- what released stepbarrier's configured hook (`released_by`): {'; '.join(parts)}."
+            + (
+                " A release by the session's read can come before the chief's note of step K "
+                "(the step on the ps moves before the chief's run returns): a latency below 0."
+                if early
+                else ""
+            )
+        )
+    return lines
+
+
+def ps_reads_lines(tf: dict[str, Any]) -> list[str]:
+    reads = tf.get("ps_reads")
+    if not reads:
+        return []
+    long_waits, trials = reads["long_wait"], reads["trials"]
+    lines = [
+        "### Parameter-server reads of a waiting worker",
+        "",
+        "The `session.run` calls the waiter hook makes during its wait, each a read of the "
+        "global step on the ps: its `before_run` is handed a `SessionRunContext` whose session "
+        "is the `MonitoredTrainingSession`'s own behind a proxy that counts and times `run` "
+        "(nothing else is counted: not the session's other runs, not Redis). One long wait, "
+        "the cases at once in one worker process (each in its own thread, graph and session), "
+        "for the same step, chief step 200ms, the chief publishing (the untouched case waits "
+        "on a job no publisher writes):",
+        "",
+        "| waiter hook | wait (s) | PS reads | reads/s | / TensorFlow's | median gap (s) "
+        "| reads at (s) | released by |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    base = long_waits.get("tensorflow@publisher", {}).get("reads_per_s")
+    for name, label in READ_CASES.items():
+        wait = long_waits.get(name)
+        if not wait:
+            continue
+        shown = wait["read_at_s"] if len(wait["read_at_s"]) <= 8 else wait["read_at_s"][:4]
+        first = ", ".join(f"{t:.2f}" for t in shown)
+        more = ", ..." if len(shown) < len(wait["read_at_s"]) else ""
+        lines.append(
+            f"| {label} | {wait['seconds']:.1f} | {wait['reads']} | {wait['reads_per_s']:.2f} | "
+            f"{ratio(wait['reads_per_s'], base)} | {fmt(wait['gap_s'].get('median'))} | "
+            f"{first}{more} | {wait['released_by'] or '-'} |"
+        )
+    lines += [
+        "",
+        "In the wake-latency trials above (waits of about a second: the read before Redis is "
+        "touched, and the one 0.5 s later, scheduled before the chief was seen, dominate):",
+        "",
+        "| waiter hook | waits | wait (s), median | PS reads per wait, median | max "
+        "| reads per second of waiting | / TensorFlow's |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, label in READ_CASES.items():
+        case = trials.get(name)
+        if not case or not case["waits"]:
+            continue
+        tf_rate = trials.get(f"tensorflow@{name.split('@')[1]}", {}).get("reads_per_s")
+        per_wait, rate = case["reads_per_wait"], case["reads_per_s"]
+        lines.append(
+            f"| {label} | {case['waits']} | {fmt(case['wait_s']['median'])} | "
+            f"{fmt(per_wait['median'], 0)} | {fmt(per_wait['max'], 0)} | "
+            f"{fmt(rate)} | {ratio(rate, tf_rate)} |"
+        )
+    lines.append("")
+    with_publisher = long_waits.get("stepbarrier@publisher")
+    untouched = long_waits.get("stepbarrier@untouched")
+    if base and with_publisher and untouched:
+        at = with_publisher["read_at_s"]
+        gaps = [b - a for a, b in itertools.pairwise(at)]
+        early = next((i for i, gap in enumerate(gaps) if gap > 1.0), len(gaps)) + 1
+        later = sorted(gaps[early - 1 :])
+        pace = (
+            f", then one every {later[len(later) // 2]:.1f} s (the median gap after those)"
+            if later
+            else ""
+        )
+        lines += [
+            f"- A waiting worker reads the ps {base:.2f} times a second with TensorFlow's hook; "
+            f"with stepbarrier's and a publisher on the chief {with_publisher['reads_per_s']:.2f} "
+            f"times ({ratio(with_publisher['reads_per_s'], base)} TensorFlow's): {early} reads "
+            f"about 0.5 s apart from the start of the wait (the first before Redis is touched; "
+            f"the pace slows once a write of the chief was seen){pace}; with the chief untouched "
+            f"{untouched['reads_per_s']:.2f} times ({ratio(untouched['reads_per_s'], base)}), "
+            f"as TensorFlow's hook.",
+            "",
+        ]
+    return lines
+
+
+def tf_run_lines(tf: dict[str, Any], run: dict[str, Any] | None) -> list[str]:
+    if "commit" not in tf:
+        return []
+    alone = run is not None and run.get("commit") != tf["commit"]
+    return [
+        f"The TF job (sections 1-2 and 4): `python bench/tf_job.py"
+        f"{' --quick' if tf['quick'] else ''}`, commit {tf['commit']}"
+        + (" with uncommitted changes in stepbarrier/" if tf.get("dirty") else "")
+        + f", {tf['seconds']:.0f} s, load average before {tf['load_before']}, after "
+        f"{tf['load_after']}; {tf['trials_per_hook_and_period']} trials per hook and period, "
+        f"{tf.get('untouched_trials_per_hook')} per hook with the chief untouched."
+        + (
+            f" It ran on its own, not in the `{run['command']}` run of the other sections "
+            f"(commit {run['commit']}): the lines and targets that divide its numbers by "
+            f"theirs (the TF hook / floor) mix two runs."
+            if alone and run is not None
+            else ""
+        ),
+        "",
+    ]
 
 
 def fanout_section(fanout: dict[str, Any] | None) -> list[str]:
@@ -611,6 +796,17 @@ def plot(tf: dict[str, Any] | None, floor: dict[str, Any] | None, path: Path) ->
         "stepbarrier@200ms": ("stepbarrier GlobalStepWaiterHook, 200 ms steps", "tab:blue", "--"),
     }
     series = {name: tf["samples_ms"].get(name, []) for name in styles}
+    untouched = tf.get("untouched") or {}
+    for kind, label, color in (
+        ("tensorflow", "TensorFlow GlobalStepWaiterHook", "tab:orange"),
+        ("stepbarrier", "stepbarrier GlobalStepWaiterHook", "tab:cyan"),
+        ("unconfigured", "stepbarrier GlobalStepWaiterHook without STEPBARRIER_JOB", "tab:green"),
+    ):
+        if kind in untouched.get("samples_ms", {}):
+            name = f"untouched:{kind}"
+            period = untouched["period_ms"]
+            styles[name] = (f"{label}, chief untouched, {period} ms steps", color, "-.")
+            series[name] = untouched["samples_ms"][kind]
     if floor:
         styles["floor"] = ("raw redis-py pub/sub delivery (floor)", "tab:gray", ":")
         series["floor"] = floor["floor_samples_ms"]
@@ -632,9 +828,9 @@ def plot(tf: dict[str, Any] | None, floor: dict[str, Any] | None, path: Path) ->
     ax.set_ylabel("fraction of trials")
     ax.set_title("Worker wake latency in a TF parameter-server job (loopback, same run)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(loc="center", fontsize=8)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")  # the legend is below the axes
     plt.close(fig)
     return True
 
@@ -671,7 +867,7 @@ def main() -> None:
     lines = ["# stepbarrier benchmark results", ""]
     lines += machine_section(run)
     lines += targets_section(tf, floor, fanout, publish, load_result, fleet_targets(fleet, tf))
-    lines += wake_section(tf, floor)
+    lines += wake_section(tf, floor, run)
     lines += fanout_section(fanout)
     lines += chief_section(tf, publish)
     lines += load_section(load_result)

@@ -15,6 +15,28 @@ of chief steps, and notes ``time.time()`` when the hook's ``before_run``
 returns. Latency = that moment minus the chief's note for step K. A trial
 whose wait began after step K was reached is dropped (and counted).
 
+Chief untouched (same run, after those trials). The chief switches its
+``GlobalStepPublisherHook`` off (its runs are a plain chief's: the switched-off
+hook is passed no run, and no publisher ever writes the job the worker then
+waits on), and the worker alternates three hooks in trials made the same way at
+the 10 ms step period: TensorFlow's; stepbarrier's configured (``BarrierConfig``
+with the bench's private Redis) for a job on which no publisher ever wrote,
+which is what a worker sees when only the workers' import was changed; and
+stepbarrier's with ``config=None`` and no ``STEPBARRIER_JOB`` in the worker's
+environment (it then waits as TensorFlow's hook).
+
+Parameter-server reads of a waiting worker. The waiter hook's ``before_run`` is
+handed a ``SessionRunContext`` whose session is the MonitoredSession's own session
+behind a proxy that counts (and times) its ``run`` calls: every global-step read
+the hook makes during its wait is one ``session.run``, one round trip to the ps,
+and nothing else is counted (not the other runs of the session, not Redis). They
+are counted in every trial above (waits of about 1 s, where the read before Redis
+is touched and the one 0.5 s later dominate) and in one long wait (``LONG_WAIT``
+seconds) between the two: the four cases of ``LONG_WAIT_CASES`` wait at once,
+each in its own thread, graph and ``MonitoredTrainingSession``, for the same step,
+while the chief publishes at the 200 ms period (the untouched case waits on the
+job no publisher writes).
+
 Chief cost. Afterwards the chief trains as fast as it can in one new session,
 in short blocks that rotate between the cases of ``COST_KINDS`` (no hook; a
 hook that only fetches the global-step variable with each run, TensorFlow's
@@ -24,12 +46,14 @@ with the publisher hook), no worker waiting, and reports steps/s per block.
 A switched-off hook is still called but returns nothing at once; each
 publisher's thread keeps its heartbeat (one write per second) throughout.
 
-Usage: ``python bench/tf_job.py [--quick]``; the task roles are internal.
+Usage: ``python bench/tf_job.py [--quick] [--trials N] [--untouched-trials N]
+[--long-wait SECONDS] [--cost ROUNDS,STEPS]``; the task roles are internal.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -44,6 +68,7 @@ from typing import Any
 from harness import (
     RedisServer,
     child_process,
+    git,
     load_average,
     ms,
     save,
@@ -55,6 +80,19 @@ from stepbarrier.cli.local_cluster import free_port
 
 PERIODS = (0.01, 0.2)
 """The chief's step periods (seconds) of the wake-latency phases."""
+UNTOUCHED_PERIOD = PERIODS[0]
+"""The chief's step period (seconds) of the chief-untouched phase."""
+UNTOUCHED_KINDS = ("tensorflow", "stepbarrier", "unconfigured")
+"""The hooks of the chief-untouched phase: TensorFlow's; stepbarrier's,
+configured (``BarrierConfig`` on the bench's Redis) for a job no publisher
+writes; stepbarrier's with ``config=None`` and no ``STEPBARRIER_JOB``."""
+LONG_WAIT_CASES = (
+    ("tensorflow", "publisher"), ("stepbarrier", "publisher"), ("stepbarrier", "untouched"),
+    ("unconfigured", "untouched"),
+)  # fmt: skip
+"""The (hook, phase) cases of the long wait that counts PS reads."""
+LONG_WAIT = {"quick": 8.0, "full": 30.0}
+"""Seconds of the long wait (stepbarrier with a publisher reads every 5 s)."""
 MARGIN = 1.2
 """Seconds of chief steps between a trial's read of the step and its target."""
 POLL_CYCLE = 0.5
@@ -132,20 +170,48 @@ def run_chief(cluster_json: str, redis_url: str, job: str, workdir: str, cost: s
     from stepbarrier.tf_hooks import GlobalStepPublisherHook
 
     control = Path(workdir) / "control"
-    state = {"period": PERIODS[0], "command": "period"}
+    state: dict[str, Any] = {"period": PERIODS[0], "command": "period"}
+
+    class Switchable(tf.compat.v1.train.SessionRunHook):  # type: ignore[misc]
+        """Passes runs to ``inner`` only while switched on (its session hooks always)."""
+
+        def __init__(self, inner: Any, on: bool = False) -> None:
+            self.inner, self.on, self.passed = inner, on, False
+
+        def begin(self) -> None:
+            self.inner.begin()
+
+        def after_create_session(self, session: Any, coord: Any) -> None:
+            self.inner.after_create_session(session, coord)
+
+        def before_run(self, run_context: Any) -> Any:
+            self.passed = self.on  # (switched by another thread in the untouched phase)
+            return self.inner.before_run(run_context) if self.passed else None
+
+        def after_run(self, run_context: Any, run_values: Any) -> None:
+            if self.passed:
+                self.inner.after_run(run_context, run_values)
+
+        def end(self, session: Any) -> None:
+            self.inner.end(session)
+
+    config = BarrierConfig(job=job, redis_url=redis_url, role="chief", task_id=0)
+    publishing = Switchable(GlobalStepPublisherHook(config), on=True)
 
     def follow_control() -> None:
         while state["command"] != "cost":
             try:
                 command, _, value = control.read_text().partition(" ")
                 state["command"] = command
-                if command == "period":
+                if command in ("period", "untouched"):
                     state["period"] = float(value)
+                    # chief untouched: the runs of a chief without the publisher
+                    publishing.on = command == "period"
             except (OSError, ValueError):
                 pass
             time.sleep(0.05)
 
-    records: list[tuple[int, float, float]] = []
+    records: list[tuple[int, float, float, bool]] = []
 
     class StampHook(tf.compat.v1.train.SessionRunHook):  # type: ignore[misc]
         """First hook of the chief: notes when each run returned, and its step."""
@@ -157,17 +223,15 @@ def run_chief(cluster_json: str, redis_url: str, job: str, workdir: str, cost: s
             return tf.compat.v1.train.SessionRunArgs(self.step_tensor)
 
         def after_run(self, run_context: Any, run_values: Any) -> None:
-            records.append((int(run_values.results), time.time(), state["period"]))
+            records.append((int(run_values.results), time.time(), state["period"], publishing.on))
 
-    config = BarrierConfig(job=job, redis_url=redis_url, role="chief", task_id=0)
     with tf.Graph().as_default():
         _, train_op = build_model(tf, cluster, "/job:chief/task:0")
-        publisher_hook = GlobalStepPublisherHook(config)
         with tf.compat.v1.train.MonitoredTrainingSession(
             master=server.target,
             is_chief=True,
             hooks=[StampHook(train_op)],
-            chief_only_hooks=[publisher_hook],
+            chief_only_hooks=[publishing],
             **session_kwargs(session_config),
         ) as session:
             (Path(workdir) / "chief-ready").write_text("1")
@@ -178,7 +242,7 @@ def run_chief(cluster_json: str, redis_url: str, job: str, workdir: str, cost: s
                 rest = state["period"] - (time.perf_counter() - started)
                 if rest > 0:
                     time.sleep(rest)
-        verifications = publisher_hook.verifications
+        verifications = publishing.inner.verifications
     rounds, block = (int(x) for x in cost.split(","))
     rates: dict[str, list[float]] = {kind: [] for kind in COST_KINDS}
 
@@ -190,28 +254,6 @@ def run_chief(cluster_json: str, redis_url: str, job: str, workdir: str, cost: s
 
         def before_run(self, run_context: Any) -> Any:
             return tf.compat.v1.train.SessionRunArgs(self.global_step)
-
-    class Switchable(tf.compat.v1.train.SessionRunHook):  # type: ignore[misc]
-        """Passes runs to ``inner`` only while switched on (its session hooks always)."""
-
-        def __init__(self, inner: Any) -> None:
-            self.inner, self.on = inner, False
-
-        def begin(self) -> None:
-            self.inner.begin()
-
-        def after_create_session(self, session: Any, coord: Any) -> None:
-            self.inner.after_create_session(session, coord)
-
-        def before_run(self, run_context: Any) -> Any:
-            return self.inner.before_run(run_context) if self.on else None
-
-        def after_run(self, run_context: Any, run_values: Any) -> None:
-            if self.on:
-                self.inner.after_run(run_context, run_values)
-
-        def end(self, session: Any) -> None:
-            self.inner.end(session)
 
     class CountedPublisherHook(GlobalStepPublisherHook):  # type: ignore[misc]
         """The publisher hook as shipped, counting the runs it fetched the step with."""
@@ -297,74 +339,162 @@ def run_chief(cluster_json: str, redis_url: str, job: str, workdir: str, cost: s
     (Path(workdir) / "chief.json").write_text(json.dumps(result))
 
 
-def run_worker(cluster_json: str, redis_url: str, job: str, workdir: str, trials: int) -> None:
+class CountingSession:
+    """The session a waiter hook is handed, counting its ``run`` calls (PS reads).
+
+    Each call's ``time.time()`` is noted in ``reads``; anything else is the
+    wrapped session's.
+    """
+
+    def __init__(self, session: Any, reads: list[float]) -> None:
+        self._session = session
+        self._reads = reads
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        self._reads.append(time.time())
+        return self._session.run(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._session, name)
+
+
+def run_worker(
+    cluster_json: str, redis_url: str, job: str, workdir: str, trials: int, extra: str
+) -> None:
     tf, cluster, server, session_config = tf_setup(cluster_json, "worker")
     from stepbarrier import BarrierConfig
     from stepbarrier.tf_hooks import GlobalStepWaiterHook
 
-    config = BarrierConfig(job=job, redis_url=redis_url, role="worker", task_id=1, timeout=120)
+    untouched_trials, long_wait = int(extra.split(",")[0]), float(extra.split(",")[1])
+    # the unconfigured hook reads BarrierConfig.from_env() only with STEPBARRIER_JOB
+    # set (child_env passes no STEPBARRIER_* variable)
+    os.environ.pop("STEPBARRIER_JOB", None)
+    configs = {
+        phase: BarrierConfig(
+            job=phase_job, redis_url=redis_url, role="worker", task_id=1, timeout=120
+        )
+        # a job no publisher ever writes: what a worker sees when its chief is untouched
+        for phase, phase_job in (("publisher", job), ("untouched", f"{job}-untouched"))
+    }
 
-    def timed(base: type) -> type:
-        class Timed(base):  # type: ignore[misc, valid-type]
+    def instrumented(base: type) -> type:
+        class Instrumented(base):  # type: ignore[misc, valid-type]
+            """Times the first ``before_run`` (the wait) and counts its session reads."""
+
             entered: float | None = None
             returned: float | None = None
 
             def before_run(self, run_context: Any) -> Any:
-                first = self.entered is None
-                if first:
-                    self.entered = time.time()
-                result = super().before_run(run_context)
-                if first:
-                    self.returned = time.time()
+                if self.entered is not None:
+                    return super().before_run(run_context)
+                self.reads: list[float] = []
+                counted = tf.compat.v1.train.SessionRunContext(
+                    run_context.original_args, CountingSession(run_context.session, self.reads)
+                )
+                self.entered = time.time()
+                result = super().before_run(counted)
+                self.returned = time.time()
+                if counted.stop_requested:
+                    run_context.request_stop()
                 return result
 
-        return Timed
+        return Instrumented
 
-    hook_types = {
-        "tensorflow": timed(tf.compat.v1.train.GlobalStepWaiterHook),
-        "stepbarrier": timed(GlobalStepWaiterHook),
-    }
+    tensorflow_hook = instrumented(tf.compat.v1.train.GlobalStepWaiterHook)
+    stepbarrier_hook = instrumented(GlobalStepWaiterHook)
+
+    def make_hook(kind: str, phase: str, target: int) -> Any:
+        if kind == "tensorflow":
+            return tensorflow_hook(target)
+        if kind == "unconfigured":
+            return stepbarrier_hook(target, None)
+        return stepbarrier_hook(target, configs[phase])
+
     setter = tf.compat.v1.train.replica_device_setter(
         worker_device="/job:worker/task:0", cluster=cluster
     )
+
+    def read_step() -> int:
+        with tf.Graph().as_default():
+            with tf.compat.v1.device(setter):
+                global_step = tf.compat.v1.train.get_or_create_global_step()
+            with tf.compat.v1.Session(server.target, config=session_config) as plain:
+                return int(plain.run(global_step))
+
+    def wait_once(
+        kind: str, phase: str, period: float, target: int, delay: float
+    ) -> dict[str, Any]:
+        with tf.Graph().as_default():
+            with tf.compat.v1.device(setter):
+                global_step = tf.compat.v1.train.get_or_create_global_step()
+            time.sleep(delay)
+            hook = make_hook(kind, phase, target)
+            with tf.compat.v1.train.MonitoredTrainingSession(
+                master=server.target,
+                is_chief=False,
+                hooks=[hook],
+                **session_kwargs(session_config),
+            ) as session:
+                session.run(global_step)
+        return {
+            "kind": kind,
+            "phase": phase,
+            "period": period,
+            "target": target,
+            "entered": hook.entered,
+            "returned": hook.returned,
+            "reads": [t - hook.entered for t in hook.reads],
+            "released_by": getattr(hook, "released_by", None),
+        }
+
+    def trial(kind: str, phase: str, period: float) -> dict[str, Any]:
+        start_step = read_step()
+        target = start_step + max(2, round(MARGIN / period))
+        result = wait_once(kind, phase, period, target, random.uniform(0, POLL_CYCLE))
+        result["start_step"] = start_step
+        return result
+
+    control = Path(workdir) / "control"
     results = []
     kinds = ["tensorflow", "stepbarrier"]
     for period in PERIODS:
-        (Path(workdir) / "control").write_text(f"period {period}")
+        control.write_text(f"period {period}")
         time.sleep(0.5)
-        for trial in range(2 * trials):
-            kind = kinds[trial % 2]
-            with tf.Graph().as_default():
-                with tf.compat.v1.device(setter):
-                    global_step = tf.compat.v1.train.get_or_create_global_step()
-                with tf.compat.v1.Session(server.target, config=session_config) as plain:
-                    start_step = int(plain.run(global_step))
-                target = start_step + max(2, round(MARGIN / period))
-                time.sleep(random.uniform(0, POLL_CYCLE))
-                hook = (
-                    hook_types[kind](target, config)
-                    if kind == "stepbarrier"
-                    else hook_types[kind](target)
-                )
-                with tf.compat.v1.train.MonitoredTrainingSession(
-                    master=server.target,
-                    is_chief=False,
-                    hooks=[hook],
-                    **session_kwargs(session_config),
-                ) as session:
-                    session.run(global_step)
-                results.append(
-                    {
-                        "kind": kind,
-                        "period": period,
-                        "target": target,
-                        "start_step": start_step,
-                        "entered": hook.entered,
-                        "returned": hook.returned,
-                    }
-                )
+        for number in range(2 * trials):
+            results.append(trial(kinds[number % 2], "publisher", period))
         kinds.reverse()
-    (Path(workdir) / "worker.json").write_text(json.dumps(results))
+
+    # PS reads over one long wait: the kinds wait at once, each in its own
+    # thread, graph and session, for the same step (publisher on, last period)
+    long_waits: dict[str, Any] = {}
+    period = PERIODS[-1]
+    target = read_step() + round(long_wait / period)
+    errors: list[BaseException] = []
+
+    def long_wait_of(kind: str, phase: str) -> None:
+        try:
+            long_waits[f"{kind}@{phase}"] = wait_once(kind, phase, period, target, 0.0)
+        except BaseException as exc:  # re-raised below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=long_wait_of, args=case) for case in LONG_WAIT_CASES]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+
+    # chief untouched: the chief's publisher switched off, stepbarrier's hook on
+    # a job no publisher writes, and without STEPBARRIER_JOB
+    control.write_text(f"untouched {UNTOUCHED_PERIOD}")
+    time.sleep(0.5)
+    for number in range(len(UNTOUCHED_KINDS) * untouched_trials):
+        rounds, at = divmod(number, len(UNTOUCHED_KINDS))
+        kind = UNTOUCHED_KINDS[(rounds + at) % len(UNTOUCHED_KINDS)]
+        results.append(trial(kind, "untouched", UNTOUCHED_PERIOD))
+    data = {"trials": results, "long_waits": long_waits, "long_wait_target": target}
+    (Path(workdir) / "worker.json").write_text(json.dumps(data))
 
 
 # -- the orchestration ------------------------------------------------------------
@@ -381,26 +511,88 @@ def wait_for(path: Path, processes: list[Any], timeout: float) -> None:
         time.sleep(0.1)
 
 
-def analyse(chief: dict[str, Any], trials: list[dict[str, Any]]) -> dict[str, Any]:
-    reached: dict[int, tuple[float, float]] = {}
-    for step, when, period in chief["records"]:
-        reached.setdefault(step, (when, period))
-    out: dict[str, Any] = {"dropped": {}, "latency_ms": {}, "samples_ms": {}}
+def analyse(chief: dict[str, Any], worker: dict[str, Any]) -> dict[str, Any]:
+    trials = worker["trials"]
+    reached: dict[int, tuple[float, float, bool]] = {}
+    for step, when, period, publishing in chief["records"]:
+        reached.setdefault(step, (when, period, publishing))
+
+    def kept(kind: str, phase: str, period: float) -> tuple[list[float], list[Any], int]:
+        """Latencies (s) and trials of one case, and how many were dropped."""
+        samples, used, dropped = [], [], 0
+        for trial in trials:
+            if (trial["kind"], trial["phase"], trial["period"]) != (kind, phase, period):
+                continue
+            when, chief_period, publishing = reached.get(trial["target"], (None, None, None))
+            if (
+                when is None
+                or trial["entered"] >= when
+                or chief_period != period
+                or publishing != (phase == "publisher")
+            ):
+                dropped += 1
+                continue
+            samples.append(trial["returned"] - when)
+            used.append(trial)
+        return samples, used, dropped
+
+    def released_by(used: list[Any]) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for trial in used:
+            by = trial["released_by"] or "-"
+            counts[by] = counts.get(by, 0) + 1
+        return counts
+
+    out: dict[str, Any] = {"dropped": {}, "latency_ms": {}, "samples_ms": {}, "released_by": {}}
+    waits: dict[str, list[Any]] = {}
     for period in PERIODS:
         for kind in ("tensorflow", "stepbarrier"):
             name = f"{kind}@{int(period * 1000)}ms"
-            samples, dropped = [], 0
-            for trial in trials:
-                if trial["kind"] != kind or trial["period"] != period:
-                    continue
-                when, chief_period = reached.get(trial["target"], (None, None))
-                if when is None or trial["entered"] >= when or chief_period != period:
-                    dropped += 1
-                    continue
-                samples.append(trial["returned"] - when)
+            samples, used, dropped = kept(kind, "publisher", period)
             out["samples_ms"][name] = ms(samples)
             out["latency_ms"][name] = summarize(ms(samples))
             out["dropped"][name] = dropped
+            out["released_by"][name] = released_by(used)
+            waits.setdefault(f"{kind}@publisher", []).extend(used)
+    untouched: dict[str, Any] = {
+        "period_ms": int(UNTOUCHED_PERIOD * 1000),
+        "latency_ms": {},
+        "samples_ms": {},
+        "dropped": {},
+        "released_by": {},
+    }
+    for kind in UNTOUCHED_KINDS:
+        samples, used, dropped = kept(kind, "untouched", UNTOUCHED_PERIOD)
+        untouched["samples_ms"][kind] = ms(samples)
+        untouched["latency_ms"][kind] = summarize(ms(samples))
+        untouched["dropped"][kind] = dropped
+        untouched["released_by"][kind] = released_by(used)
+        waits[f"{kind}@untouched"] = used
+    out["untouched"] = untouched
+    # PS reads: the waiter hook's session.run calls during its wait
+    in_trials: dict[str, Any] = {}
+    for name, used in waits.items():
+        seconds = [t["returned"] - t["entered"] for t in used]
+        counts = [len(t["reads"]) for t in used]
+        in_trials[name] = {
+            "waits": len(used),
+            "wait_s": summarize(seconds),
+            "reads_per_wait": summarize(counts),
+            "reads_per_s": sum(counts) / sum(seconds) if used else None,
+        }
+    long_waits: dict[str, Any] = {}
+    for name, wait in worker["long_waits"].items():
+        seconds, reads = wait["returned"] - wait["entered"], wait["reads"]
+        gaps = [b - a for a, b in itertools.pairwise(reads)]
+        long_waits[name] = {
+            "seconds": seconds,
+            "reads": len(reads),
+            "reads_per_s": len(reads) / seconds,
+            "read_at_s": [round(r, 3) for r in reads],
+            "gap_s": summarize(gaps),
+            "released_by": wait["released_by"],
+        }
+    out["ps_reads"] = {"trials": in_trials, "long_wait": long_waits}
     rates = chief["rates"]
     out["chief_steps_per_s"] = {kind: summarize(rates[kind]) for kind in COST_KINDS}
     out["chief_samples"] = rates
@@ -421,6 +613,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--role", nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--trials", type=int, help="trials per hook and period")
+    parser.add_argument(
+        "--untouched-trials", type=int, help="chief-untouched trials per hook (4 quick, 24)"
+    )
+    parser.add_argument(
+        "--long-wait", type=float, help="seconds of the PS-read count's long wait (8 quick, 30)"
+    )
     parser.add_argument("--cost", help="chief-cost rounds and steps per block, e.g. 160,25")
     args = parser.parse_args()
     if args.role:
@@ -430,9 +628,13 @@ def main() -> None:
         elif role == "chief":
             run_chief(*rest)
         else:
-            run_worker(*rest[:4], int(rest[4]))
+            run_worker(*rest[:4], int(rest[4]), rest[5])
         return
     trials = args.trials if args.trials is not None else 6 if args.quick else 32
+    untouched_trials = (
+        args.untouched_trials if args.untouched_trials is not None else 4 if args.quick else 24
+    )
+    long_wait = args.long_wait or LONG_WAIT["quick" if args.quick else "full"]
     cost = args.cost or ("30,20" if args.quick else "160,25")
     load_before = load_average()
     cluster = json.dumps(
@@ -471,10 +673,12 @@ def main() -> None:
                 job,
                 workdir,
                 str(trials),
+                f"{untouched_trials},{long_wait}",
                 stdout=None,
             )
             processes.append(worker)
-            worker.wait(timeout=60 + trials * 2 * len(PERIODS) * 10)
+            worker_trials = trials * 2 * len(PERIODS) + untouched_trials * len(UNTOUCHED_KINDS)
+            worker.wait(timeout=60 + worker_trials * 10 + 2 * long_wait)
             if worker.returncode != 0:
                 raise RuntimeError(f"the worker failed (exit {worker.returncode})")
             (work / "control").write_text("cost")
@@ -482,18 +686,22 @@ def main() -> None:
             if chief.returncode != 0:
                 raise RuntimeError(f"the chief failed (exit {chief.returncode})")
             chief_data = json.loads((work / "chief.json").read_text())
-            trial_data = json.loads((work / "worker.json").read_text())
+            worker_data = json.loads((work / "worker.json").read_text())
         finally:
             for process in reversed(processes):
                 stop_process(process)
-    result = analyse(chief_data, trial_data)
+    result = analyse(chief_data, worker_data)
     result.update(
         benchmark="tf_job",
         quick=args.quick,
+        commit=git("rev-parse", "--short", "HEAD"),
+        dirty=bool(git("status", "--porcelain", "--untracked-files=no", "stepbarrier")),
         load_before=load_before,
         load_after=load_average(),
         seconds=time.monotonic() - started,
         trials_per_hook_and_period=trials,
+        untouched_trials_per_hook=untouched_trials,
+        long_wait_s=long_wait,
         tensorflow=tf_version(),
     )
     save("tf_job", result)
@@ -504,6 +712,27 @@ def main() -> None:
                 f"max {stats['max']:.2f} ms (n={stats['n']}, dropped {result['dropped'][name]})",
                 file=sys.stderr,
             )
+    for kind, stats in result["untouched"]["latency_ms"].items():
+        if stats.get("n"):
+            print(
+                f"{kind + '@untouched':>22}: median {stats['median']:.2f} ms, p99 "
+                f"{stats['p99']:.2f} ms (n={stats['n']}, dropped "
+                f"{result['untouched']['dropped'][kind]})",
+                file=sys.stderr,
+            )
+    for name, reads in result["ps_reads"]["trials"].items():
+        if reads["waits"]:
+            print(
+                f"{name:>22}: {reads['reads_per_s']:.2f} PS reads/s over {reads['waits']} "
+                f"waits (median {reads['wait_s']['median']:.2f} s)",
+                file=sys.stderr,
+            )
+    for name, wait in result["ps_reads"]["long_wait"].items():
+        print(
+            f"{name:>22}: {wait['reads']} PS reads in one wait of {wait['seconds']:.1f} s "
+            f"({wait['reads_per_s']:.2f}/s), the first at {wait['read_at_s'][:8]} s",
+            file=sys.stderr,
+        )
     for kind in COST_KINDS[1:]:
         slowdown = result.get(f"chief_slowdown_{kind}", {})
         if slowdown.get("n"):
