@@ -15,7 +15,8 @@ Run as its own process (``tests/tf/test_drop_in.py``). Environment:
     STEP_SLEEP        seconds of sleep after each run of the chief.
     WORKER_SLEEP      seconds of sleep after each run of a worker.
     WAIT_READY        chief: comma-separated files the workers create just before
-                      their session; the first session trains once they exist.
+                      their hook's wait begins; the first session trains once
+                      they exist.
     RECORD_FILE       where the task writes its record (JSON) when it ends:
                       released_at_step, released_by, wait_until_step,
                       first_global_step, steps_trained, error, and for the chief
@@ -39,6 +40,19 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf
 
 from stepbarrier.tf_hooks import GlobalStepPublisherHook, GlobalStepWaiterHook
+
+
+class Ready(tf.compat.v1.train.SessionRunHook):  # type: ignore[misc]
+    """Creates a file in the first ``before_run``, just before the waiter hook's wait
+    begins: the chief trains once every worker waits, so none can come late."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def before_run(self, run_context: Any) -> None:
+        if not os.path.exists(self.path):
+            with open(self.path, "w", encoding="utf-8"):
+                pass
 
 
 class LoopDied(Exception):
@@ -97,10 +111,9 @@ def main() -> int:
                 waiter = tf.compat.v1.train.GlobalStepWaiterHook(step)
             else:
                 waiter = GlobalStepWaiterHook(step)
+            hooks[:0] = [Ready(os.environ["RECORD_FILE"] + ".ready")]  # before the wait
             hooks.append(waiter)
             wait_for_chief(server.target, session_config)
-            with open(os.environ["RECORD_FILE"] + ".ready", "w", encoding="utf-8"):
-                pass
         try:
             if is_chief:
                 run_chief(server.target, session_config, hooks, global_step, train_op, record)
@@ -165,7 +178,7 @@ def wait_ready() -> None:
     deadline = time.monotonic() + 120
     while not all(os.path.exists(p) for p in paths) and time.monotonic() < deadline:
         time.sleep(0.05)
-    time.sleep(1.0)  # the workers' sessions start and their hooks begin to wait
+    time.sleep(0.5)  # the workers' waiter hooks begin to wait
 
 
 def run_chief(

@@ -35,8 +35,11 @@ with tf.Graph().as_default():
     hook.begin()
     with tf.compat.v1.Session() as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
-        threading.Timer(1.0, lambda: sess.run(to_7)).start()
+        # after the first Redis retries (1 s) have given up, when Redis is down
+        mover = threading.Timer(2.5, lambda: sess.run(to_7))
+        mover.start()
         hook.before_run(tf.compat.v1.train.SessionRunContext(None, sess))
+        mover.join()
 print("released at", hook.released_at_step, "by", hook.released_by)
 """
 
