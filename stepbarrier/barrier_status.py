@@ -49,6 +49,11 @@ class BarrierInfo:
     last_arrival_age: float | None
 
 
+INDEX_READ = 1000
+"""The most barrier index entries any reader reads (the library keeps the index
+below this; a longer one was inflated by hand)."""
+
+
 def barrier_keys(client: RedisClient, keys: JobKeys) -> list[bytes]:
     """The hash of every barrier the job's index names (for tidying up only: a
     barrier the index no longer names is made stale by a new epoch all the same).
@@ -57,7 +62,9 @@ def barrier_keys(client: RedisClient, keys: JobKeys) -> list[bytes]:
         redis.exceptions.NoPermissionError: The user may not read the index.
     """
     try:
-        members = client.zrangebyscore(keys.barrier_index, "-inf", "+inf")
+        # the index holds at most INDEX_READ barriers the library wrote: a worker
+        # that inflated it gets no more read
+        members = client.zrangebyscore(keys.barrier_index, "-inf", "+inf", start=0, num=INDEX_READ)
     except redis.exceptions.NoPermissionError:
         raise
     except redis.ResponseError:
@@ -78,7 +85,7 @@ def read_open_barriers(
         problems: Malformed content found is described here.
     """
     pipe = client.pipeline(transaction=False)
-    pipe.zrangebyscore(keys.barrier_index, "-inf", "+inf", withscores=True)
+    pipe.zrangebyscore(keys.barrier_index, "-inf", "+inf", withscores=True, start=0, num=INDEX_READ)
     pipe.hgetall(keys.barrier_epoch)
     index, epoch_fields = pipe.execute(raise_on_error=False)
     epoch = None

@@ -4,21 +4,37 @@
 never fails on malformed content: it reports it in ``JobStatus.problems``.
 Waiters are found through the job's own index (``stepbarrier.waiter_registry``),
 never by scanning the keyspace.
+
+Every key it reads may have been written by hand, with any size, by whoever
+holds a worker's (or the chief's) password. So every read is bounded: the state
+and the barriers through the library's ``waiter_read`` (which checks sizes
+before it reads, and reads only known fields), the indexes with ``ZCARD`` and
+``LIMIT``, the waiters' entries as ``waiter_registry.read_entries`` does. An
+oversized key is reported in ``problems``, and not read.
+
+The waiters are self-reported: each entry is what a process that holds a
+worker's password wrote about itself, so a misbehaving one can add waiters that
+do not exist (at most ``MAX_INDEXED`` are shown, the lowest targets first).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import redis
 
-from stepbarrier.barrier_status import BarrierInfo, read_open_barriers
+from stepbarrier.barrier_scripts import MAX_BARRIER_INDEX
+from stepbarrier.barrier_state import epoch_token, state_from_read
+from stepbarrier.barrier_status import STATUS_BARRIERS, BarrierInfo
 from stepbarrier.config import BarrierConfig
 from stepbarrier.connection import RedisClient, with_client
 from stepbarrier.protocol import parse_int, parse_state, preview
-from stepbarrier.redis_code import RedisCode
+from stepbarrier.redis_code import Call, RedisCode
+from stepbarrier.waiter_link import oversized_state_problem
 from stepbarrier.waiter_registry import (
+    MAX_INDEXED,
     SINCE_LIMIT,
     WaiterInfo,
     parse_index,
@@ -33,6 +49,10 @@ STATUS_RETRY_SECONDS = 5.0
 """How long ``read_status`` retries an unreachable Redis before giving up."""
 MAX_HEARTBEAT_PERIOD_MS = 3_600_000
 """Longest heartbeat period (ms) a chief may state: the config's own limit."""
+MAX_BARRIER_INDEX_READ = 2 * MAX_BARRIER_INDEX
+"""Largest barrier index ``status`` reads: an arrival keeps it below this (it
+drops a larger one), so only a hand-made index is larger, and it is reported."""
+_BARRIER_MEMBER = re.compile(rb"[A-Za-z0-9._-]{1,64}(:[A-Za-z0-9._-]{1,64})?")
 
 
 @dataclass(frozen=True)
@@ -55,7 +75,9 @@ class JobStatus:
         pinned: The step was published by an operator (``stepbarrier publish``).
         heartbeat_period: The chief's own heartbeat period in seconds, if it
             stored a plausible one.
-        waiters: Registered waiters, lowest target first.
+        waiters: Registered waiters, lowest target first (at most ``MAX_INDEXED``,
+            or what ``read_status`` was asked for). Self-reported: each is what
+            a process holding a worker's password wrote about itself.
         problems: Malformed content found in the job's keys.
         barriers: Open named barriers (``stepbarrier.Barrier``), latest arrival first.
     """
@@ -86,16 +108,24 @@ class JobStatus:
 
 
 def read_status(
-    config: BarrierConfig, client: RedisClient | None = None, *, waiters: bool = True
+    config: BarrierConfig,
+    client: RedisClient | None = None,
+    *,
+    waiters: bool = True,
+    max_waiters: int = MAX_INDEXED,
+    barriers: bool = True,
 ) -> JobStatus:
-    """Read the job's state and registry.
+    """Read the job's state and registry, in bounded work whatever the keys hold.
 
     Args:
         config: The job's settings.
         client: A redis-py client; one is made (and closed) if omitted.
-        waiters: Read the registered waiters (one command per waiter); without
+        waiters: Read the registered waiters (a few commands per waiter); without
             them ``JobStatus.waiters`` is empty (``stepbarrier.waiter_summary``
             counts a large job's waiters from the index instead).
+        max_waiters: Most waiters read (the lowest targets): the registry is
+            self-reported, so this bounds what a misbehaving worker can add.
+        barriers: Read the open barriers (at most ``STATUS_BARRIERS``).
 
     Raises:
         RedisUnavailable: Redis was unreachable for ``STATUS_RETRY_SECONDS``.
@@ -104,30 +134,38 @@ def read_status(
     return with_client(
         config,
         client,
-        lambda active: _read(config, active, waiters),
+        lambda active: _read(config, active, waiters, max(0, max_waiters), barriers),
         action="read the job's status",
         retry_seconds=STATUS_RETRY_SECONDS,
     )
 
 
-def _read(config: BarrierConfig, client: RedisClient, with_waiters: bool = True) -> JobStatus:
+def _read(
+    config: BarrierConfig,
+    client: RedisClient,
+    with_waiters: bool = True,
+    max_waiters: int = MAX_INDEXED,
+    with_barriers: bool = True,
+) -> JobStatus:
     keys = config.keys
     # the state with the clock of the node that holds it (in a cluster, the
     # slot's owner: another node's clock would skew the heartbeat's age)
     snapshot = RedisCode(client, config).call("waiter_read", [keys.state, keys.reset], [])
     index_raw: object = []
-    if with_waiters:
+    if with_waiters and max_waiters:
         pipe = client.pipeline(transaction=False)
-        queue_index_read(pipe, keys)
+        queue_index_read(pipe, keys, count=max_waiters)
         (index_raw,) = pipe.execute(raise_on_error=False)
     now_raw, reset_raw, kind_raw, *flat = list(snapshot)
     now_ms = parse_int(now_raw) or 0
     kind = kind_raw.decode() if isinstance(kind_raw, bytes) else str(kind_raw)
     state_raw: object = dict(zip(flat[0::2], flat[1::2], strict=False)) if kind == "hash" else {}
-    if kind not in ("hash", "none"):
+    problems: list[str] = []
+    if kind == "oversized":
+        problems.append(oversized_state_problem())
+    elif kind not in ("hash", "none"):
         state_raw = redis.ResponseError(f"the state key holds a {kind}, not a hash")
     reset_raw = reset_raw or None
-    problems: list[str] = []
     state = parse_state(state_raw)
     if state.problem:
         problems.append(state.problem)
@@ -136,8 +174,9 @@ def _read(config: BarrierConfig, client: RedisClient, with_waiters: bool = True)
         # a user that may read the state but not the index still sees the step
         problems.append(f"waiters not shown: {' '.join(str(index_raw).split())[:160]}")
         index_raw = []
-    waiters = read_entries(client, keys, parse_index(index_raw, problems), problems)
-    barriers = read_open_barriers(client, keys, now_ms, problems)
+    index = parse_index(index_raw, problems, limit=max_waiters or MAX_INDEXED)
+    waiters = read_entries(client, keys, index, problems)
+    barriers = _open_barriers(client, config, now_ms, problems) if with_barriers else ()
     return JobStatus(
         job=config.job,
         step=state.step,
@@ -155,6 +194,97 @@ def _read(config: BarrierConfig, client: RedisClient, with_waiters: bool = True)
         problems=tuple(problems),
         barriers=barriers,
     )
+
+
+def _open_barriers(
+    client: RedisClient, config: BarrierConfig, now_ms: int, problems: list[str]
+) -> tuple[BarrierInfo, ...]:
+    """The job's open barriers, latest arrival first (at most ``STATUS_BARRIERS``).
+
+    Bounded whatever a worker wrote: the index is read only if ``ZCARD`` shows
+    at most ``MAX_BARRIER_INDEX_READ`` members, and the epoch and each barrier
+    through ``waiter_read``, which refuses an oversized hash (reported here).
+    """
+    keys = config.keys
+    pipe = client.pipeline(transaction=False)
+    pipe.zcard(keys.barrier_index)
+    (size,) = pipe.execute(raise_on_error=False)
+    if isinstance(size, Exception):
+        problems.append(f"barriers not shown: {' '.join(str(size).split())[:160]}")
+        return ()
+    if size > MAX_BARRIER_INDEX_READ:
+        problems.append(
+            f"the barrier index is oversized ({size} members; arrivals keep at most "
+            f"{MAX_BARRIER_INDEX}): barriers not shown (the next arrival drops it)"
+        )
+        return ()
+    index: list[Any] = []
+    if size:
+        index = client.zrangebyscore(
+            keys.barrier_index, "-inf", "+inf", start=0, num=size, withscores=True
+        )
+    newest = sorted(index, key=lambda pair: -float(pair[1]))[:STATUS_BARRIERS]
+    members = []
+    for member, _score in newest:
+        raw = _to_bytes(member)
+        if _BARRIER_MEMBER.fullmatch(raw) is None:
+            problems.append(f"malformed barrier name in the index: {printable(raw, 40)!r}")
+        else:
+            members.append(raw.decode())
+    calls: list[Call] = [("waiter_read", [keys.barrier_epoch, keys.reset], [])]
+    calls += [("waiter_read", [keys.barrier(m), keys.reset], []) for m in members]
+    epoch_reply, *replies = RedisCode(client, config).replies(calls)
+    if isinstance(epoch_reply, Exception):
+        problems.append(f"barriers not shown: {' '.join(str(epoch_reply).split())[:160]}")
+        return ()
+    epoch = _epoch(list(epoch_reply), problems)
+    found = []
+    for member, reply in zip(members, replies, strict=True):
+        if isinstance(reply, Exception):
+            continue  # not readable by this user, or gone: nothing to show
+        kind = _text(reply[2])
+        if kind == "oversized":
+            problems.append(f"barrier {member!r} is oversized: not read")
+            continue
+        if kind != "hash":
+            continue  # expired since the index was read, or not a hash: nothing to show
+        barrier = state_from_read(member, list(reply))
+        if barrier is None:
+            problems.append(f"barrier {member!r} is malformed (no valid number of parties)")
+        elif epoch is not None and barrier.epoch == epoch and not barrier.complete:
+            found.append(
+                BarrierInfo(
+                    name=barrier.name,
+                    run_id=barrier.run_id,
+                    parties=barrier.parties,
+                    arrived=len(barrier.arrivals),
+                    missing=barrier.missing,
+                    open_for=_age(now_ms, barrier.created_ms),
+                    last_arrival_age=_age(now_ms, barrier.last_ms),
+                )
+            )
+    return tuple(found)
+
+
+def _epoch(reply: list[Any], problems: list[str]) -> str | None:
+    kind = _text(reply[2])
+    if kind == "none":
+        return None
+    if kind != "hash":
+        what = "oversized" if kind == "oversized" else "not a hash"
+        problems.append(f"the barrier epoch is malformed ({what}): every barrier is stale")
+        return None
+    flat = reply[3:]
+    fields = dict(zip(flat[0::2], flat[1::2], strict=False))
+    return epoch_token(fields.get(b"token", fields.get("token")))
+
+
+def _text(raw: object) -> str:
+    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+
+
+def _to_bytes(member: object) -> bytes:
+    return member if isinstance(member, bytes) else str(member).encode()
 
 
 def _reset_ms(raw: object, problems: list[str]) -> int | None:

@@ -21,6 +21,7 @@ from stepbarrier.connection import RedisClient
 from stepbarrier.keys import JobKeys
 from stepbarrier.protocol import ChiefState, parse_int, parse_state
 from stepbarrier.redis_code import Call, RedisCode, is_out_of_memory
+from stepbarrier.scripts import MAX_FIELDS, MAX_VALUE
 from stepbarrier.subscription import Subscription
 
 log = logging.getLogger("stepbarrier.waiter")
@@ -169,6 +170,14 @@ def _marker(raw: object) -> str | None:
     return str(raw)
 
 
+def oversized_state_problem() -> str:
+    """What ``waiter_read`` found when it refused to read the state (kind ``oversized``)."""
+    return (
+        f"state key is oversized (more than {MAX_FIELDS} fields, or a field longer than "
+        f"{MAX_VALUE} bytes): not read, treated as no state"
+    )
+
+
 def parse_snapshot(reply: Any) -> Snapshot:
     """What the ``waiter_read`` call returned, parsed without trusting it."""
     reply = list(reply)
@@ -178,6 +187,8 @@ def parse_snapshot(reply: Any) -> Snapshot:
         state = parse_state(dict(zip(flat[0::2], flat[1::2], strict=False)))
     elif kind == "none":
         state = ChiefState.empty()
+    elif kind == "oversized":
+        state = ChiefState.empty(oversized_state_problem())
     else:
         state = ChiefState.empty(f"state key holds a {kind}, not a hash")
     return Snapshot(

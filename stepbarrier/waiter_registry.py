@@ -5,6 +5,13 @@ job's index of live waiters: every waiter puts itself back in it on each
 refresh. Each member's registry hash is ``JobKeys.waiter(id)``. Workers write
 both, so everything here is untrusted: a malformed score or entry becomes a
 line in ``problems``, never an exception and never a crash of a view.
+
+The registry is self-reported: any holder of a worker's password may add
+entries, or make them of any size. So it is read in bounded work only: at most
+``MAX_INDEXED`` members (the lowest targets), with ``LIMIT``; of each entry only
+its known fields (``HMGET``, never ``HGETALL``), once ``HLEN`` and ``HSTRLEN``
+showed that it is no larger than an entry the library writes. An oversized
+entry is reported in ``problems``, not read.
 """
 
 from __future__ import annotations
@@ -20,9 +27,12 @@ import redis
 from stepbarrier.connection import RedisClient
 from stepbarrier.keys import JobKeys
 from stepbarrier.protocol import parse_int, preview
+from stepbarrier.scripts import MAX_FIELDS, MAX_VALUE
 
 MAX_INDEXED = 10_000
 """Most waiters one status read shows (the first ones by target)."""
+ENTRY_FIELDS = ("task_id", "wait_until_step", "since", "host", "pid")
+"""The fields of a registry entry (``waiter_link.registry_entry``): all that is read of one."""
 TEXT_LIMIT = 200
 """Characters of an untrusted text field (a host name) kept for display."""
 SINCE_LIMIT = 1e11
@@ -90,8 +100,14 @@ def queue_index_read(
     )
 
 
-def parse_index(raw: object, problems: list[str]) -> list[tuple[bytes, int]]:
-    """``(waiter id, target)`` of each well-formed index member; the rest become problems."""
+def parse_index(
+    raw: object, problems: list[str], *, limit: int = MAX_INDEXED
+) -> list[tuple[bytes, int]]:
+    """``(waiter id, target)`` of each well-formed index member; the rest become problems.
+
+    ``limit``: how many members were asked for (``queue_index_read``'s count):
+    as many read means that there may be more, which is said in ``problems``.
+    """
     if isinstance(raw, Exception):
         problems.append(f"waiter index unreadable: {' '.join(str(raw).split())[:120]}")
         return []
@@ -105,8 +121,8 @@ def parse_index(raw: object, problems: list[str]) -> list[tuple[bytes, int]]:
             problems.append(f"waiter index: {preview(member)} has target {preview(score)}")
         else:
             members.append((_to_bytes(member), target))
-    if len(raw) >= MAX_INDEXED:
-        problems.append(f"more than {MAX_INDEXED} indexed waiters: only the first are shown")
+    if len(raw) >= limit:
+        problems.append(f"more than {limit} indexed waiters: only the first are shown")
     return members
 
 
@@ -130,24 +146,61 @@ def entry_key(keys: JobKeys, waiter_id: bytes) -> bytes:
 def read_entries(
     client: RedisClient, keys: JobKeys, index: list[tuple[bytes, int]], problems: list[str]
 ) -> list[WaiterInfo]:
-    """The registry entries of the indexed waiters, in one round trip.
+    """The registry entries of the indexed waiters, in two round trips of O(1) commands.
 
-    An entry that is gone has expired (its waiter died or left): it is skipped.
+    First the size of each entry (``HLEN``, and ``HSTRLEN`` of each known field),
+    then the known fields of those that are no larger than ``MAX_FIELDS`` fields
+    of at most ``MAX_VALUE`` bytes (``HMGET``): an oversized entry is a problem,
+    and is not read. An entry that is gone has expired (its waiter died or left):
+    it is skipped.
     """
     if not index:
         return []
     pipe = client.pipeline(transaction=False)
     for waiter_id, _ in index:
-        pipe.hgetall(entry_key(keys, waiter_id))
+        key = entry_key(keys, waiter_id)
+        pipe.hlen(key)
+        for name in ENTRY_FIELDS:
+            pipe.hstrlen(key, name)
+    sizes = pipe.execute(raise_on_error=False)
+    width = 1 + len(ENTRY_FIELDS)
+    readable: list[tuple[bytes, int]] = []
+    for position, (waiter_id, target) in enumerate(index):
+        replies = sizes[position * width : (position + 1) * width]
+        failed = next((r for r in replies if isinstance(r, Exception)), None)
+        if isinstance(failed, redis.exceptions.NoPermissionError):
+            raise failed
+        if failed is not None:
+            problems.append(
+                f"waiter entry {preview(waiter_id)} unreadable: {type(failed).__name__}"
+            )
+        elif replies[0] > MAX_FIELDS or max(replies[1:]) > MAX_VALUE:
+            problems.append(
+                f"waiter entry {preview(waiter_id)} is oversized ({replies[0]} fields, the "
+                f"longest known one {max(replies[1:])} bytes; an entry has at most "
+                f"{MAX_FIELDS} fields of {MAX_VALUE} bytes): not read"
+            )
+        elif replies[0]:
+            readable.append((waiter_id, target))
+    if not readable:
+        return []
+    pipe = client.pipeline(transaction=False)
+    for waiter_id, _ in readable:
+        pipe.hmget(entry_key(keys, waiter_id), ENTRY_FIELDS)
     waiters = []
     replies = pipe.execute(raise_on_error=False)
-    for (waiter_id, target), raw in zip(index, replies, strict=True):
+    for (waiter_id, target), raw in zip(readable, replies, strict=True):
         if isinstance(raw, redis.exceptions.NoPermissionError):
             raise raw
         if isinstance(raw, Exception):
             problems.append(f"waiter entry {preview(waiter_id)} unreadable: {type(raw).__name__}")
             continue
-        entry = parse_entry(raw, waiter_id, target, problems)
+        pairs = zip(ENTRY_FIELDS, raw, strict=True)
+        fields = {name: value for name, value in pairs if value is not None}
+        if not fields:  # fields, but none of an entry's
+            problems.append(f"waiter {preview(waiter_id)}: wait_until_step=missing")
+            continue
+        entry = parse_entry(fields, waiter_id, target, problems)
         if entry is not None:
             waiters.append(entry)
     return waiters

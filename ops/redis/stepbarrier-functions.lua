@@ -1,5 +1,13 @@
 #!lua name=stepbarrier_v2
 
+local MAX_FIELDS, MAX_VALUE, MAX_TASK_VALUE = 32, 256, 16
+local MAX_MARKER, MAX_PARTIES, MAX_BARRIER_INDEX = 64, 100000, 1000
+local MAX_TARGETS_READ, MAX_REMOVED = 1000, 1000
+local MAX_REGISTRATIONS, MAX_RESET_KEYS = 1000, 2000
+local STATE_FIELDS = {'generation', 'step', 'beat', 'run_id', 'vouch', 'fence', 'done', 'pinned', 'reset_seen', 'chief', 'heartbeat_ms', 'done_ms', 'heartbeat_period_ms'}
+local BARRIER_FIELDS = {'parties', 'arrived', 'created_ms', 'run_id', 'epoch', 'last_ms', 'completed_ms'}
+local EPOCH_FIELDS = {'token', 'by'}
+
 local function whole(text)
   -- One definition of a stored number, the same as Python's protocol.parse_int:
   -- 1 to 16 ASCII digits (no sign, space, exponent or hex), at most 2^53.
@@ -17,6 +25,42 @@ local function now_ms()
   local now = redis.call('TIME')
   return tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 end
+local function short_string(key, limit)
+  -- a string key's value if it has at most `limit` bytes; nil: no string there;
+  -- false: a longer one (never read: STRLEN is O(1), GET copies)
+  if redis.call('TYPE', key).ok ~= 'string' then return nil end
+  if redis.call('STRLEN', key) > limit then return false end
+  return redis.call('GET', key)
+end
+local function field_values(key, names, limit)
+  -- HMGET of `names` (false: absent), or nil if one of them is longer than `limit`
+  -- bytes: O(#names), whatever else the hash holds
+  for i = 1, #names do
+    if redis.call('HSTRLEN', key, names[i]) > limit then return nil end
+  end
+  return redis.call('HMGET', key, unpack(names))
+end
+local function read_hash(key, names, max_fields)
+  -- kind, fields (name -> value), length. kind: the key's type, or 'oversized'
+  -- (more than max_fields fields, or a value of `names` over MAX_VALUE bytes):
+  -- then nothing of it is read
+  local kind = redis.call('TYPE', key).ok
+  if kind ~= 'hash' then return kind, {}, 0 end
+  local length = redis.call('HLEN', key)
+  if length > max_fields then return 'oversized', {}, length end
+  local values = field_values(key, names, MAX_VALUE)
+  if values == nil then return 'oversized', {}, length end
+  local fields = {}
+  for i = 1, #names do
+    if values[i] then fields[names[i]] = values[i] end
+  end
+  return 'hash', fields, length
+end
+local function barrier_parties(fields)
+  local parties = whole(fields.parties)
+  if parties and parties >= 1 and parties <= MAX_PARTIES then return parties end
+  return nil
+end
 
 local function begin_generation(KEYS, ARGV)
 -- KEYS[1] state hash, KEYS[2] reset marker; ARGV[1] the caller's run id ('' for none)
@@ -29,45 +73,44 @@ local function begin_generation(KEYS, ARGV)
 --   {generation, reset marker ('' for none), stored run id, stored beat,
 --    stored done (0/1), stored chief, stored generation ('0' for none)}
 -- The reset marker is a token: the chief's writes carry it, and a write under
--- another marker is refused (docs/protocol.md#reset).
+-- another marker is refused (docs/protocol.md#reset). A marker longer than
+-- MAX_MARKER reads as 'oversized', and an oversized state (see read_hash) as
+-- another type's key: no state, left alone (the next write replaces it).
 local now = redis.call('TIME')
 local generation = tonumber(now[1]) * 1000000 + tonumber(now[2])
 local run, beat, done, chief, stored = '', '0', '0', '', nil
-if redis.call('TYPE', KEYS[1]).ok == 'hash' then
-  stored = whole(redis.call('HGET', KEYS[1], 'generation'))
-  if stored and whole(redis.call('HGET', KEYS[1], 'step')) then
+local kind, state = read_hash(KEYS[1], STATE_FIELDS, MAX_FIELDS)
+if kind == 'hash' then
+  stored = whole(state.generation)
+  if stored and whole(state.step) then
     if stored >= generation then generation = stored + 1 end
     -- the new generation fences the older ones from now on, not only from its
     -- first write: a write of a generation below the fence is superseded
-    local fence = whole(redis.call('HGET', KEYS[1], 'fence'))
+    local fence = whole(state.fence)
     if fence and fence >= generation then generation = fence + 1 end
-    run = redis.call('HGET', KEYS[1], 'run_id') or ''
+    run = state.run_id or ''
     -- only its own run's state: another run's chief is watched, not fenced
     -- (docs/protocol.md#runs)
     if run == (ARGV[1] or '') then
       redis.call('HSET', KEYS[1], 'fence', string.format('%.0f', generation))
     end
-    beat = redis.call('HGET', KEYS[1], 'beat') or '0'
-    done = redis.call('HGET', KEYS[1], 'done') or '0'
-    chief = redis.call('HGET', KEYS[1], 'chief') or ''
+    beat = state.beat or '0'
+    done = state.done or '0'
+    chief = state.chief or ''
   else
     stored = nil
   end
 end
-local kind = redis.call('TYPE', KEYS[1]).ok
 if stored == nil and (kind == 'none' or kind == 'hash') then
   -- no state: leave the fence alone, so that an older generation's first write
   -- (a chief that paused between its begin and it) is refused all the same
-  local fence = kind == 'hash' and whole(redis.call('HGET', KEYS[1], 'fence')) or nil
+  local fence = whole(state.fence)
   if fence and fence >= generation then generation = fence + 1 end
   redis.call('HSET', KEYS[1], 'fence', string.format('%.0f', generation))
   redis.call('EXPIRE', KEYS[1], 86400)
 end
-local marker = ''
-if redis.call('TYPE', KEYS[2]).ok == 'string' then
-  marker = redis.call('GET', KEYS[2])
-  if #marker > 64 then marker = 'oversized' end
-end
+local marker = short_string(KEYS[2], MAX_MARKER)
+if marker == false then marker = 'oversized' elseif marker == nil then marker = '' end
 return {string.format('%.0f', generation), marker, string.sub(run, 1, 64),
         string.sub(beat, 1, 16), string.sub(done, 1, 1), string.sub(chief, 1, 200),
         stored and string.format('%.0f', stored) or '0'}
@@ -111,26 +154,30 @@ if #run_id > 64 or not string.match(run_id, '^[%w._-]*$') then
 end
 local now = now_ms()
 local repaired = 0
-if not contributor and redis.call('TYPE', KEYS[3]).ok == 'string' then
+if not contributor then
   -- the marker is a token: any marker but the one this writer began under
-  -- means a reset came after it began (equality only: no clock is compared)
-  if redis.call('GET', KEYS[3]) ~= ARGV[12] then return {2, '-1', '0', 0, 0} end
+  -- means a reset came after it began (equality only: no clock is compared);
+  -- an oversized one equals no writer's ('oversized' is what a begin read)
+  local marker = short_string(KEYS[3], MAX_MARKER)
+  if marker == false or (marker ~= nil and marker ~= ARGV[12]) then return {2, '-1', '0', 0, 0} end
 end
-local kind = redis.call('TYPE', KEYS[1]).ok
+-- only the state's own fields are read, and only from a hash of at most
+-- MAX_FIELDS short fields: anything else is malformed, and replaced
+local kind, state = read_hash(KEYS[1], STATE_FIELDS, MAX_FIELDS)
 if kind ~= 'hash' and kind ~= 'none' then
-  redis.call('DEL', KEYS[1]); repaired = 1
+  redis.call('UNLINK', KEYS[1]); repaired = 1
 end
 kind = redis.call('TYPE', KEYS[2]).ok
 if kind ~= 'zset' and kind ~= 'none' then
-  redis.call('DEL', KEYS[2]); repaired = 1
+  redis.call('UNLINK', KEYS[2]); repaired = 1
 end
-local stored_gen = whole(redis.call('HGET', KEYS[1], 'generation'))
-local stored_step = whole(redis.call('HGET', KEYS[1], 'step'))
-local fence = whole(redis.call('HGET', KEYS[1], 'fence'))
-local stored_run = redis.call('HGET', KEYS[1], 'run_id') or ''
-local beat = whole(redis.call('HGET', KEYS[1], 'beat')) or 0
-local was_done = redis.call('HGET', KEYS[1], 'done') == '1'
-local pinned = redis.call('HGET', KEYS[1], 'pinned') == '1'
+local stored_gen = whole(state.generation)
+local stored_step = whole(state.step)
+local fence = whole(state.fence)
+local stored_run = state.run_id or ''
+local beat = whole(state.beat) or 0
+local was_done = state.done == '1'
+local pinned = state.pinned == '1'
 local created = 0
 if stored_gen == nil or stored_step == nil then
   -- nothing trustworthy is stored (none, lost, or malformed; a begun
@@ -172,7 +219,7 @@ else
       created = 1
       vouch = '0'
     end
-    redis.call('DEL', KEYS[1])
+    redis.call('UNLINK', KEYS[1])
     redis.call('HSET', KEYS[1], 'generation', string.format('%.0f', generation),
                'step', string.format('%.0f', step), 'done', '0', 'run_id', run_id,
                'pinned', mode == 'operator' and '1' or '0')
@@ -204,12 +251,18 @@ if was_done and tonumber(ARGV[11]) < ttl then ttl = tonumber(ARGV[11]) end
 redis.call('EXPIRE', KEYS[1], ttl)
 local step_text = string.format('%.0f', stored_step)
 local gen_text = string.format('%.0f', stored_gen)
-local stored_vouch = redis.call('HGET', KEYS[1], 'vouch') or '0'
+-- the vouch as stored: the writer's (a chief or operator), or the chief's, as read
+-- (a contributor's write leaves it)
+local stored_vouch = vouch
+if contributor then stored_vouch = state.vouch or '0' end
 if stored_vouch == '1' or pinned then
   -- waiters at or below a vouched step are released by this write: they leave
   -- the index here, so that a released worker need not spend a round trip
-  -- unregistering (its entry expires by itself)
-  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', step_text)
+  -- unregistering (its entry expires by itself). At most MAX_REMOVED per write
+  -- (ZCOUNT then by rank: the lowest scores are exactly those at or below the
+  -- step), whatever a worker put there; the rest go at the next writes
+  local reached = math.min(redis.call('ZCOUNT', KEYS[2], '-inf', step_text), MAX_REMOVED)
+  if reached > 0 then redis.call('ZREMRANGEBYRANK', KEYS[2], 0, reached - 1) end
 end
 redis.call(publish_command(ARGV[14]), ARGV[5], string.format(
   '{"step":%s,"generation":%s,"beat":%s,"vouch":%s,"done":%s,"pinned":%s,"run_id":"%s"}',
@@ -217,9 +270,11 @@ redis.call(publish_command(ARGV[14]), ARGV[5], string.format(
   was_done and 'true' or 'false', pinned and 'true' or 'false', run_id))
 if redis.call('EXISTS', KEYS[2]) == 1 then redis.call('EXPIRE', KEYS[2], ttl) end
 local result = {1, step_text, gen_text, repaired, created}
--- only whole steps in range guide the chief: a hostile +inf score is skipped
+-- only whole steps in range guide the chief: a hostile +inf score is skipped;
+-- at most MAX_TARGETS_READ, whatever the caller asks
+local wanted = math.min(math.max(tonumber(ARGV[7]) or 0, 0), MAX_TARGETS_READ)
 local pending = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. step_text, '9007199254740992',
-                           'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[7]))
+                           'WITHSCORES', 'LIMIT', 0, wanted)
 for i = 2, #pending, 2 do
   local target = whole(pending[i])
   if target then result[#result + 1] = pending[i] end
@@ -230,31 +285,39 @@ redis.register_function{function_name='stepbarrier_v2_publish_step', callback=pu
 local function reset_job(KEYS, ARGV)
 -- KEYS[1] state, KEYS[2] targets, KEYS[3] registrations, KEYS[4] reset marker,
 -- KEYS[5] barrier index, KEYS[6] barrier epoch, KEYS[7..] waiter registry keys
--- (and the barrier hashes the index names, deleted only to tidy up);
+-- (and the barrier hashes the index names, deleted only to tidy up): at most
+-- MAX_RESET_KEYS of those, else nothing is done (so the call is short however
+-- many keys a job has: `stepbarrier reset` deletes the other entries beforehand,
+-- and the new epoch makes every barrier stale, named here or not);
 -- ARGV[1] channel, ARGV[2] marker TTL (s), ARGV[3] 'PUBLISH' or 'SPUBLISH' (see
 -- PUBLISH_STEP), ARGV[4] barrier channel
--- Deletes the job's keys, leaves a new marker (a token: the Redis time in ms of
--- the reset, made greater than the one before) so that waiters who missed the
+-- Deletes the job's keys (UNLINK: a large key's memory is freed off the main
+-- thread), leaves a new marker (a token: the Redis time in ms of the reset,
+-- made greater than the one before) so that waiters who missed the
 -- announcement still abort and chiefs begun before it stop, and announces it
 -- on both channels. A new barrier epoch makes every barrier begun before the
 -- reset stale at once, whatever the index names (see BARRIER_ARRIVE). Returns
 -- the marker.
+if #KEYS < 6 or #KEYS > 6 + MAX_RESET_KEYS then
+  return redis.error_reply('ERR stepbarrier: a reset names its 6 keys and at most ' ..
+                           MAX_RESET_KEYS .. ' waiter entries and barriers')
+end
 local epoch_clock = redis.call('TIME')
 local epoch = tonumber(epoch_clock[1]) * 1000000 + tonumber(epoch_clock[2])
-if redis.call('TYPE', KEYS[6]).ok == 'hash' then
-  local stored = whole(redis.call('HGET', KEYS[6], 'token'))
+local epoch_kind, epoch_fields = read_hash(KEYS[6], EPOCH_FIELDS, MAX_FIELDS)
+if epoch_kind == 'hash' then
+  local stored = whole(epoch_fields.token)
   if stored and stored >= epoch and stored < 9007199254740992 then epoch = stored + 1 end
 end
-for i = 5, #KEYS do redis.call('DEL', KEYS[i]) end
+for i = 5, #KEYS do redis.call('UNLINK', KEYS[i]) end
 redis.call('HSET', KEYS[6], 'token', string.format('%.0f', epoch), 'by', 'reset')
 redis.call('EXPIRE', KEYS[6], ARGV[2])
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+redis.call('UNLINK', KEYS[1], KEYS[2], KEYS[3])
 local now = redis.call('TIME')
 local marker = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 -- the marker is a token (its value is also the reset's time, for operators):
 -- it must differ from the one before, even for two resets in one millisecond
-local previous = nil
-if redis.call('TYPE', KEYS[4]).ok == 'string' then previous = whole(redis.call('GET', KEYS[4])) end
+local previous = whole(short_string(KEYS[4], MAX_MARKER))
 if previous and previous >= marker then marker = previous + 1 end
 local now_ms = string.format('%.0f', marker)
 redis.call('SET', KEYS[4], now_ms, 'EX', ARGV[2])
@@ -267,17 +330,21 @@ redis.register_function{function_name='stepbarrier_v2_reset_job', callback=reset
 local function waiter_register(KEYS, ARGV)
 -- KEYS[1] this waiter's registry hash, KEYS[2] targets zset, KEYS[3] registrations list
 -- ARGV[1] registry TTL (s), ARGV[2] key TTL (s), ARGV[3] waiter id, ARGV[4] target,
--- ARGV[5..] registry fields and values
+-- ARGV[5..] registry fields and values (at most MAX_FIELDS pairs)
 -- (Re-)registers the waiter if its entry is gone (first call, expiry, or a Redis
 -- restarted empty) or refreshes the entry's TTL, and puts its target back in the
 -- targets zset (the job's index of waiters, which the chief relearns from even
 -- if the zset was lost). Only what a waiter writes is declared: Redis's ACL
 -- demands read AND write permission on every key that FCALL/EVAL declares.
+if #ARGV < 4 or #ARGV > 4 + 2 * MAX_FIELDS then
+  return redis.error_reply('ERR stepbarrier: a waiter entry has at most ' .. MAX_FIELDS ..
+                           ' fields')
+end
 local fresh_entry = redis.call('EXPIRE', KEYS[1], ARGV[1]) == 0
 if fresh_entry then
   local entry = {}
   for i = 5, #ARGV do entry[#entry + 1] = ARGV[i] end
-  redis.call('DEL', KEYS[1])
+  redis.call('UNLINK', KEYS[1])
   redis.call('HSET', KEYS[1], unpack(entry))
   redis.call('EXPIRE', KEYS[1], ARGV[1])
 end
@@ -285,35 +352,75 @@ end
 if pcall(redis.call, 'ZADD', KEYS[2], ARGV[4], ARGV[3]) then
   redis.call('EXPIRE', KEYS[2], ARGV[2])
 end
-if fresh_entry and pcall(redis.call, 'RPUSH', KEYS[3], ARGV[4]) then
-  redis.call('LTRIM', KEYS[3], -1000, -1)
-  redis.call('EXPIRE', KEYS[3], ARGV[2])
+if fresh_entry then
+  -- the list keeps the newest MAX_REGISTRATIONS: a trim removes at most that
+  -- many, and a list twice as long (pushed by hand) is dropped whole first
+  local ok, length = pcall(redis.call, 'LLEN', KEYS[3])
+  if ok then
+    if length >= 2 * MAX_REGISTRATIONS then
+      redis.call('UNLINK', KEYS[3])
+      length = 0
+    end
+    redis.call('RPUSH', KEYS[3], ARGV[4])
+    if length >= MAX_REGISTRATIONS then redis.call('LTRIM', KEYS[3], -MAX_REGISTRATIONS, -1) end
+    redis.call('EXPIRE', KEYS[3], ARGV[2])
+  end
 end
 return 1
 end
 redis.register_function{function_name='stepbarrier_v2_waiter_register', callback=waiter_register, flags={}}
 local function waiter_read(KEYS, ARGV)
--- KEYS[1] state hash, KEYS[2] reset marker (read only: FCALL_RO, no write permission needed)
--- Returns the Redis time, the reset marker and the state:
---   {now_ms, reset marker or false, state type, state field/value pairs...}
+-- KEYS[1] a hash: the job's state, or a named barrier (a key under
+-- stepbarrier:{JOB}:barrier:, the epoch included), KEYS[2] reset marker (read
+-- only: FCALL_RO, no write permission needed)
+-- Returns the Redis time, the reset marker and the hash:
+--   {now_ms, reset marker or false, kind, field/value pairs...}
+-- Only known fields are read: a state's STATE_FIELDS; a barrier's BARRIER_FIELDS
+-- and EPOCH_FIELDS, then t0 .. t<parties - 1> of a barrier with valid parties.
+-- kind is the key's type, or 'oversized' (nothing of it read): a hash of more
+-- than MAX_FIELDS fields (a barrier: MAX_FIELDS + its parties), or a known
+-- field longer than MAX_VALUE bytes (a task's: MAX_TASK_VALUE). A marker longer
+-- than MAX_MARKER reads as 'oversized'.
 local result = {string.format('%.0f', now_ms())}
-if redis.call('TYPE', KEYS[2]).ok == 'string' then
-  result[2] = redis.call('GET', KEYS[2])
-else
-  result[2] = false
+local marker = short_string(KEYS[2], MAX_MARKER)
+if marker == false then marker = 'oversized' elseif marker == nil then marker = false end
+result[2] = marker
+local barrier = string.find(KEYS[1], '}:barrier:', 1, true) ~= nil
+local names = STATE_FIELDS
+if barrier then
+  names = {}
+  for _, name in ipairs(BARRIER_FIELDS) do names[#names + 1] = name end
+  for _, name in ipairs(EPOCH_FIELDS) do names[#names + 1] = name end
 end
-local kind = redis.call('TYPE', KEYS[1]).ok
+local kind, fields, length = read_hash(KEYS[1], names, MAX_FIELDS + (barrier and MAX_PARTIES or 0))
+local parties = barrier and kind == 'hash' and barrier_parties(fields) or 0
+if kind == 'hash' and length > MAX_FIELDS + parties then kind = 'oversized' end
 result[3] = kind
-if kind == 'hash' then
-  local fields = redis.call('HGETALL', KEYS[1])
-  for i = 1, #fields do result[#result + 1] = fields[i] end
+if kind ~= 'hash' then return result end
+for _, name in ipairs(names) do
+  if fields[name] then
+    result[#result + 1] = name
+    result[#result + 1] = fields[name]
+  end
+end
+for first = 0, parties - 1, 1000 do
+  local tasks = {}
+  for id = first, math.min(first + 999, parties - 1) do tasks[#tasks + 1] = 't' .. id end
+  local values = field_values(KEYS[1], tasks, MAX_TASK_VALUE)
+  if values == nil then return {result[1], result[2], 'oversized'} end
+  for i = 1, #tasks do
+    if values[i] then
+      result[#result + 1] = tasks[i]
+      result[#result + 1] = values[i]
+    end
+  end
 end
 return result
 end
 redis.register_function{function_name='stepbarrier_v2_waiter_read', callback=waiter_read, flags={'no-writes'}}
 local function waiter_leave(KEYS, ARGV)
 -- KEYS[1] this waiter's registry hash, KEYS[2] targets zset; ARGV[1] waiter id
-redis.call('DEL', KEYS[1])
+redis.call('UNLINK', KEYS[1])
 if redis.call('TYPE', KEYS[2]).ok == 'zset' then redis.call('ZREM', KEYS[2], ARGV[1]) end
 return 1
 end
@@ -328,9 +435,10 @@ local function barrier_arrive(KEYS, ARGV)
 -- KEYS[1] the barrier's hash, KEYS[2] the job's barrier index (sorted set),
 -- KEYS[3] the job's barrier epoch (hash: token, by)
 -- ARGV[1] the barrier (its name, or name:run_id), ARGV[2] this task's id,
--- ARGV[3] parties, ARGV[4] key TTL (s), ARGV[5] barrier channel, ARGV[6]
--- 'PUBLISH' or 'SPUBLISH' (see PUBLISH_STEP), ARGV[7] run id ('' for none),
--- ARGV[8] most barriers the index keeps, ARGV[9] the epoch token the caller's
+-- ARGV[3] parties (at most MAX_PARTIES), ARGV[4] key TTL (s), ARGV[5] barrier
+-- channel, ARGV[6] 'PUBLISH' or 'SPUBLISH' (see PUBLISH_STEP), ARGV[7] run id
+-- ('' for none), ARGV[8] most barriers the index keeps (at most
+-- MAX_BARRIER_INDEX), ARGV[9] the epoch token the caller's
 -- earlier arrival was recorded under ('' for none), ARGV[10..] pairs of a task
 -- id and its arrival time (ms): arrivals the caller saw at this barrier that
 -- Redis lost, recorded again on their behalf
@@ -352,6 +460,9 @@ local task, parties = whole(ARGV[2]), whole(ARGV[3])
 if task == nil or parties == nil or parties < 1 or task >= parties then
   return redis.error_reply('ERR stepbarrier: the task id must be in 0..parties-1')
 end
+if parties > MAX_PARTIES then
+  return redis.error_reply('ERR stepbarrier: a barrier has at most ' .. MAX_PARTIES .. ' parties')
+end
 local member = ARGV[1]
 if #member > 129 or not (string.match(member, '^[%w._-]+$')
                          or string.match(member, '^[%w._-]+:[%w._-]+$')) then
@@ -363,19 +474,23 @@ end
 local now = now_ms()
 local now_text = string.format('%.0f', now)
 local repaired = 0
-local kind = redis.call('TYPE', KEYS[1]).ok
+-- only the barrier's own fields are read (HMGET, never HGETALL), and only from
+-- a hash of at most MAX_FIELDS fields more than its parties: a larger one (or
+-- one with an oversized value) is begun anew, as a malformed one is
+local kind, fields, length = read_hash(KEYS[1], BARRIER_FIELDS, MAX_FIELDS + MAX_PARTIES)
 local stored, arrived, begun = nil, nil, nil
 if kind == 'hash' then
-  stored = whole(redis.call('HGET', KEYS[1], 'parties'))
-  arrived = whole(redis.call('HGET', KEYS[1], 'arrived'))
-  begun = whole(redis.call('HGET', KEYS[1], 'epoch'))
+  stored = barrier_parties(fields)
+  arrived = whole(fields.arrived)
+  begun = whole(fields.epoch)
+  if stored and length > MAX_FIELDS + stored then kind, stored = 'oversized', nil end
 end
 -- the job's barrier epoch
 local epoch, by = nil, nil
-local epoch_kind = redis.call('TYPE', KEYS[3]).ok
+local epoch_kind, epoch_fields = read_hash(KEYS[3], EPOCH_FIELDS, MAX_FIELDS)
 if epoch_kind == 'hash' then
-  epoch = whole(redis.call('HGET', KEYS[3], 'token'))
-  by = redis.call('HGET', KEYS[3], 'by')
+  epoch = whole(epoch_fields.token)
+  by = epoch_fields.by
 elseif epoch_kind ~= 'none' then
   repaired = 1
 end
@@ -387,7 +502,7 @@ if epoch == nil then
     if floor >= epoch and floor < 9007199254740992 then epoch = floor + 1 end
   end
   by = 'arrival'
-  redis.call('DEL', KEYS[3])
+  redis.call('UNLINK', KEYS[3])
   redis.call('HSET', KEYS[3], 'token', string.format('%.0f', epoch), 'by', by)
 end
 redis.call('EXPIRE', KEYS[3], ARGV[4])
@@ -397,16 +512,21 @@ if known and known ~= epoch and (by == 'reset' or by == 'finish') then
   -- party of the next one (a rerun's barrier of the same name starts without it)
   return {2, now_text, '0', ARGV[3], '0', repaired, token, 0, by}
 end
+-- the barrier's own fields that are stored (the others are task fields)
+local own = {}
 if kind ~= 'none' and (stored == nil or arrived == nil or begun ~= epoch) then
-  -- not a barrier as we write one (another type, or its counts are gone), or
-  -- one begun under another epoch (stale): begin anew
+  -- not a barrier as we write one (another type, oversized, or its counts are
+  -- gone), or one begun under another epoch (stale): begin anew
   if stored == nil or arrived == nil then repaired = 1 end
-  redis.call('DEL', KEYS[1]); stored = nil
+  redis.call('UNLINK', KEYS[1]); stored = nil
+elseif kind == 'hash' then
+  for name, _ in pairs(fields) do own[name] = true end
 end
 if stored == nil then
   redis.call('HSET', KEYS[1], 'parties', string.format('%.0f', parties), 'arrived', '0',
              'created_ms', now_text, 'run_id', ARGV[7], 'epoch', token)
   stored, arrived = parties, 0
+  own = {parties = true, arrived = true, created_ms = true, run_id = true, epoch = true}
 elseif stored ~= parties then
   return {0, now_text, string.format('%.0f', arrived), string.format('%.0f', stored), '0',
           repaired, token, 1}
@@ -415,13 +535,13 @@ local restorable = 1
 -- a party's remembered arrivals of an epoch that a reset or the job's finish
 -- ended are not carried into the next one (Redis forgetting is another matter)
 if known ~= epoch and (by == 'reset' or by == 'finish') then restorable = 0 end
-local last = whole(redis.call('HGET', KEYS[1], 'last_ms')) or 0
+local last = (own.last_ms and whole(fields.last_ms)) or 0
 local added = 0
 local function record(id, at)
   local field = 't' .. string.format('%.0f', id)
-  if not whole(redis.call('HGET', KEYS[1], field)) then
+  local size = redis.call('HSTRLEN', KEYS[1], field)
+  if size == 0 or size > MAX_TASK_VALUE or not whole(redis.call('HGET', KEYS[1], field)) then
     redis.call('HSET', KEYS[1], field, string.format('%.0f', at))
-    arrived = arrived + 1
     added = added + 1
     if at > last then last = at end
   end
@@ -434,28 +554,24 @@ if restorable == 1 then
   end
 end
 if added > 0 then
-  redis.call('HSET', KEYS[1], 'arrived', string.format('%.0f', arrived),
-             'last_ms', string.format('%.0f', last))
+  redis.call('HSET', KEYS[1], 'last_ms', string.format('%.0f', last))
+  own.last_ms = true
 end
-local complete = false
-if arrived >= parties then
-  -- the counter says complete, but whoever may write the hash could have set
-  -- it: count the task fields themselves, as the readers do
-  local count = 0
-  local fields = redis.call('HGETALL', KEYS[1])
-  for i = 1, #fields, 2 do
-    local id = string.match(fields[i], '^t([1-9]%d*)$') or (fields[i] == 't0' and '0')
-    if id and #id <= 9 and tonumber(id) < parties and whole(fields[i + 1]) then
-      count = count + 1
-    end
-  end
-  if count ~= arrived then
-    arrived = count
-    redis.call('HSET', KEYS[1], 'arrived', string.format('%.0f', count))
-  end
-  complete = count >= parties
+-- the arrivals are counted, not taken from the 'arrived' counter (whoever may
+-- write the hash could have set it): every field but the barrier's own is a
+-- task's, and HLEN counts them in O(1). Only a hand-written field counts
+-- wrongly, and whoever may write one may as well write a task field.
+local stored_own = 0
+for _, name in ipairs(BARRIER_FIELDS) do
+  if own[name] then stored_own = stored_own + 1 end
 end
-local completed = redis.call('HGET', KEYS[1], 'completed_ms')
+local count = redis.call('HLEN', KEYS[1]) - stored_own
+if count ~= arrived then
+  arrived = count
+  redis.call('HSET', KEYS[1], 'arrived', string.format('%.0f', count))
+end
+local complete = count >= parties
+local completed = own.completed_ms and fields.completed_ms or nil
 if complete and (added > 0 or not whole(completed)) then
   completed = now_text
   redis.call('HSET', KEYS[1], 'completed_ms', now_text)
@@ -465,12 +581,18 @@ if not complete then completed = '0' end
 redis.call('EXPIRE', KEYS[1], ARGV[4])
 -- the index lets status show the open barriers without scanning the keyspace;
 -- it forgets barriers whose keys have expired, and the oldest beyond ARGV[8]
+-- (at most MAX_BARRIER_INDEX): each call removes at most about that many,
+-- since an index of twice that or more (written by hand) is dropped whole
+local most = math.min(whole(ARGV[8]) or MAX_BARRIER_INDEX, MAX_BARRIER_INDEX)
 kind = redis.call('TYPE', KEYS[2]).ok
-if kind ~= 'zset' and kind ~= 'none' then redis.call('DEL', KEYS[2]); repaired = 1 end
+if kind ~= 'zset' and kind ~= 'none' then redis.call('UNLINK', KEYS[2]); repaired = 1 end
+if kind == 'zset' and redis.call('ZCARD', KEYS[2]) >= 2 * MAX_BARRIER_INDEX then
+  redis.call('UNLINK', KEYS[2]); repaired = 1
+end
 redis.call('ZADD', KEYS[2], now_text, member)
 local expired = string.format('%.0f', now - tonumber(ARGV[4]) * 1000)
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. expired)
-redis.call('ZREMRANGEBYRANK', KEYS[2], 0, -tonumber(ARGV[8]) - 1)
+redis.call('ZREMRANGEBYRANK', KEYS[2], 0, -most - 1)
 redis.call('EXPIRE', KEYS[2], ARGV[4])
 return {1, now_text, string.format('%.0f', arrived), string.format('%.0f', parties),
         completed, repaired, token, restorable}

@@ -36,39 +36,48 @@ _RESET = "resetkeys resetchannels -@all"
 # without cluster mode, harmless there).
 _CONNECT = "+select +cluster|slots +command"
 # What `status` runs (also `watch`, and `publish` before it writes): FCALL_RO
-# waiter_read (TIME, TYPE, GET, HGETALL: the state and reset marker, with the
-# clock of the node that holds them), then ZRANGEBYSCORE of the targets index
-# and HGETALL of the entries it names. FUNCTION LIST: a missing or other
-# library version is named in the error.
-_STATUS = "+fcall_ro +function|list +time +type +get +hgetall +zrangebyscore"
+# waiter_read (TIME, TYPE, STRLEN, GET, HLEN, HSTRLEN, HMGET: the state, the
+# reset marker and the barriers, sizes checked before anything is read, with the
+# clock of the node that holds them), then ZCARD and ZRANGEBYSCORE (with LIMIT)
+# of the targets and barrier indexes, and HLEN, HSTRLEN and HMGET of the waiter
+# entries they name (never HGETALL, which only redis-cli uses: an entry is
+# whatever a worker wrote). FUNCTION LIST: a missing or other library version
+# is named in the error.
+_STATUS = (
+    "+fcall_ro +function|list +time +type +get +hgetall +zrangebyscore "
+    "+strlen +hlen +hstrlen +hmget +zcard"
+)
 
 _COMMANDS = {
     # +fcall: begin_generation, publish_step, reset_job, may_write (the declared
     # keys need read and write). Inside them: TIME, TYPE, HGET, EXISTS, GET,
-    # HSET, DEL, SET, EXPIRE, ZRANGEBYSCORE, ZREMRANGEBYSCORE, PUBLISH (SPUBLISH
-    # on a Redis Cluster: a sharded channel, in the job's slot). Outside: BLPOP
-    # on the registrations (hears new waiters at once), and `reset` (DEL of
-    # waiter entries by batches, EXISTS). Named barriers (the chief is task 0):
-    # barrier_arrive (TYPE, HGET, HSET, DEL, EXPIRE, ZADD, ZREMRANGEBYSCORE,
+    # HSET, DEL, UNLINK, SET, EXPIRE, ZCOUNT, ZRANGEBYSCORE, ZREMRANGEBYRANK,
+    # PUBLISH (SPUBLISH on a Redis Cluster: a sharded channel, in the job's
+    # slot). Outside: BLPOP on the registrations (hears new waiters at once)
+    # then LPOP of a batch of them, and `reset` (UNLINK of waiter entries by
+    # batches, EXISTS). Named barriers (the chief is task 0): barrier_arrive
+    # (TYPE, HGET, HSET, DEL, UNLINK, EXPIRE, ZCARD, ZADD, ZREMRANGEBYSCORE,
     # ZREMRANGEBYRANK, PUBLISH/SPUBLISH), then SUBSCRIBE (SSUBSCRIBE) to the
     # barrier channel; EXPIRE of a finished run's barriers.
     "chief": f"{_CONNECT} +fcall {_STATUS} +hget +exists +hset +del +set +expire "
-    "+zremrangebyscore +publish +spublish +blpop +zadd +zremrangebyrank +subscribe +ssubscribe",
-    # +fcall: waiter_register (EXPIRE, DEL, HSET, ZADD, RPUSH, LTRIM) and
-    # waiter_leave (DEL, TYPE, ZREM), which declare only what a waiter writes;
-    # the state and the reset marker it reads with waiter_read (FCALL_RO, which
-    # declares them read-only). SUBSCRIBE (SSUBSCRIBE on a Redis Cluster): the
-    # job's channel; a wait ends by closing its connection, never by UNSUBSCRIBE.
-    # Named barriers: barrier_arrive (also HGET, ZREMRANGEBYSCORE, ZREMRANGEBYRANK)
-    # on the barrier keys only, and its announcement (below: _BARRIER_NEWS).
+    "+zremrangebyscore +publish +spublish +blpop +zadd +zremrangebyrank +subscribe +ssubscribe "
+    "+unlink +zcount +lpop",
+    # +fcall: waiter_register (EXPIRE, UNLINK, HSET, ZADD, LLEN, RPUSH, LTRIM)
+    # and waiter_leave (UNLINK, TYPE, ZREM), which declare only what a waiter
+    # writes; the state and the reset marker it reads with waiter_read (FCALL_RO,
+    # which declares them read-only). SUBSCRIBE (SSUBSCRIBE on a Redis Cluster):
+    # the job's channel; a wait ends by closing its connection, never by
+    # UNSUBSCRIBE. Named barriers: barrier_arrive (also HGET, ZREMRANGEBYSCORE,
+    # ZREMRANGEBYRANK) on the barrier keys only, and its announcement (below:
+    # _BARRIER_NEWS).
     "worker": f"{_CONNECT} +fcall {_STATUS} +hset +del +expire +zadd +zrem +rpush +ltrim "
-    "+subscribe +ssubscribe +hget +zremrangebyscore +zremrangebyrank",
+    "+subscribe +ssubscribe +hget +zremrangebyscore +zremrangebyrank +unlink +llen",
     # The status reads only (no FCALL: nothing that may write); PING for health
     # checks and ZRANGE for redis-cli (docs/operations.md#through-the-redis-keys).
     # SCAN: `stepbarrier jobs` and the exporter find the jobs by their state keys
-    # (there is no index of jobs). SCAN names no key, so the key patterns do not
-    # confine it: it shows the names (never the contents) of every key, other
-    # teams' jobs included.
+    # (there is no index of jobs), with a bounded COUNT. SCAN names no key, so the
+    # key patterns do not confine it: it shows the names (never the contents) of
+    # every key, other teams' jobs included.
     "monitor": f"{_CONNECT} {_STATUS} +ping +zrange +scan",
 }
 

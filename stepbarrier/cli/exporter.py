@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 from wsgiref.simple_server import WSGIServer
 
 from stepbarrier.cli.acl_rules import validate_jobs_pattern
-from stepbarrier.cli.job_listing import JobListing, JobSummary, list_jobs
+from stepbarrier.cli.job_listing import LISTING_WAITERS, JobListing, JobSummary, list_jobs
 from stepbarrier.config import BarrierConfig
 from stepbarrier.errors import RedisRefused, RedisUnavailable
 
@@ -79,7 +79,11 @@ JOB_GAUGES: dict[str, tuple[str, Callable[[JobSummary], float | None]]] = {
         "Seconds since the chief's last write, by Redis's clock (absent: no chief yet).",
         lambda j: j.heartbeat_age,
     ),
-    "stepbarrier_waiting_workers": ("Workers registered as waiting.", lambda j: j.waiting_workers),
+    "stepbarrier_waiting_workers": (
+        "Workers registered as waiting, as they report themselves (anyone with a worker's "
+        f"password may add entries; at most {LISTING_WAITERS} counted per job).",
+        lambda j: j.waiting_workers,
+    ),
     "stepbarrier_oldest_wait_seconds": (
         "Seconds the longest-waiting worker has waited (0: none waits).",
         lambda j: j.oldest_wait or 0.0,

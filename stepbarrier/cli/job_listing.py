@@ -6,6 +6,13 @@ So the jobs are found by their state keys, ``SCAN`` for
 ``stepbarrier:{PATTERN}:state``, on every master of a Cluster. That walks the
 whole keyspace, so it is for operators only (``stepbarrier jobs``, the
 exporter), never on the path of a chief or a worker.
+
+Bounded work: each ``SCAN`` looks at ``SCAN_COUNT`` keys (a short command, never
+one that walks a large keyspace at once), a listing sends at most
+``MAX_SCAN_CALLS`` of them per master and reads at most ``MAX_JOBS`` jobs, each
+with at most ``LISTING_WAITERS`` waiter entries (the registry is self-reported:
+a worker may add entries) and at most ``LISTING_WAITER_BUDGET`` in all; past a
+bound, the listing says it is incomplete.
 """
 
 from __future__ import annotations
@@ -26,7 +33,15 @@ from stepbarrier.errors import RedisRefused
 from stepbarrier.keys import PREFIX, JobKeys
 from stepbarrier.status import STATUS_RETRY_SECONDS, JobStatus, read_status
 
-__all__ = ["MAX_JOBS", "JobListing", "JobSummary", "find_jobs", "job_of_state_key", "list_jobs"]
+__all__ = [
+    "LISTING_WAITERS",
+    "MAX_JOBS",
+    "JobListing",
+    "JobSummary",
+    "find_jobs",
+    "job_of_state_key",
+    "list_jobs",
+]
 
 log = logging.getLogger("stepbarrier.job_listing")
 
@@ -34,7 +49,16 @@ MAX_JOBS = 10_000
 """Most jobs one listing reads (each costs three round trips, the last of them one
 command per waiting worker, as ``read_status``); more are left out."""
 SCAN_COUNT = 1000
-"""Keys each ``SCAN`` call looks at: fewer round trips over a large keyspace."""
+"""Keys each ``SCAN`` call looks at: fewer round trips over a large keyspace, and
+each call still short (a large COUNT would walk the keyspace in one command)."""
+MAX_SCAN_CALLS = 10_000
+"""Most ``SCAN`` calls of one listing, per master (about 10 million keys looked at);
+a larger keyspace leaves the listing incomplete."""
+LISTING_WAITERS = 1_000
+"""Most waiters read per job in a listing (the lowest targets)."""
+LISTING_WAITER_BUDGET = 100_000
+"""Most waiter entries one listing reads over all its jobs; the jobs read after it
+is spent are listed without their waiters (and say so)."""
 
 _STATE_HEAD = f"{PREFIX}:{{"
 _STATE_TAIL = "}:state"
@@ -51,7 +75,8 @@ class JobSummary:
         generation: The chief generation that wrote it.
         done: True once the chief closed the job.
         heartbeat_age: Seconds since the chief's last write, by Redis's clock.
-        waiting_workers: Registered waiting workers.
+        waiting_workers: Registered waiting workers, as they report themselves (at
+            most ``LISTING_WAITERS``: a worker may add entries of its own).
         next_wait_until_step: The lowest step a worker waits for (``None``: none waits).
         oldest_wait: Seconds the longest-waiting worker has waited, by this
             host's clock against the worker's (``None``: none waits, or no
@@ -105,7 +130,8 @@ class JobListing:
 
     Attributes:
         jobs: One summary per job.
-        complete: False when more than ``MAX_JOBS`` jobs matched and some were left out.
+        complete: False when more than ``MAX_JOBS`` jobs matched and some were left out,
+            or the scan stopped at ``MAX_SCAN_CALLS``.
     """
 
     jobs: tuple[JobSummary, ...]
@@ -131,34 +157,71 @@ def job_of_state_key(key: bytes | str) -> str | None:
     return job if JobKeys.for_job(job).state == text else None
 
 
-def _scan(client: RedisClient, match: str) -> Iterator[bytes | str]:
+def _scan(client: RedisClient, match: str, calls: list[int]) -> Iterator[bytes | str]:
+    """The keys matching ``match``, by ``SCAN`` with ``SCAN_COUNT``; ``calls[0]`` counts
+    the calls, and stops the scan of a master past ``MAX_SCAN_CALLS`` (``calls[1]``
+    is then set to 1: the scan is incomplete)."""
+    nodes: list[Any] = [None]
     if isinstance(client, RedisCluster):
         # every master holds its own slots' keys (replicas only copies of them)
-        for node in client.get_primaries():  # type: ignore[no-untyped-call]
-            yield from client.scan_iter(match=match, count=SCAN_COUNT, target_nodes=node)
-    else:
-        yield from client.scan_iter(match=match, count=SCAN_COUNT)
+        nodes = list(client.get_primaries())  # type: ignore[no-untyped-call]
+    for node in nodes:
+        cursor: Any = "0"
+        for _ in range(MAX_SCAN_CALLS):
+            if node is None:
+                cursor, keys = client.scan(cursor=cursor, match=match, count=SCAN_COUNT)
+            else:
+                cursor, keys = client.scan(
+                    cursor=cursor, match=match, count=SCAN_COUNT, target_nodes=node
+                )
+            calls[0] += 1
+            yield from keys
+            if int(cursor) == 0:
+                break
+        else:
+            calls[1] = 1
 
 
-def find_jobs(client: RedisClient, pattern: str = "*", *, limit: int = MAX_JOBS) -> list[str]:
+def find_jobs(
+    client: RedisClient,
+    pattern: str = "*",
+    *,
+    limit: int = MAX_JOBS,
+    incomplete: list[bool] | None = None,
+) -> list[str]:
     """The names of the jobs whose names match ``pattern``, sorted; at most ``limit + 1``.
+
+    The scan is bounded (``MAX_SCAN_CALLS`` of ``SCAN_COUNT`` keys per master):
+    past it, the jobs found so far.
 
     Args:
         client: A client of the Redis (every master of a Cluster is scanned).
         pattern: A job name, or a glob such as ``team-a-*`` (as ``stepbarrier acl``'s).
         limit: Stop once more than this many jobs were found.
+        incomplete: If given, ``True`` is appended when the scan stopped at its bound.
 
     Raises:
         ConfigurationError: ``pattern`` is not a valid jobs pattern.
     """
     match = JobKeys.for_job(validate_jobs_pattern(pattern)).state
     found: set[str] = set()  # SCAN may return a key twice
-    for key in _scan(client, match):
+    calls = [0, 0]
+    for key in _scan(client, match, calls):
         job = job_of_state_key(key)
         if job is not None:
             found.add(job)
             if len(found) > limit:
                 break
+    if calls[1]:
+        log.warning(
+            "the scan for jobs matching %r stopped after %d SCAN calls of %d keys: "
+            "some jobs may be missing",
+            pattern,
+            MAX_SCAN_CALLS,
+            SCAN_COUNT,
+        )
+        if incomplete is not None:
+            incomplete.append(True)
     return sorted(found)
 
 
@@ -195,12 +258,15 @@ def list_jobs(
     validate_jobs_pattern(pattern)
     made: list[RedisClient] = []
 
+    incomplete: list[bool] = []
+
     def scan() -> list[str]:
+        incomplete.clear()
         if client is not None:
-            return find_jobs(client, pattern, limit=limit)
+            return find_jobs(client, pattern, limit=limit, incomplete=incomplete)
         if not made:  # a Cluster client reads the slot map at once: within the retries
             made.append(make_client(config))
-        return find_jobs(made[0], pattern, limit=limit)
+        return find_jobs(made[0], pattern, limit=limit, incomplete=incomplete)
 
     try:
         names = call_with_retries(
@@ -212,28 +278,40 @@ def list_jobs(
             sleep=time.sleep,
         )
         active = client if client is not None else made[0]
-        summaries = [_summary(config, active, job, now) for job in names[:limit]]
+        budget = [LISTING_WAITER_BUDGET]
+        summaries = [_summary(config, active, job, now, budget) for job in names[:limit]]
     finally:
         for own in made:
             own.close()
     if len(names) > limit:
         log.warning("more than %d jobs match %r: only the first %d are read", limit, pattern, limit)
     found = tuple(summary for summary in summaries if summary is not None)
-    return JobListing(found, complete=len(names) <= limit)
+    return JobListing(found, complete=len(names) <= limit and not incomplete)
 
 
 def _summary(
-    config: BarrierConfig, client: RedisClient, job: str, now: Callable[[], float]
+    config: BarrierConfig,
+    client: RedisClient,
+    job: str,
+    now: Callable[[], float],
+    budget: list[int],
 ) -> JobSummary | None:
+    most = min(LISTING_WAITERS, budget[0])
     try:
-        status = read_status(dataclasses.replace(config, job=job), client)
+        status = read_status(
+            dataclasses.replace(config, job=job), client, max_waiters=most, barriers=False
+        )
     except RedisRefused as exc:
         if exc.kind != "permission":  # authentication, no library: the same for every job
             raise
         reason = " ".join(str(exc).split())
         return JobSummary.unreadable(job, f"not readable by this user: {reason}")
+    budget[0] -= len(status.waiters)
     if _vanished(status):
         return None
+    if not most:
+        spent = f"waiters not read: this listing's {LISTING_WAITER_BUDGET} waiter reads are spent"
+        status = dataclasses.replace(status, problems=(*status.problems, spent))
     return JobSummary.of(status, now())
 
 
