@@ -4,7 +4,9 @@
 script starts redis-server and loads the Functions library as the ``installer``
 user, so the roles never need ``FUNCTION LOAD``. The harness's arguments
 (loopback, a free port, a temporary directory) and the ACL file's real path win
-over the configuration file's.
+over the configuration file's. The users' passwords are the public examples,
+which the script accepts only with ``EXAMPLE_OPT_IN`` (a loopback-only demo):
+the harness sets it, and listens on 127.0.0.1 only.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ LIBRARY_FILE = OPS / "stepbarrier-functions.lua"
 START_SCRIPT = OPS / "start-redis.sh"
 SECRETS = OPS / "example-secrets"
 SHIPPED_USERS = ("chief", "worker", "monitor", "emergency", "installer")
+EXAMPLE_OPT_IN = {"STEPBARRIER_EXAMPLE_PASSWORDS": "loopback-only"}
+"""The environment in which start-redis.sh accepts the example passwords."""
 
 
 def example_password(user: str) -> str:
@@ -59,15 +63,19 @@ class OpsRedis(RedisServer):
         acl_file: The users (ops/redis/users.acl by default).
         installer_password_file: The installer's password file, as the
             container's secret.
+        environment: Added to the script's environment (``EXAMPLE_OPT_IN`` by
+            default: the example passwords are accepted).
     """
 
     def __init__(
         self,
         acl_file: Path = ACL_FILE,
         installer_password_file: Path = SECRETS / "installer.password",
+        environment: dict[str, str] | None = None,
     ) -> None:
         super().__init__(args=["--aclfile", str(acl_file)])
         self.installer_password_file = installer_password_file
+        self.environment = dict(EXAMPLE_OPT_IN if environment is None else environment)
 
     def command(self) -> list[str]:
         _binary, *args = super().command()
@@ -82,9 +90,10 @@ class OpsRedis(RedisServer):
 
     def start(self, wait: bool = True) -> OpsRedis:
         # a session of its own: kill() ends the script and its server together
+        inherited = {k: v for k, v in os.environ.items() if k != "STEPBARRIER_EXAMPLE_PASSWORDS"}
         self.process = subprocess.Popen(
             self.command(),
-            env={**os.environ, "REDIS_PORT": str(self.port)},
+            env={**inherited, **self.environment, "REDIS_PORT": str(self.port)},
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             start_new_session=True,

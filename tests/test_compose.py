@@ -22,6 +22,8 @@ from tests.ops_redis import OPS, PASSWORDS
 from tests.redis_harness import RedisServer
 
 COMPOSE_FILE = Path(ROOT) / "docker-compose.yml"
+SCRIPT_VARIABLES = {"STEPBARRIER_EXAMPLE_PASSWORDS"}
+"""Variables of ops/redis/start-redis.sh, not of stepbarrier's configuration."""
 # The binary itself: the package's console-script wrapper always exits 0.
 COMPOSE = Path(compose.__file__).parent / "docker-compose"
 ACL = (Path(ROOT) / "ops" / "redis" / "users.acl").read_text()
@@ -77,7 +79,29 @@ def test_every_stepbarrier_variable_is_one_the_configuration_knows(
         if name.startswith("STEPBARRIER_")
     }
     assert used  # the file does configure the barrier
-    assert used <= set(ENVIRONMENT_VARIABLES), used - set(ENVIRONMENT_VARIABLES)
+    known = set(ENVIRONMENT_VARIABLES) | SCRIPT_VARIABLES
+    assert used <= known, used - known
+    script = (OPS / "start-redis.sh").read_text()
+    assert all(f"${{{name}" in script for name in SCRIPT_VARIABLES)
+
+
+def test_only_redis_opts_in_to_the_example_passwords_on_the_hosts_loopback(
+    resolved: dict[str, Any],
+) -> None:
+    """The passwords are the public examples: start-redis.sh takes them only with
+    the opt-in, and nothing is published beyond the host's loopback."""
+    opted_in = {
+        name
+        for name, service in resolved["services"].items()
+        if "STEPBARRIER_EXAMPLE_PASSWORDS" in (service.get("environment") or {})
+    }
+    assert opted_in == {"redis"}
+    environment = resolved["services"]["redis"]["environment"]
+    assert environment["STEPBARRIER_EXAMPLE_PASSWORDS"] == "loopback-only"
+    for name, service in resolved["services"].items():
+        for port in service.get("ports", []):
+            assert port.get("host_ip") == "127.0.0.1", (name, port)
+    assert "ports" in resolved["services"]["redis"]
 
 
 def test_every_service_has_a_healthcheck(resolved: dict[str, Any]) -> None:
@@ -239,7 +263,8 @@ def test_redis_starts_through_start_redis_sh_and_is_healthy_once_the_library_is_
     for container_path, host_path in mounted.items():
         health = health.replace(container_path, host_path)
     health = health.replace("redis-cli ", f"redis-cli -p {server.port} ")
-    env = {**os.environ, "REDIS_PORT": str(server.port)}
+    inherited = {k: v for k, v in os.environ.items() if k != "STEPBARRIER_EXAMPLE_PASSWORDS"}
+    env = {**inherited, **service["environment"], "REDIS_PORT": str(server.port)}
     process = subprocess.Popen(
         command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
     )

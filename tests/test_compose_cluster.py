@@ -34,7 +34,7 @@ from stepbarrier import BarrierConfig, StepPublisher, StepWaiter
 from stepbarrier.redis_code import LIBRARY_NAME
 from tests.cluster_harness import cluster_port
 from tests.conftest import ROOT
-from tests.ops_redis import PASSWORDS
+from tests.ops_redis import EXAMPLE_OPT_IN, PASSWORDS
 from tests.test_compose import compose_config
 
 pytestmark = pytest.mark.cluster
@@ -110,10 +110,22 @@ def run_script(service: dict[str, Any], paths: Paths, **extra: str) -> str:
     return done.stdout
 
 
+def node_environment(service: dict[str, Any]) -> dict[str, str]:
+    """What a node's start-redis.sh sees: this machine's environment but the opt-in
+    to the example passwords, and the service's. The nodes use the public example
+    passwords, which start-redis.sh refuses without the opt-in: until the file
+    sets it (test_the_nodes_opt_in_to_the_example_passwords fails meanwhile), it
+    is added here so that the cluster itself is still tested."""
+    inherited = {k: v for k, v in os.environ.items() if k not in EXAMPLE_OPT_IN}
+    return {**inherited, **EXAMPLE_OPT_IN, **(service.get("environment") or {})}
+
+
 class Node:
     """One ``redis-node-N`` service's command, run on a free loopback port."""
 
-    def __init__(self, command: list[str], directory: Path, taken: set[int]) -> None:
+    def __init__(
+        self, command: list[str], directory: Path, taken: set[int], env: dict[str, str]
+    ) -> None:
         self.port = cluster_port(taken)
         directory.mkdir()
         # both loopbacks ("-": if there is one), whichever `localhost` resolves to
@@ -121,7 +133,7 @@ class Node:
                  "--dir", str(directory), "--logfile", str(directory / "redis.log")]  # fmt: skip
         self.process = subprocess.Popen(
             [*command, *local],
-            env={**os.environ, "REDIS_PORT": str(self.port)},  # start-redis.sh's port
+            env={**env, "REDIS_PORT": str(self.port)},  # start-redis.sh's port
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             start_new_session=True,  # stop() ends the script and its server together
@@ -161,7 +173,8 @@ def composed(
     try:
         for name in node_services(resolved):
             command = [paths(unescaped(word)) for word in resolved["services"][name]["command"]]
-            nodes[name] = Node(command, root / name, taken)
+            env = node_environment(resolved["services"][name])
+            nodes[name] = Node(command, root / name, taken, env)
         for name, node in nodes.items():
             wait_healthy(resolved["services"][name], node, paths)
         create = resolved["services"]["cluster-create"]
@@ -212,6 +225,25 @@ def task_config(resolved: dict[str, Any], name: str, seed: Node, job: str) -> Ba
     env["STEPBARRIER_REDIS_PASSWORD_FILE"] = resolved["secrets"][secret]["file"]
     env["STEPBARRIER_JOB"] = job
     return BarrierConfig.from_env(env)
+
+
+def test_the_nodes_opt_in_to_the_example_passwords(resolved: dict[str, Any]) -> None:
+    """The nodes' users have the public example passwords (ops/redis/users.acl), which
+    start-redis.sh refuses unless STEPBARRIER_EXAMPLE_PASSWORDS=loopback-only: the
+    file must set it on every node (x-node: `environment:`), and publish nothing."""
+    for name in node_services(resolved):
+        service = resolved["services"][name]
+        environment = service.get("environment") or {}
+        assert environment.get("STEPBARRIER_EXAMPLE_PASSWORDS") == "loopback-only", (
+            f"{name}: docker-compose.cluster.yml must set STEPBARRIER_EXAMPLE_PASSWORDS: "
+            "loopback-only in x-node's environment, or start-redis.sh refuses the example "
+            "passwords (and the node binds its container's loopback only without --bind)"
+        )
+        assert not service.get("ports"), name
+        # without --bind the opt-in keeps Redis on the container's loopback,
+        # where the other nodes and the tasks cannot reach it
+        command = service["command"]
+        assert "--bind" in command and "*" in command[command.index("--bind") + 1 :], name
 
 
 def test_every_node_service_runs_the_same_cluster_command(resolved: dict[str, Any]) -> None:

@@ -161,8 +161,8 @@ def test_k8s_runs_the_exporter_as_the_monitor_user_with_its_password_file() -> N
     [mount] = [m for m in container["volumeMounts"] if path.startswith(m["mountPath"] + "/")]
     [volume] = [v for v in k8s_pod()["spec"]["volumes"] if v["name"] == mount["name"]]
     [item] = volume["secret"]["items"]
-    assert volume["secret"]["secretName"] == "stepbarrier-passwords"
-    assert path == f"{mount['mountPath']}/{item['path']}" and item["key"] == "monitor"
+    assert volume["secret"]["secretName"] == "stepbarrier-monitor-password"
+    assert path == f"{mount['mountPath']}/{item['path']}" and item["key"] == "password"
     assert password_hash(role_password("monitor")) == acl_hash("monitor")
     settings = find("ConfigMap", "stepbarrier-settings")["data"]
     assert session.overrides["STEPBARRIER_REDIS_URL"] == settings["STEPBARRIER_REDIS_URL"]

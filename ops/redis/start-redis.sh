@@ -12,6 +12,22 @@
 # script fails, so the container restarts visibly instead of serving clients
 # that would all be refused.
 #
+# The EXAMPLE passwords of ops/redis/example-secrets are public. The script
+# refuses to start Redis (exit 2, before the server starts) when the installer's
+# password file holds one, or when an ACL file the configuration names (aclfile
+# in REDIS_CONF, in a file it includes, or --aclfile/--include among the
+# options) gives a user one (the SHA-256 below). Make your own passwords and
+# users.acl (docs/operations.md#passwords). The one exception is a demo nobody
+# else can reach, asked for with
+#
+#   STEPBARRIER_EXAMPLE_PASSWORDS=loopback-only
+#
+# Then, unless the options give --bind, Redis listens on 127.0.0.1 and ::1
+# only (--bind 127.0.0.1 -::1 after every other option). An explicit --bind is
+# kept: docker-compose.yml gives `--bind * -::*` (its private network, whose
+# port it publishes on the host's 127.0.0.1 only), and the script says that
+# the server must stay unreachable from anywhere else.
+#
 # REDIS_PORT (default 6379) is the port the server listens on; the password is
 # handed to redis-cli through REDISCLI_AUTH, never on a command line.
 set -eu
@@ -38,7 +54,127 @@ if [ -z "$password" ]; then
   exit 2
 fi
 
-redis-server "$conf" "$@" &
+# The SHA-256 of each EXAMPLE password (ops/redis/example-secrets/USER.password,
+# without its newline), as ops/redis/users.acl holds it. A test keeps them equal.
+EXAMPLE_PASSWORD_HASHES="
+d9382150f5d48653c1d5564f0886cb010aad4f9b1319fc72a5345415ed9152d9 chief
+50f2578df1da320180ba9a17e47757bd9d5433d0039bd0b7f7038290a10d8c98 worker
+fb32c3cd7ae2ece85ae0039124d95f8c71d380beb581a8331339a076dce29f4f monitor
+948bd1d691941df17491b386ec79f180e6a3e3a518b104d441a455e4412c3cda emergency
+ea68b35b9754bdb2bd642eef813b983d41429bbf56540165b073a89dd561b20a installer
+"
+opt_in=${STEPBARRIER_EXAMPLE_PASSWORDS:-}
+case $opt_in in
+  ""|loopback-only) ;;
+  *)
+    echo "start-redis: STEPBARRIER_EXAMPLE_PASSWORDS must be 'loopback-only' or unset, got '$opt_in'" >&2
+    exit 2 ;;
+esac
+if ! command -v sha256sum >/dev/null 2>&1; then
+  echo "start-redis: sha256sum is missing: it is needed to refuse the example passwords" >&2
+  exit 2
+fi
+
+# Words are never globbed from here on (a bind address may be `*`).
+set -f
+# the values of DIRECTIVE (aclfile, include) in the configuration FILE, one a line
+directive_in() {
+  [ -r "$2" ] || return 0
+  sed -n "s/^[[:space:]]*$1[[:space:]][[:space:]]*\"\{0,1\}\([^\"[:space:]]*\)\"\{0,1\}[[:space:]]*\$/\1/p" "$2"
+}
+# the files that may give users passwords: REDIS_CONF, the files it and the
+# options include, the options' --aclfile, and every aclfile they name
+scanned_files() {
+  {
+    printf '%s\n' "$conf"
+    directive_in include "$conf"
+    previous=
+    for word in "$@"; do
+      case $previous in --aclfile|--include) printf '%s\n' "$word" ;; esac
+      previous=$word
+    done
+  } | while read -r file; do
+    printf '%s\n' "$file"
+    directive_in aclfile "$file"
+  done | awk '!seen[$0]++'
+}
+
+cr=$(printf '\r')
+given_hash=$(printf %s "${password%"$cr"}" | sha256sum | cut -c1-64)
+examples=
+while read -r hash user; do
+  if [ -n "$hash" ] && [ "$given_hash" = "$hash" ]; then
+    examples="${examples:+$examples; }$password_file (the $user's password)"
+  fi
+done <<HASHES
+$EXAMPLE_PASSWORD_HASHES
+HASHES
+for file in $(scanned_files "$@"); do
+  [ -r "$file" ] || continue  # Redis reports a missing file itself
+  users=
+  while read -r hash user; do
+    if [ -n "$hash" ] && grep -q -e "#$hash" -e ">$user-example-password" "$file"; then
+      users="$users $user"
+    fi
+  done <<HASHES
+$EXAMPLE_PASSWORD_HASHES
+HASHES
+  if [ -n "$users" ]; then
+    examples="${examples:+$examples; }$file (users$users)"
+  fi
+done
+
+loopback=
+if [ -n "$examples" ]; then
+  if [ "$opt_in" != loopback-only ]; then
+    {
+      echo "start-redis: refusing to start Redis with the EXAMPLE passwords of" \
+        "ops/redis/example-secrets: they are public, and whoever reaches this Redis" \
+        "could log in with them (as installer: load code that every role runs)"
+      echo "start-redis: found in: $examples"
+      echo "start-redis: make your own passwords and users.acl (docs/operations.md#passwords);" \
+        "only for a demo that nobody else can reach, set" \
+        "STEPBARRIER_EXAMPLE_PASSWORDS=loopback-only (Redis then listens on loopback only)"
+    } >&2
+    exit 2
+  fi
+  # the last --bind among the options wins over REDIS_CONF's and the others
+  bind=
+  in_bind=
+  for word in "$@"; do
+    case $word in
+      --bind) in_bind=1; bind= ;;
+      --*) in_bind= ;;
+      *) if [ -n "$in_bind" ]; then bind="$bind $word"; fi ;;
+    esac
+  done
+  if [ -z "$bind" ]; then
+    loopback="--bind 127.0.0.1 -::1"
+    echo "start-redis: STEPBARRIER_EXAMPLE_PASSWORDS=loopback-only: the EXAMPLE (public)" \
+      "passwords, for a demo on this machine: Redis listens on 127.0.0.1 and ::1 only" >&2
+  else
+    outside=
+    for address in $bind; do
+      case ${address#-} in
+        127.*|::1) ;;
+        *) outside="$outside $address" ;;
+      esac
+    done
+    if [ -z "$outside" ]; then
+      echo "start-redis: STEPBARRIER_EXAMPLE_PASSWORDS=loopback-only: the EXAMPLE (public)" \
+        "passwords, on loopback only (--bind$bind)" >&2
+    else
+      echo "start-redis: WARNING: STEPBARRIER_EXAMPLE_PASSWORDS=loopback-only with the" \
+        "EXAMPLE (public) passwords, and --bind$bind: this is for a demo that only this" \
+        "machine can reach (docker-compose.yml: a private network, its port published on" \
+        "127.0.0.1 only). Never let anyone else reach this Redis." >&2
+    fi
+  fi
+fi
+
+# $loopback: the words of a --bind, or nothing
+# shellcheck disable=SC2086
+redis-server "$conf" "$@" $loopback &
 server=$!
 # the container's stop signal goes to this shell: pass it on to the server
 trap 'kill -TERM "$server" 2>/dev/null || true' INT TERM
