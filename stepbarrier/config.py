@@ -102,6 +102,7 @@ class BarrierConfig:
     no_chief_warning: float = DEFAULT_NO_CHIEF_WARNING
     use_eval: bool = False
     redis_cluster: bool = False
+    tls_insecure: bool = False
 
     def __post_init__(self) -> None:
         validate_job(self.job, variable="job")
@@ -122,7 +123,13 @@ class BarrierConfig:
             )
         if self.redis_cluster:
             _check_cluster(self)
-        check_url(self.redis_url, "redis_url")
+        if not isinstance(self.tls_insecure, bool):
+            raise ConfigurationError(
+                f"tls_insecure must be True or False, got {self.tls_insecure!r}",
+                variable="tls_insecure",
+            )
+        # a rediss:// URL weakens TLS (?ssl_cert_reqs=none) only under tls_insecure
+        check_url(self.redis_url, "redis_url", tls_insecure=self.tls_insecure)
         if self.role not in (None, "chief", "worker"):
             raise ConfigurationError(
                 f"role must be 'chief' or 'worker', got {self.role!r}", variable="role"

@@ -10,6 +10,7 @@ caller's deadline is ``stepbarrier.retries``. Both are re-exported here.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable
 from typing import Any, TypeAlias, TypeVar, cast
@@ -23,6 +24,7 @@ from redis.retry import Retry
 from redis.sentinel import MasterNotFoundError, Sentinel
 
 from stepbarrier.config import BarrierConfig
+from stepbarrier.config_checks import TLS_INSECURE, url_tls_weakening
 from stepbarrier.errors import ConfigurationError
 from stepbarrier.redis_failures import (
     REDIS_ERRORS,
@@ -66,6 +68,9 @@ T = TypeVar("T")
 
 RedisClient: TypeAlias = "redis.Redis | RedisCluster"
 """A client of the job's Redis: one server (direct or through Sentinel) or a Cluster."""
+
+_tls_log = logging.getLogger("stepbarrier.tls")
+"""Where a client made with weakened TLS is told (``STEPBARRIER_TLS_INSECURE``)."""
 
 SOCKET_TIMEOUT = 10.0
 """Seconds a command may wait for its reply before the connection counts as dead."""
@@ -158,13 +163,52 @@ def disconnect_all(client: RedisClient) -> None:
 
 
 def _tls_options(config: BarrierConfig) -> dict[str, Any]:
-    options: dict[str, Any] = {"ssl_cert_reqs": "required"}
+    """The TLS options of a client of ``config``'s ``rediss://`` Redis (sync or asyncio,
+    direct, Cluster or through Sentinel): the certificate and the host name verified.
+
+    Only under ``STEPBARRIER_TLS_INSECURE=1`` may the URL weaken that
+    (``?ssl_cert_reqs=none``, ``?ssl_check_hostname=false``; ``check_url``
+    refuses it otherwise); each client made so is logged as a WARNING. The
+    weakening is applied here too, so that Sentinel clients, which take no
+    URL query, are made alike.
+    """
+    options: dict[str, Any] = {"ssl_cert_reqs": "required", "ssl_check_hostname": True}
     if config.tls_ca_file:
         options["ssl_ca_certs"] = config.tls_ca_file
     if config.tls_cert_file:
         options["ssl_certfile"] = config.tls_cert_file
         options["ssl_keyfile"] = config.tls_key_file
+    weakened = url_tls_weakening(config.redis_url)
+    if weakened:
+        if not config.tls_insecure:  # BarrierConfig refuses this; never trust it blindly
+            raise ConfigurationError(
+                f"STEPBARRIER_REDIS_URL weakens TLS ({_described(weakened)}) without "
+                f"{TLS_INSECURE}=1",
+                variable="STEPBARRIER_REDIS_URL",
+                job=config.job,
+            )
+        options.update(weakened)
+        _tls_log.warning(
+            "%s=1: the TLS connection to Redis at %s is weakened (%s): %s; use it for tests only",
+            TLS_INSECURE,
+            config.safe_url,
+            _described(weakened),
+            _consequence(weakened),
+        )
     return options
+
+
+def _consequence(weakened: dict[str, str | bool]) -> str:
+    reqs = weakened.get("ssl_cert_reqs", "required")
+    if reqs == "none":
+        return "the server's certificate is not verified, so any server can pose as Redis"
+    if reqs == "optional":
+        return "the server's certificate is no longer required"
+    return "the certificate need not name the host, so any certificate the CA signed is accepted"
+
+
+def _described(weakened: dict[str, str | bool]) -> str:
+    return ", ".join(f"{name}={str(value).lower()}" for name, value in sorted(weakened.items()))
 
 
 def _master_through_sentinels(config: BarrierConfig, options: dict[str, Any]) -> redis.Redis:

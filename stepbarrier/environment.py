@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import stat
 from collections.abc import Mapping
 from typing import TypedDict
 
@@ -173,6 +174,7 @@ class EnvSettings(TypedDict):
     no_chief_warning: float
     use_eval: bool
     redis_cluster: bool
+    tls_insecure: bool
 
 
 def settings_from_env(env: Mapping[str, str]) -> EnvSettings:
@@ -192,7 +194,8 @@ def settings_from_env(env: Mapping[str, str]) -> EnvSettings:
         )
     validate_job(job)
     url = _get(env, "STEPBARRIER_REDIS_URL") or DEFAULT_REDIS_URL
-    check_url(url, "STEPBARRIER_REDIS_URL")
+    tls_insecure = _env_flag(env, "STEPBARRIER_TLS_INSECURE")
+    check_url(url, "STEPBARRIER_REDIS_URL", tls_insecure=tls_insecure)
     role, task_id, _ = _host_task(env)
     schedule = _get(env, "STEPBARRIER_SCHEDULE")
     if schedule is not None:
@@ -265,6 +268,7 @@ def settings_from_env(env: Mapping[str, str]) -> EnvSettings:
         or DEFAULT_NO_CHIEF_WARNING,
         use_eval=_env_flag(env, "STEPBARRIER_USE_EVAL"),
         redis_cluster=_env_flag(env, "STEPBARRIER_REDIS_CLUSTER"),
+        tls_insecure=tls_insecure,
     )
 
 
@@ -321,6 +325,65 @@ def _env_file(env: Mapping[str, str], name: str) -> str | None:
     return path
 
 
+MAX_PASSWORD_FILE = 4096
+"""The most bytes a password file may hold, its trailing newline included."""
+
+
+def read_password_file(path: str, *, name: str, variable: str) -> str:
+    """The text of the password file at ``path``, without its trailing newlines.
+
+    Only a regular file (or a link to one) of at most ``MAX_PASSWORD_FILE``
+    bytes is read: a device such as ``/dev/zero`` or ``/dev/stdin``, a pipe or
+    a directory is refused before anything is read (it might never end, or
+    block), and so is a larger file, after reading one byte more than the
+    limit. The file may be empty (the caller decides what that means).
+
+    Args:
+        path: The file to read.
+        name: What the message names the file by, e.g. ``--password-file``.
+        variable: The ``ConfigurationError``'s ``variable``.
+
+    Raises:
+        ConfigurationError: The file is missing, unreadable, not a regular file,
+            too large or not UTF-8; the message names it, never its content.
+    """
+    shown = repr(path[:200])
+    try:
+        # O_NONBLOCK: opening a FIFO without a writer must not block
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        raise ConfigurationError(
+            f"{name}: cannot read {shown} ({type(exc).__name__})", variable=variable
+        ) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ConfigurationError(
+                f"{name}: {shown} is not a regular file (a device, a pipe or a directory "
+                "could be read for ever, or block); name a file that holds the password",
+                variable=variable,
+            )
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            data = handle.read(MAX_PASSWORD_FILE + 1)
+    except OSError as exc:
+        raise ConfigurationError(
+            f"{name}: cannot read {shown} ({type(exc).__name__})", variable=variable
+        ) from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_PASSWORD_FILE:
+        raise ConfigurationError(
+            f"{name}: {shown} holds more than {MAX_PASSWORD_FILE} bytes; a password file "
+            "holds only the password (and a newline)",
+            variable=variable,
+        )
+    try:
+        return data.decode("utf-8").rstrip("\r\n")
+    except UnicodeDecodeError:
+        raise ConfigurationError(
+            f"{name}: cannot read {shown} (it is not UTF-8 text)", variable=variable
+        ) from None
+
+
 def _password(env: Mapping[str, str]) -> str | None:
     direct = env.get("STEPBARRIER_REDIS_PASSWORD") or None
     path = _get(env, "STEPBARRIER_REDIS_PASSWORD_FILE")
@@ -331,19 +394,10 @@ def _password(env: Mapping[str, str]) -> str | None:
         )
     if path is None:
         return direct
-    try:
-        with open(path, encoding="utf-8") as handle:
-            secret = handle.read().rstrip("\r\n")
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ConfigurationError(
-            f"STEPBARRIER_REDIS_PASSWORD_FILE: cannot read {path[:200]!r} ({type(exc).__name__})",
-            variable="STEPBARRIER_REDIS_PASSWORD_FILE",
-        ) from None
+    variable = "STEPBARRIER_REDIS_PASSWORD_FILE"
+    secret = read_password_file(path, name=variable, variable=variable)
     if not secret:
-        raise ConfigurationError(
-            f"STEPBARRIER_REDIS_PASSWORD_FILE: {path[:200]!r} is empty",
-            variable="STEPBARRIER_REDIS_PASSWORD_FILE",
-        )
+        raise ConfigurationError(f"{variable}: {path[:200]!r} is empty", variable=variable)
     return secret
 
 

@@ -12,6 +12,7 @@ import click
 
 from stepbarrier.cli.acl_rules import ROLES, acl_line, password_hash, rules_for, validate_user
 from stepbarrier.cli.reporting import EXIT_CODES, current_session, reporting
+from stepbarrier.environment import read_password_file
 from stepbarrier.errors import ConfigurationError
 
 
@@ -71,14 +72,8 @@ def acl(role: str, user: str, jobs: str | None, password_file: str | None) -> No
 
 def _read_password(path: str | None) -> str:
     if path is not None:
-        try:
-            with open(path, encoding="utf-8") as handle:
-                password = handle.read().rstrip("\r\n")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigurationError(
-                f"cannot read the password file {path[:200]!r} ({type(exc).__name__})",
-                variable="password-file",
-            ) from None
+        # a regular file of at most 4 KiB: /dev/zero or a pipe is refused, not read for ever
+        password = read_password_file(path, name="--password-file", variable="password-file")
         where = f"the password file {path[:200]!r}"
     elif sys.stdin.isatty():
         password = click.prompt(

@@ -21,7 +21,9 @@ from stepbarrier.cli.functions import functions
 from stepbarrier.cli.job_control import publish, reset, wait
 from stepbarrier.cli.job_status import status, watch
 from stepbarrier.cli.ops import exporter, jobs
-from stepbarrier.cli.reporting import DEMO_EXIT_CODES, EXIT_CODES, reporting
+from stepbarrier.cli.reporting import DEMO_EXIT_CODES, EXIT_CODES, FiniteFloatRange, reporting
+from stepbarrier.config import validate_job
+from stepbarrier.errors import ConfigurationError
 
 
 @click.group(
@@ -38,6 +40,16 @@ Every option also comes from its STEPBARRIER_* variable, e.g.:
 @click.version_option(__version__, prog_name="stepbarrier")
 def cli() -> None:
     """Hold distributed-training workers until the chief reaches a global step."""
+
+
+def _demo_job(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    # checked as it is parsed (exit 2), before the demo looks for TensorFlow
+    if value is None:
+        return None
+    try:
+        return validate_job(value, variable="--job")
+    except ConfigurationError as exc:
+        raise click.BadParameter(str(exc).removeprefix("--job ")) from None
 
 
 @cli.command(epilog=DEMO_EXIT_CODES)
@@ -60,13 +72,19 @@ def cli() -> None:
 )
 @click.option(
     "--step-sleep",
-    type=click.FloatRange(0, 5),
+    type=FiniteFloatRange(0, 5),
     default=None,
     metavar="SECONDS",
     help="Extra seconds after each training step (default: chosen so the chief alone "
     "takes about 10 s to reach the first worker's step).",
 )
-@click.option("--job", default=None, metavar="NAME", help="Job name (default demo-<random>).")
+@click.option(
+    "--job",
+    default=None,
+    metavar="NAME",
+    callback=_demo_job,
+    help="Job name (default demo-<random>).",
+)
 @click.option("--example", default=None, hidden=True, help="Training script to run.")
 @click.option(
     "--redis-kind",

@@ -13,7 +13,13 @@ import click
 from rich.console import Console
 from rich.live import Live
 
-from stepbarrier.cli.reporting import EXIT_CODES, connection_options, current_session, reporting
+from stepbarrier.cli.reporting import (
+    EXIT_CODES,
+    FiniteFloatRange,
+    connection_options,
+    current_session,
+    reporting,
+)
 from stepbarrier.cli.status_view import live_view, status_view
 from stepbarrier.errors import RedisUnavailable
 from stepbarrier.status import read_status
@@ -49,7 +55,7 @@ def status(as_json: bool) -> None:
 @click.option("--until-done", is_flag=True, help="Stop (exit 0) once the chief marks the job done.")
 @click.option(
     "--interval",
-    type=click.FloatRange(0.05, 60),
+    type=FiniteFloatRange(0.05, 60),
     default=0.5,
     show_default=True,
     help="Seconds between refreshes.",

@@ -8,7 +8,10 @@ job, or those whose names match ``--job`` (a name, or a glob such as
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import json
+import re
 import signal
 import threading
 from collections.abc import Callable
@@ -23,12 +26,14 @@ from stepbarrier.cli.job_listing import list_jobs
 from stepbarrier.cli.jobs_view import jobs_view
 from stepbarrier.cli.reporting import (
     EXIT_CODES,
+    FiniteFloatRange,
     current_session,
     reporting,
     reporting_warnings,
     server_options,
 )
 from stepbarrier.config import BarrierConfig
+from stepbarrier.config_checks import MAX_JOB_NAME
 from stepbarrier.connection import describe_redis
 from stepbarrier.errors import ConfigurationError
 
@@ -47,10 +52,38 @@ def server_config() -> BarrierConfig:
 
 
 def _pattern(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    if len(value) > MAX_JOB_NAME:  # refused on its length alone, and shown cut short
+        raise click.BadParameter(
+            f"a job name or pattern is at most {MAX_JOB_NAME} characters, got {len(value)} "
+            f"({value[:40]!r}...)"
+        )
     try:
         return validate_jobs_pattern(value)
     except ConfigurationError as exc:
         raise click.BadParameter(str(exc)) from None
+
+
+_HOST_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+MAX_HOST_NAME = 253
+"""The longest host name (RFC 1035); a label is at most 63 characters."""
+
+
+def _bind(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """``--bind``: an IP address or a host name, checked before anything listens."""
+    with contextlib.suppress(ValueError):
+        ipaddress.ip_address(value)
+        return value
+    name = value[:-1] if value.endswith(".") else value
+    if 0 < len(name) <= MAX_HOST_NAME and all(
+        _HOST_LABEL.fullmatch(label) for label in name.split(".")
+    ):
+        return value
+    shown = repr(value) if len(value) <= 60 else f"{len(value)} characters ({value[:40]!r}...)"
+    raise click.BadParameter(
+        "must be an IP address such as 127.0.0.1, 0.0.0.0 (every interface) or :: (no "
+        f"brackets), or a host name of at most {MAX_HOST_NAME} characters (labels of 1 to 63 "
+        f"letters, digits and '-', joined by '.'), got {shown}"
+    )
 
 
 def _pattern_option(metavar: str, help: str) -> Callable[[F], F]:
@@ -111,12 +144,13 @@ def jobs(pattern: str, as_json: bool) -> None:
     default=DEFAULT_BIND,
     show_default=True,
     metavar="ADDRESS",
+    callback=_bind,
     help="Address to listen on (0.0.0.0: every interface, e.g. in a container).",
 )
 @_pattern_option("NAME", "Export only this job, or the jobs a glob such as 'team-a-*' matches.")
 @click.option(
     "--min-interval",
-    type=click.FloatRange(0, 300),
+    type=FiniteFloatRange(0, 300),
     default=MIN_READ_INTERVAL,
     show_default=True,
     metavar="SECONDS",

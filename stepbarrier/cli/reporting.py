@@ -11,16 +11,18 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
 import os
 import re
 import sys
 import traceback
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
+from urllib.parse import unquote
 
 import click
 
-from stepbarrier.config import BarrierConfig
+from stepbarrier.config import BarrierConfig, mask_url
 from stepbarrier.errors import (
     BarrierAborted,
     BarrierTimeout,
@@ -70,16 +72,68 @@ OPTION_FOR_VARIABLE = {
     "STEPBARRIER_REDIS_CLUSTER": "--cluster",
 }
 
-_URL_CREDENTIALS = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^:@/\s]*:)(?P<secret>\S*)@")
+_WHITESPACE = re.compile(r"(\s+)")
+
+log = logging.getLogger("stepbarrier.cli")
+"""The command's own warnings, shown whatever the verbosity (``command_logging``)."""
+_SHOWN_WARNINGS = ("stepbarrier.cli", "stepbarrier.tls")
+"""Loggers whose WARNINGs every command shows; ``stepbarrier.tls`` (a client made
+with weakened TLS, each time) only once per command, unless --debug."""
+
+URL_PASSWORD_WARNING = (
+    "--redis-url holds a password, which every user of this host can read in the process "
+    "list (ps) while the command runs: leave it out of the URL and give it in a file with "
+    "--password-file PATH (or STEPBARRIER_REDIS_PASSWORD_FILE), or in the environment "
+    "(STEPBARRIER_REDIS_PASSWORD, or the whole URL in STEPBARRIER_REDIS_URL)"
+)
 
 
 def mask_secrets(text: str, secrets: Iterable[str | None] = ()) -> str:
-    """``text`` with URL passwords and each of ``secrets`` replaced by ``***``."""
-    text = _URL_CREDENTIALS.sub(r"\g<head>***@", text)
+    """``text`` with URL passwords and each of ``secrets`` replaced by ``***``.
+
+    A URL's password is masked word by word: ``mask_url`` on each word that
+    holds ``://`` (which also masks a ``password=`` query argument). The cost is
+    linear in the length of ``text``, however it is made; a regular expression
+    here took quadratic time on a long word, such as a 100 000-character job
+    name in a message.
+    """
+    words = _WHITESPACE.split(text)
+    for index, word in enumerate(words):
+        if "://" in word:
+            words[index] = mask_url(word)
+    text = "".join(words)
     for secret in secrets:
         if secret:
             text = text.replace(secret, "***")
     return text
+
+
+def url_password(url: str) -> str | None:
+    """The password in ``url`` (as ``mask_url`` finds it: between ``user:`` and the
+    last ``@``), or ``None`` if it holds none."""
+    rest = url.partition("://")[2] or url
+    userinfo, at, _host = rest.rpartition("@")
+    secret = userinfo.partition(":")[2] if at else ""
+    return secret or None
+
+
+class FiniteFloatRange(click.FloatRange):
+    """click's ``FloatRange``, which also refuses ``nan`` and infinities.
+
+    ``nan`` passes every comparison, so ``FloatRange(0.05, 60)`` takes it (and
+    ``time.sleep(nan)`` fails later, as an unexpected error); an open range
+    takes ``inf``. Both are a usage error (exit 2) naming the option here.
+    """
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(
+                f"{number} is not a finite number in the range {self._describe_range()}.",
+                param,
+                ctx,
+            )
+        return number
 
 
 def exit_code_for(exc: BaseException) -> int:
@@ -103,15 +157,25 @@ class _Session:
         self.debug = False
         self.verbose = False
         self.secrets: set[str] = set()
+        self.password_on_command_line = False
 
     def config(self) -> BarrierConfig:
         environ = {**os.environ, **self.overrides}
         if "STEPBARRIER_REDIS_PASSWORD_FILE" in self.overrides:
             environ.pop("STEPBARRIER_REDIS_PASSWORD", None)  # the option wins
         self.secrets.add(environ.get("STEPBARRIER_REDIS_PASSWORD", ""))
+        self.add_url_secret(environ.get("STEPBARRIER_REDIS_URL", ""))
         config = BarrierConfig.from_env(environ)
         self.secrets.add(config.redis_password or "")
         return config
+
+    def add_url_secret(self, url: str) -> bool:
+        """Mask the password of ``url`` too (also percent-decoded); True if it has one."""
+        secret = url_password(url)
+        if secret is None:
+            return False
+        self.secrets.update((secret, unquote(secret)))
+        return True
 
 
 def current_session() -> _Session:
@@ -145,19 +209,41 @@ def command_logging(session: _Session, quiet_level: int) -> Iterator[None]:
     a command must not change that program's logging for good.
     """
     root, library = logging.getLogger(), logging.getLogger("stepbarrier")
-    saved = (root.level, library.level)
+    shown = [logging.getLogger(name) for name in _SHOWN_WARNINGS]
+    saved = (root.level, library.level, [logger.level for logger in shown])
     handler = _StderrHandler()
     handler.setFormatter(_MaskingFormatter(session))
+    if not session.debug:
+        handler.addFilter(_FirstOnly("stepbarrier.tls"))
     root.addHandler(handler)
     root.setLevel(logging.DEBUG if session.debug else logging.WARNING)
     level = logging.DEBUG if session.debug else logging.INFO if session.verbose else quiet_level
     library.setLevel(level)
+    for logger in shown:  # security warnings are shown even when the library is quiet
+        logger.setLevel(min(level, logging.WARNING))
     try:
         yield
     finally:
         root.removeHandler(handler)
         root.setLevel(saved[0])
         library.setLevel(saved[1])
+        for logger, previous in zip(shown, saved[2], strict=True):
+            logger.setLevel(previous)
+
+
+class _FirstOnly(logging.Filter):
+    """Passes the first record of logger ``name`` (and every other logger's records)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.only = name
+        self.seen = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name != self.only:
+            return True
+        first, self.seen = not self.seen, True
+        return first
 
 
 def variable_option(*decls: str, variable: str, help: str, **kwargs: Any) -> Callable[[F], F]:
@@ -165,7 +251,10 @@ def variable_option(*decls: str, variable: str, help: str, **kwargs: Any) -> Cal
 
     def remember(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
         if value is not None:
-            ctx.ensure_object(_Session).overrides[variable] = str(value)
+            session = ctx.ensure_object(_Session)
+            session.overrides[variable] = str(value)
+            if variable == "STEPBARRIER_REDIS_URL" and session.add_url_secret(str(value)):
+                session.password_on_command_line = True  # told once the command logs
         return value
 
     return click.option(
@@ -203,7 +292,8 @@ def _redis_options(command: F, *, job: bool) -> F:
             "--redis-url",
             variable="STEPBARRIER_REDIS_URL",
             metavar="URL",
-            help="Redis URL, e.g. redis://host:6379/0 (default redis://localhost:6379/0).",
+            help="Redis URL, e.g. redis://host:6379/0 (default redis://localhost:6379/0); "
+            "keep the password out of it (ps shows it): use --password-file.",
         ),
         *(
             [variable_option("--job", variable="STEPBARRIER_JOB", metavar="NAME", help="Job name.")]
@@ -220,8 +310,8 @@ def _redis_options(command: F, *, job: bool) -> F:
             "--password-file",
             variable="STEPBARRIER_REDIS_PASSWORD_FILE",
             metavar="PATH",
-            help="File holding the Redis password (never pass a password on the command "
-            "line; STEPBARRIER_REDIS_PASSWORD works too).",
+            help="File holding the Redis password, a regular file of at most 4096 bytes "
+            "(never pass a password on the command line; STEPBARRIER_REDIS_PASSWORD works too).",
         ),
         variable_option(
             "--cluster",
@@ -245,6 +335,8 @@ def reporting(command: F, *, quiet_level: int = logging.CRITICAL) -> F:
         session = current_session()
         try:
             with command_logging(session, quiet_level):
+                if session.password_on_command_line:
+                    log.warning(URL_PASSWORD_WARNING)
                 return command(*args, **kwargs)
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise

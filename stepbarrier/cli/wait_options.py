@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import click
 
-from stepbarrier.cli.reporting import EXIT_TIMEOUT, variable_option
+from stepbarrier.cli.reporting import EXIT_TIMEOUT, FiniteFloatRange, variable_option
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -28,14 +28,14 @@ def timeout_options(stall: str) -> Callable[[F], F]:
     timeout = variable_option(
         "--timeout",
         variable="STEPBARRIER_TIMEOUT",
-        type=click.FloatRange(0, min_open=True),
+        type=FiniteFloatRange(0, min_open=True),
         metavar="SECONDS",
         help=f"Give up (exit {EXIT_TIMEOUT}) after this long; no limit by default.",
     )
     stall_timeout = variable_option(
         "--stall-timeout",
         variable="STEPBARRIER_STALL_TIMEOUT",
-        type=click.FloatRange(0, min_open=True),
+        type=FiniteFloatRange(0, min_open=True),
         metavar="SECONDS",
         help=f"Give up (exit {EXIT_TIMEOUT}) after this long without {stall} (default 600).",
     )
