@@ -44,9 +44,10 @@ class Handover:
 
     # No lock: publish() runs on every training step and must cost a fraction of a
     # microsecond. Each field is one reference, replaced whole (atomic under the
-    # GIL); publish() alone writes the first four, and the rest is written under
-    # the state's lock, which publish() never takes (next_threshold by the writer
-    # and the listener, latest = None by new_generation). A value read a moment
+    # GIL); the training thread alone writes the first four and the last two
+    # (publish(), pause(), and skip_gap in new_generation), and next_threshold is
+    # written under the state's lock, which publish() never takes (by the writer
+    # and the listener; latest = None by new_generation). A value read a moment
     # late counts at the next wake or heartbeat.
     handed_at: float
     latest: int | None = None

@@ -174,6 +174,9 @@ def _scan(client: RedisClient, match: str, calls: list[int]) -> Iterator[bytes |
                 cursor, keys = client.scan(
                     cursor=cursor, match=match, count=SCAN_COUNT, target_nodes=node
                 )
+            if isinstance(cursor, dict):
+                # a cluster client answers {node name: cursor} for the node it asked
+                cursor = next(iter(cursor.values()), 0)
             calls[0] += 1
             yield from keys
             if int(cursor) == 0:
