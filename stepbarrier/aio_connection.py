@@ -33,6 +33,7 @@ from stepbarrier.connection import (
     SOCKET_TIMEOUT,
     retry_settings,
     translate,
+    url_for_client,
 )
 from stepbarrier.connection import _tls_options as tls_options
 from stepbarrier.errors import ConfigurationError
@@ -95,7 +96,7 @@ def make_async_client(config: BarrierConfig) -> AsyncClient:
         options["password"] = config.redis_password
     if config.redis_url.startswith("rediss://"):
         options.update(tls_options(config))
-    return redis.asyncio.Redis.from_url(config.redis_url, **options)
+    return redis.asyncio.Redis.from_url(url_for_client(config), **options)
 
 
 async def call_with_retries(

@@ -16,10 +16,8 @@ from typing import Any
 
 import redis
 
-from stepbarrier.barrier_state import epoch_token, parse_barrier
 from stepbarrier.connection import RedisClient
 from stepbarrier.keys import JobKeys
-from stepbarrier.waiter_registry import printable
 
 STATUS_BARRIERS = 50
 """Most barriers ``status`` reads: those with the latest arrivals."""
@@ -71,64 +69,6 @@ def barrier_keys(client: RedisClient, keys: JobKeys) -> list[bytes]:
         return []  # not a sorted set: reset deletes it, and there is nothing to follow
     prefix = keys.barrier_prefix.encode()
     return [prefix + _to_bytes(member) for member in members]
-
-
-def read_open_barriers(
-    client: RedisClient, keys: JobKeys, now_ms: int, problems: list[str]
-) -> tuple[BarrierInfo, ...]:
-    """The job's open barriers, latest arrival first (at most ``STATUS_BARRIERS`` read).
-
-    Args:
-        client: The job's client.
-        keys: The job's keys.
-        now_ms: Redis's clock, for the ages.
-        problems: Malformed content found is described here.
-    """
-    pipe = client.pipeline(transaction=False)
-    pipe.zrangebyscore(keys.barrier_index, "-inf", "+inf", withscores=True, start=0, num=INDEX_READ)
-    pipe.hgetall(keys.barrier_epoch)
-    index, epoch_fields = pipe.execute(raise_on_error=False)
-    epoch = None
-    if isinstance(epoch_fields, Exception):
-        problems.append("the barrier epoch is malformed (not a hash): every barrier is stale")
-    elif epoch_fields:
-        epoch = epoch_token(epoch_fields.get(b"token"))
-    if isinstance(index, Exception):
-        problems.append(f"barriers not shown: {' '.join(str(index).split())[:160]}")
-        return ()
-    newest = sorted(index, key=lambda pair: -float(pair[1]))[:STATUS_BARRIERS]
-    members = []
-    for member, _score in newest:
-        raw = _to_bytes(member)
-        if _MEMBER.fullmatch(raw) is None:
-            problems.append(f"malformed barrier name in the index: {printable(raw, 40)!r}")
-        else:
-            members.append(raw.decode())
-    if not members:
-        return ()
-    pipe = client.pipeline(transaction=False)
-    for member in members:
-        pipe.hgetall(keys.barrier(member))
-    found = []
-    for member, fields in zip(members, pipe.execute(raise_on_error=False), strict=True):
-        if isinstance(fields, Exception) or not fields:
-            continue  # expired since the index was read, or not a hash: nothing to show
-        state = parse_barrier(member, fields)
-        if state is None:
-            problems.append(f"barrier {member!r} is malformed (no valid number of parties)")
-        elif epoch is not None and state.epoch == epoch and not state.complete:
-            found.append(
-                BarrierInfo(
-                    name=state.name,
-                    run_id=state.run_id,
-                    parties=state.parties,
-                    arrived=len(state.arrivals),
-                    missing=state.missing,
-                    open_for=_age(now_ms, state.created_ms),
-                    last_arrival_age=_age(now_ms, state.last_ms),
-                )
-            )
-    return tuple(found)
 
 
 def _age(now_ms: int, then_ms: int | None) -> float | None:

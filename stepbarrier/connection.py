@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 from typing import Any, TypeAlias, TypeVar, cast
+from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from redis import exceptions as rex
@@ -124,7 +125,7 @@ def make_client(
         options.update(_tls_options(config))
     if config.redis_cluster:
         return _cluster(config, options)
-    client = redis.Redis.from_url(config.redis_url, **options)
+    client = redis.Redis.from_url(url_for_client(config), **options)
     _check_settings(client.connection_pool)
     return client
 
@@ -137,7 +138,28 @@ def _cluster(config: BarrierConfig, options: dict[str, Any]) -> RedisCluster:
     # It reads the map at once: an unreachable seed is a ConnectionError here,
     # which the callers retry like any other.
     del options["retry"]  # RedisCluster takes its retry object apart from the nodes'
-    return RedisCluster.from_url(config.redis_url, **options)
+    return RedisCluster.from_url(url_for_client(config), **options)
+
+
+def url_for_client(config: BarrierConfig) -> str:
+    """``config.redis_url`` without the credentials that ``redis_username`` and
+    ``redis_password`` replace: redis-py lets a URL's user and password win over
+    the options given beside it, and the settings are meant to win."""
+    url = config.redis_url
+    if config.redis_username is None and config.redis_password is None:
+        return url
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    userinfo, host = parts.netloc.rsplit("@", 1)
+    user, has_password, password = userinfo.partition(":")
+    if config.redis_username is not None:
+        user = ""
+    if config.redis_password is not None:
+        has_password, password = "", ""
+    kept = f"{user}{has_password}{password}"
+    netloc = f"{kept}@{host}" if kept else host
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def refresh_topology(client: RedisClient) -> None:

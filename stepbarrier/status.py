@@ -47,6 +47,10 @@ __all__ = ["STATUS_RETRY_SECONDS", "BarrierInfo", "JobStatus", "WaiterInfo", "re
 
 STATUS_RETRY_SECONDS = 5.0
 """How long ``read_status`` retries an unreachable Redis before giving up."""
+_NOT_LISTED = (
+    "this user may not list them (ZRANGEBYSCORE: a worker's password holds no range "
+    "read); read the status as the monitor user"
+)
 MAX_HEARTBEAT_PERIOD_MS = 3_600_000
 """Longest heartbeat period (ms) a chief may state: the config's own limit."""
 MAX_BARRIER_INDEX_READ = 2 * MAX_BARRIER_INDEX
@@ -172,7 +176,7 @@ def _read(
     reset_ms = _reset_ms(reset_raw, problems)
     if isinstance(index_raw, redis.exceptions.NoPermissionError):
         # a user that may read the state but not the index still sees the step
-        problems.append(f"waiters not shown: {' '.join(str(index_raw).split())[:160]}")
+        problems.append(f"waiters not shown: {_NOT_LISTED}")
         index_raw = []
     index = parse_index(index_raw, problems, limit=max_waiters or MAX_INDEXED)
     waiters = read_entries(client, keys, index, problems)
@@ -220,9 +224,13 @@ def _open_barriers(
         return ()
     index: list[Any] = []
     if size:
-        index = client.zrangebyscore(
-            keys.barrier_index, "-inf", "+inf", start=0, num=size, withscores=True
-        )
+        try:
+            index = client.zrangebyscore(
+                keys.barrier_index, "-inf", "+inf", start=0, num=size, withscores=True
+            )
+        except redis.exceptions.NoPermissionError:
+            problems.append(f"barriers not shown: {_NOT_LISTED}")
+            return ()
     newest = sorted(index, key=lambda pair: -float(pair[1]))[:STATUS_BARRIERS]
     members = []
     for member, _score in newest:

@@ -70,7 +70,7 @@ def live_job(
         chief.publish(step)
         assert chief.flush(10)
         waiting = [Waiting(worker, target) for target in waits]
-        eventually(lambda: len(read_status(worker).waiters) == len(waits), what="registered")
+        eventually(lambda: len(read_status(config).waiters) == len(waits), what="registered")
         if done:
             chief.close(done=True)
         yield chief

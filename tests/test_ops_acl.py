@@ -319,7 +319,7 @@ def test_on_a_replica_the_start_script_takes_the_library_from_the_primary(
         monitor = replica.as_user("monitor")
         try:
             deadline = time.monotonic() + 30
-            while monitor.hgetall(f"stepbarrier:{{{job}}}:state").get(b"step") != b"2":
+            while monitor.hmget(f"stepbarrier:{{{job}}}:state", ["step"])[0] != b"2":
                 assert time.monotonic() < deadline, "the replica never got the step"
                 time.sleep(0.05)
         finally:

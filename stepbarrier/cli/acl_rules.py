@@ -35,51 +35,95 @@ _RESET = "resetkeys resetchannels -@all"
 # and the command table when it starts (metadata only; refused on a server
 # without cluster mode, harmless there).
 _CONNECT = "+select +cluster|slots +command"
-# What `status` runs (also `watch`, and `publish` before it writes): FCALL_RO
-# waiter_read (TIME, TYPE, STRLEN, GET, HLEN, HSTRLEN, HMGET: the state, the
-# reset marker and the barriers, sizes checked before anything is read, with the
-# clock of the node that holds them), then ZCARD and ZRANGEBYSCORE (with LIMIT)
-# of the targets and barrier indexes, and HLEN, HSTRLEN and HMGET of the waiter
-# entries they name (never HGETALL, which only redis-cli uses: an entry is
-# whatever a worker wrote). FUNCTION LIST: a missing or other library version
-# is named in the error.
-_STATUS = (
-    "+fcall_ro +function|list +time +type +get +hgetall +zrangebyscore "
-    "+strlen +hlen +hstrlen +hmget +zcard"
-)
+# What every job role reads through the library: FCALL_RO waiter_read (TIME,
+# TYPE, STRLEN, GET, HLEN, HSTRLEN, HMGET: the state, the reset marker and the
+# barriers, sizes checked before anything is read, with the clock of the node
+# that holds them); FUNCTION LIST names a missing or other library version in
+# the error. Every one of these costs O(1) or O(its arguments) whatever a role
+# wrote (HMGET of known fields, never HGETALL: an entry is whatever a worker
+# wrote, and HGETALL of a million fields holds Redis for 0.7 s).
+_READS = "+fcall_ro +function|list +time +type +get +strlen +hlen +hstrlen +hmget +zcard"
+# What `status` and `watch` run besides (and `publish` before it writes): ZCARD
+# then ZRANGEBYSCORE (always with LIMIT) of the targets and barrier indexes,
+# then HLEN, HSTRLEN and HMGET of the waiter entries they name.
+_LISTING = "+zrangebyscore"
 
 _COMMANDS = {
     # +fcall: begin_generation, publish_step, reset_job, may_write (the declared
     # keys need read and write). Inside them: TIME, TYPE, HGET, EXISTS, GET,
-    # HSET, DEL, UNLINK, SET, EXPIRE, ZCOUNT, ZRANGEBYSCORE, ZREMRANGEBYRANK,
+    # HSET, UNLINK, SET, EXPIRE, ZCOUNT, ZRANGEBYSCORE, ZREMRANGEBYRANK,
     # PUBLISH (SPUBLISH on a Redis Cluster: a sharded channel, in the job's
     # slot). Outside: BLPOP on the registrations (hears new waiters at once)
     # then LPOP of a batch of them, and `reset` (UNLINK of waiter entries by
     # batches, EXISTS). Named barriers (the chief is task 0): barrier_arrive
-    # (TYPE, HGET, HSET, DEL, UNLINK, EXPIRE, ZCARD, ZADD, ZREMRANGEBYSCORE,
-    # ZREMRANGEBYRANK, PUBLISH/SPUBLISH), then SUBSCRIBE (SSUBSCRIBE) to the
-    # barrier channel; EXPIRE of a finished run's barriers.
-    "chief": f"{_CONNECT} +fcall {_STATUS} +hget +exists +hset +del +set +expire "
+    # (TYPE, HGET, HSET, UNLINK, EXPIRE, ZCARD, ZADD, ZREMRANGEBYSCORE and
+    # ZREMRANGEBYRANK to prune the barrier index, PUBLISH/SPUBLISH), then
+    # SUBSCRIBE (SSUBSCRIBE) to the barrier channel; EXPIRE of a finished run's
+    # barriers. The range commands (ZRANGEBYSCORE, ZREMRANGEBY*) cost as much
+    # as the range: the library bounds every range it passes, but the chief's
+    # password could pass any (docs/reliability-security.md#threat-model).
+    "chief": f"{_CONNECT} +fcall {_READS} {_LISTING} +hget +exists +hset +set +expire "
     "+zremrangebyscore +publish +spublish +blpop +zadd +zremrangebyrank +subscribe +ssubscribe "
     "+unlink +zcount +lpop",
-    # +fcall: waiter_register (EXPIRE, UNLINK, HSET, ZADD, LLEN, RPUSH, LTRIM)
-    # and waiter_leave (UNLINK, TYPE, ZREM), which declare only what a waiter
+    # Only commands whose cost is bounded by their arguments (which
+    # client-query-buffer-limit bounds) whatever the worker wrote itself: no
+    # range read or range removal, no HGETALL, UNLINK rather than DEL (and
+    # the shipped redis.conf frees lazily what expires or is overwritten).
+    # +fcall: waiter_register (EXPIRE, UNLINK, HSET, ZADD, LLEN, RPUSH, LTRIM:
+    # a list is trimmed node by node, 0.3 ms for a million entries) and
+    # waiter_leave (UNLINK, TYPE, ZREM), which declare only what a waiter
     # writes; the state and the reset marker it reads with waiter_read (FCALL_RO,
     # which declares them read-only). SUBSCRIBE (SSUBSCRIBE on a Redis Cluster):
     # the job's channel; a wait ends by closing its connection, never by
-    # UNSUBSCRIBE. Named barriers: barrier_arrive (also HGET, ZREMRANGEBYSCORE,
-    # ZREMRANGEBYRANK) on the barrier keys only, and its announcement (below:
-    # _BARRIER_NEWS).
-    "worker": f"{_CONNECT} +fcall {_STATUS} +hset +del +expire +zadd +zrem +rpush +ltrim "
-    "+subscribe +ssubscribe +hget +zremrangebyscore +zremrangebyrank +unlink +llen",
+    # UNSUBSCRIBE. Named barriers: barrier_arrive (also HGET; its pruning of the
+    # barrier index is the chief's, refused and skipped for a worker) on the
+    # barrier keys only, and its announcement (below: _BARRIER_NEWS). `status`
+    # and `watch` take the monitor user.
+    "worker": f"{_CONNECT} +fcall {_READS} +hset +expire +zadd +zrem +rpush +ltrim "
+    "+subscribe +ssubscribe +hget +unlink +llen",
     # The status reads only (no FCALL: nothing that may write); PING for health
     # checks and ZRANGE for redis-cli (docs/operations.md#through-the-redis-keys).
     # SCAN: `stepbarrier jobs` and the exporter find the jobs by their state keys
     # (there is no index of jobs), with a bounded COUNT. SCAN names no key, so the
     # key patterns do not confine it: it shows the names (never the contents) of
     # every key, other teams' jobs included.
-    "monitor": f"{_CONNECT} {_STATUS} +ping +zrange +scan",
+    "monitor": f"{_CONNECT} {_READS} {_LISTING} +ping +zrange +scan",
 }
+
+WORKER_BOUNDED = frozenset(
+    [
+        "select",
+        "cluster|slots",
+        "command",
+        "fcall",
+        "fcall_ro",
+        "function|list",
+        "time",
+        "type",
+        "get",
+        "strlen",
+        "hlen",
+        "hstrlen",
+        "hmget",
+        "zcard",
+        "hset",
+        "expire",
+        "zadd",
+        "zrem",
+        "rpush",
+        "ltrim",
+        "subscribe",
+        "ssubscribe",
+        "hget",
+        "unlink",
+        "llen",
+        "publish",
+        "spublish",
+    ]
+)
+"""The commands a worker may run, each of bounded cost whatever the worker wrote
+before: O(1), O(log N) or O(its arguments), or (LTRIM, UNLINK) freeing memory
+without touching each element on Redis's main thread."""
 
 _BARRIER_NEWS = "({publish} &{channel})"
 """A worker's ACL selector: the last arrival at a barrier announces it (PUBLISH, or

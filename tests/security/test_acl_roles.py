@@ -30,6 +30,7 @@ OPERATIONS = ["publish", "wait", "status", "reset", "arrive"]
 ALLOWED = {
     # the chief subscribes for its own barrier arrivals, so it may wait for a step too
     "chief": {"publish", "wait", "status", "reset", "arrive"},
+    # the worker's status shows the step, not the waiters (a range read: below)
     "worker": {"wait", "status", "arrive"},
     "monitor": {"status"},
 }
@@ -121,6 +122,24 @@ def test_each_role_may_do_exactly_its_operations(
     message = str(info.value)
     assert info.value.kind == "permission", message
     assert "permission" in message.lower() or "NOPERM" in message or "may not" in message
+
+
+def test_a_workers_status_shows_the_step_and_says_why_not_the_waiters(
+    acl_server: RedisServer, job: str
+) -> None:
+    seed(acl_server, job)
+    chief, worker = as_user(acl_server, job, "chief"), as_user(acl_server, job, "worker")
+    keys = chief.keys
+    admin = acl_server.client(username="chief", password=PASSWORDS["chief"])
+    admin.zadd(keys.targets, {"w1": 9})  # a waiter, so that the listing must read
+    admin.zadd(keys.barrier_index, {"start": 1})
+    status = read_status(worker)
+    assert status.step == 3 and status.waiters == ()
+    shown = " ".join(status.problems)
+    assert "waiters not shown" in shown and "barriers not shown" in shown
+    assert "monitor user" in shown
+    assert "not shown" not in " ".join(read_status(chief).problems)
+    admin.close()
 
 
 def test_the_refusal_names_the_user_and_the_acl_file(acl_server: RedisServer, job: str) -> None:

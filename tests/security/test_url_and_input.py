@@ -14,6 +14,7 @@ showing the output that holds it.
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import ipaddress
 import logging
@@ -677,3 +678,69 @@ def test_a_bad_bind_is_a_usage_error_naming_the_option(bind: str) -> None:
 )
 def test_a_good_bind_is_taken(bind: str) -> None:
     assert _bind(None, None, bind) == bind  # type: ignore[arg-type]
+
+
+# The username and password settings win over a URL's credentials
+
+
+@pytest.fixture
+def user_server(redis_server: RedisServer) -> Iterator[tuple[RedisServer, str, str]]:
+    admin = redis_server.client()
+    user, password = "precedence-user", "precedence-secret-1"
+    admin.acl_setuser(user, enabled=True, passwords=[f"+{password}"], commands=["+@all"])
+    yield redis_server, user, password
+    admin.acl_deluser(user)
+    admin.close()
+
+
+@pytest.mark.parametrize(
+    ("credentials", "give_user", "expected"),
+    [
+        ("wrong-user:wrong-pass@", True, "precedence-user"),  # both replaced
+        ("precedence-user:bad@", False, "precedence-user"),  # the password replaced
+        (":wrong-pass@", False, "default"),  # no user anywhere: the default user
+    ],
+)
+def test_the_settings_win_over_the_urls_credentials(
+    user_server: tuple[RedisServer, str, str], credentials: str, give_user: bool, expected: str
+) -> None:
+    server, user, password = user_server
+    url = server.url.replace("redis://", f"redis://{credentials}")
+    config = BarrierConfig(
+        job="precedence",
+        redis_url=url,
+        redis_username=user if give_user else None,
+        redis_password=password,
+    )
+    client = make_client(config)
+    assert client.acl_whoami() == expected
+    client.close()
+
+
+def test_the_urls_credentials_stand_without_settings(
+    user_server: tuple[RedisServer, str, str],
+) -> None:
+    server, user, password = user_server
+    url = server.url.replace("redis://", f"redis://{user}:{password}@")
+    client = make_client(BarrierConfig(job="precedence", redis_url=url))
+    assert client.acl_whoami() == user
+    client.close()
+
+
+def test_the_async_client_takes_the_settings_over_the_urls_too(
+    user_server: tuple[RedisServer, str, str],
+) -> None:
+    server, user, password = user_server
+    url = server.url.replace("redis://", "redis://wrong-user:wrong-pass@")
+    config = BarrierConfig(
+        job="precedence", redis_url=url, redis_username=user, redis_password=password
+    )
+
+    async def whoami() -> str:
+        client = make_async_client(config)
+        try:
+            return str(await client.acl_whoami())
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(whoami()) == user
