@@ -67,6 +67,7 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check stepbarrier
 	$(VENV)/bin/mypy stepbarrier
+	$(VENV)/bin/lint-imports --no-cache
 
 # The documentation site: --strict turns a broken link, a missing page or an
 # unresolved API reference into a failure.

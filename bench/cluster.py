@@ -306,7 +306,7 @@ def main() -> None:
     started = time.monotonic()
     load_before = load_average()
     with RedisServer() as server, LocalRedisCluster() as cluster:
-        from stepbarrier.redis_code import install_functions
+        from stepbarrier._redis.functions import install_functions
 
         client = cluster.client()
         install_functions(client)  # on every master, as an administrator would

@@ -76,7 +76,7 @@ PARTS = ("independent", "async", "floor10k", "distinct")
 
 def sync_role(url: str, job: str, threads: int, trials: int, profile: bool) -> None:
     from stepbarrier import BarrierConfig, StepWaiter
-    from stepbarrier.subscription import Subscription
+    from stepbarrier._redis.subscription import Subscription
 
     arrived = threading.local()
     if profile:  # when the announcement reached the waiter's thread
@@ -407,7 +407,7 @@ def floor10k(server: RedisServer, quick: bool) -> dict[str, Any]:
 
 def status_costs(url: str, job: str, client: redis.Redis) -> dict[str, Any]:
     from stepbarrier import BarrierConfig, read_status
-    from stepbarrier.waiter_summary import read_overview
+    from stepbarrier._inspect.summary import read_overview
 
     config = BarrierConfig(job=job, redis_url=url)
     out: dict[str, Any] = {}
@@ -452,8 +452,8 @@ def static_fleet(url: str, total: int) -> str:
     """A job with ``total`` registered waiters (their own registration calls, pipelined)
     and none of them live: ``status`` measured without the waiters' own traffic."""
     from stepbarrier import BarrierConfig
-    from stepbarrier.redis_code import RedisCode
-    from stepbarrier.waiter_link import register_call, registry_entry
+    from stepbarrier._redis.functions import RedisCode
+    from stepbarrier._worker.links import register_call, registry_entry
 
     job = f"fleet-status-{uuid.uuid4().hex[:6]}"
     config = BarrierConfig(job=job, redis_url=url, task_id=1)

@@ -23,7 +23,7 @@ from typing import Any
 
 import redis
 
-from stepbarrier.cli.local_cluster import EmbeddedRedis
+from stepbarrier.cli._demo.local_processes import EmbeddedRedis
 
 BENCH_DIR = Path(__file__).resolve().parent
 ROOT = BENCH_DIR.parent

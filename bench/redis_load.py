@@ -16,7 +16,7 @@ The idle waiter waits for a step that never comes while a chief publishes 10
 steps/s on the same server; its commands are the total minus the chief's
 writes (the publisher counts them). Its target is in round trips: a waiter's
 periodic check is two calls in one pipeline (``FCALL`` to register,
-``FCALL_RO`` to read; see ``stepbarrier/waiter_link.py``), so each read that
+``FCALL_RO`` to read; see ``stepbarrier/_worker/links.py``), so each read that
 travelled with a register counts once.
 
 Usage: ``python bench/redis_load.py [--quick]``.
@@ -213,8 +213,8 @@ def capacity(requests: int) -> dict[str, Any]:
     one full core; commandstats give the server time inside each script.
     """
     from stepbarrier import BarrierConfig
-    from stepbarrier.redis_code import function_name, install_functions
-    from stepbarrier.waiter_link import REGISTRY_TTL
+    from stepbarrier._redis.functions import function_name, install_functions
+    from stepbarrier._worker.links import REGISTRY_TTL
 
     config = BarrierConfig(job="capacity", redis_url="redis://127.0.0.1:1/0")
     keys = config.keys

@@ -76,7 +76,7 @@ from harness import (
     summarize,
 )
 
-from stepbarrier.cli.local_cluster import free_port
+from stepbarrier.cli._demo.local_processes import free_port
 
 PERIODS = (0.01, 0.2)
 """The chief's step periods (seconds) of the wake-latency phases."""

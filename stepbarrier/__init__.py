@@ -10,10 +10,15 @@ and ``tenacity``; TensorFlow and Keras live in ``stepbarrier.tf_hooks`` and
 ``stepbarrier.keras_callbacks``. Importing stepbarrier contacts no server.
 """
 
-from stepbarrier import _moved
-from stepbarrier.barrier import Barrier
-from stepbarrier.barrier_state import BarrierState
-from stepbarrier.config import BarrierConfig
+from stepbarrier._barriers.barrier import Barrier
+from stepbarrier._barriers.index import BarrierInfo
+from stepbarrier._chief.publisher import StepPublisher
+from stepbarrier._config.schedule import schedule_wait_until_step
+from stepbarrier._config.settings import BarrierConfig
+from stepbarrier._inspect.registry import WaiterInfo
+from stepbarrier._inspect.status import JobStatus, read_status
+from stepbarrier._protocol.barrier_record import BarrierState
+from stepbarrier._worker.waiter import StepSource, StepWaiter
 from stepbarrier.errors import (
     BarrierAborted,
     BarrierTimeout,
@@ -22,14 +27,9 @@ from stepbarrier.errors import (
     RedisUnavailable,
     StepBarrierError,
 )
-from stepbarrier.publisher import StepPublisher
-from stepbarrier.schedule import schedule_wait_until_step
-from stepbarrier.status import BarrierInfo, JobStatus, WaiterInfo, read_status
-from stepbarrier.waiter import StepSource, StepWaiter
 
 __version__ = "0.1.0"
 
-_moved.alias_moved_modules()  # the operator modules' old names: stepbarrier.exporter, ...
 
 __all__ = [
     "Barrier",

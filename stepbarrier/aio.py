@@ -1,15 +1,15 @@
 """A worker's side for asyncio: many concurrent waits on one event loop, two connections.
 
 ``AsyncStepWaiter.wait`` has the semantics and the errors of
-``StepWaiter.wait`` (the decisions are the same code, ``stepbarrier.wait_rules``):
+``StepWaiter.wait`` (the decisions are the same code, ``stepbarrier._worker.wait_state``):
 a wait registers, reads the stored state and then waits for announcements,
 reading the state again every ``fallback_interval``, after every reconnect
 and at every deadline. What differs is the I/O. However many waits run at
 once on one ``AsyncStepWaiter``, they share one subscription to the job's
-channel (``stepbarrier.aio_subscription``: an announcement is received and
+channel (``stepbarrier._worker.aio_subscription``: an announcement is received and
 parsed once, then handed to every wait) and one command connection, on which
 their registrations, reads and unregistrations go in pipelines
-(``stepbarrier.aio_batch``).
+(``stepbarrier._worker.aio_batch``).
 
 A wait that asyncio cancels (``asyncio.wait_for``, ``Task.cancel``) removes
 its registry entry before the cancellation completes.
@@ -31,26 +31,32 @@ import time
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 
-from stepbarrier.aio_batch import CallBatcher
-from stepbarrier.aio_connection import (
+from stepbarrier._config.settings import BarrierConfig
+from stepbarrier._protocol.wire import StepAnnouncement
+from stepbarrier._redis.aio_client import (
     AsyncClient,
     AsyncRedisCode,
     call_with_retries,
     check_async_support,
     make_async_client,
 )
-from stepbarrier.aio_subscription import Announcement, Ended, Lost, Mailbox, SharedSubscription
-from stepbarrier.config import BarrierConfig
-from stepbarrier.errors import BarrierTimeout, RedisUnavailable, StepBarrierError
-from stepbarrier.protocol import StepAnnouncement
-from stepbarrier.wait_rules import ReadNow, WaitRules, wait_target
-from stepbarrier.waiter_link import (
+from stepbarrier._worker.aio_batch import CallBatcher
+from stepbarrier._worker.aio_subscription import (
+    Announcement,
+    Ended,
+    Lost,
+    Mailbox,
+    SharedSubscription,
+)
+from stepbarrier._worker.links import (
     Snapshot,
     leave_call,
     new_waiter_id,
     register_call,
     registry_entry,
 )
+from stepbarrier._worker.wait_state import ReadNow, WaitRules, wait_target
+from stepbarrier.errors import BarrierTimeout, RedisUnavailable, StepBarrierError
 
 log = logging.getLogger("stepbarrier.aio")
 

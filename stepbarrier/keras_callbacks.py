@@ -53,17 +53,17 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
         name=exc.name,
     ) from exc
 
-from stepbarrier.config import BarrierConfig
-from stepbarrier.environment import barrier_parties_from_env, barrier_role_from_env
-from stepbarrier.errors import ConfigurationError
-from stepbarrier.keras_barrier_callbacks import (
+from stepbarrier._chief.publisher import StepPublisher
+from stepbarrier._config.environment import barrier_parties_from_env, barrier_role_from_env
+from stepbarrier._config.settings import BarrierConfig
+from stepbarrier._integrations.keras_barriers import (
     EndBarrierCallback,
     StartBarrierCallback,
     barrier_callbacks,
 )
-from stepbarrier.publisher import StepPublisher
-from stepbarrier.target_step import target_step
-from stepbarrier.waiter import StepWaiter
+from stepbarrier._integrations.wait_until_step import target_step
+from stepbarrier._worker.waiter import StepWaiter
+from stepbarrier.errors import ConfigurationError
 
 __all__ = [
     "EndBarrierCallback",

@@ -11,10 +11,10 @@ one for the host it runs on::
         ...
 
 The start and end of training get named barriers (``StartBarrierHook``,
-``EndBarrierHook``, from ``stepbarrier.tf_barrier_hooks``):
+``EndBarrierHook``, from ``stepbarrier._integrations.barrier_hooks``):
 ``hooks_from_env(start_barrier=True, end_barrier=True)``. The chief's hook
-lives in ``stepbarrier.tf_publisher_hook`` and the schedule of its step fetches
-in ``stepbarrier.fetch_schedule``; all are importable from here.
+lives in ``stepbarrier._integrations.publisher_hook`` and the schedule of its step fetches
+in ``stepbarrier._integrations.fetch_schedule``; all are importable from here.
 
 Lifecycle rules shared with TensorFlow's hook: ``begin()`` raises
 ``RuntimeError`` when the graph has no global step; ``wait_until_step <= 0``
@@ -52,16 +52,20 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
         f"stepbarrier.tf_hooks could not import TensorFlow: {exc}", name=exc.name
     ) from exc
 
-from stepbarrier.config import BarrierConfig
-from stepbarrier.environment import barrier_parties_from_env, barrier_role_from_env, job_in_env
-from stepbarrier.fetch_schedule import FETCH_EVERY, FETCH_WITHIN, StepLead
-from stepbarrier.publisher import StepPublisher
-from stepbarrier.target_step import target_step
-from stepbarrier.tf_barrier_hooks import EndBarrierHook, StartBarrierHook, barrier_hooks
-from stepbarrier.tf_global_step import global_step_or_raise
-from stepbarrier.tf_logging import follow_tensorflow_logging
-from stepbarrier.tf_publisher_hook import GlobalStepPublisherHook
-from stepbarrier.waiter import SOURCE_SOCKET_TIMEOUT, StepSource, StepWaiter
+from stepbarrier._chief.publisher import StepPublisher
+from stepbarrier._config.environment import (
+    barrier_parties_from_env,
+    barrier_role_from_env,
+    job_in_env,
+)
+from stepbarrier._config.settings import BarrierConfig
+from stepbarrier._integrations.barrier_hooks import EndBarrierHook, StartBarrierHook, barrier_hooks
+from stepbarrier._integrations.fetch_schedule import FETCH_EVERY, FETCH_WITHIN, StepLead
+from stepbarrier._integrations.global_step import global_step_or_raise
+from stepbarrier._integrations.publisher_hook import GlobalStepPublisherHook
+from stepbarrier._integrations.tf_logging import follow_tensorflow_logging
+from stepbarrier._integrations.wait_until_step import target_step
+from stepbarrier._worker.waiter import SOURCE_SOCKET_TIMEOUT, StepSource, StepWaiter
 
 __all__ = [
     "EndBarrierHook",

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import redis
 
-from stepbarrier.cli.acl_rules import password_hash
-from stepbarrier.redis_code import LIBRARY_NAME
+from stepbarrier._protocol.roles import password_hash
+from stepbarrier._redis.functions import LIBRARY_NAME
 from tests.conftest import ROOT
 from tests.redis_harness import RedisServer
 

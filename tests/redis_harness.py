@@ -17,7 +17,7 @@ from pathlib import Path
 
 import redis
 
-from stepbarrier.cli.local_cluster import free_port
+from stepbarrier.cli._demo.local_processes import free_port
 
 
 def redis_binary() -> str:

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from stepbarrier import ConfigurationError
-from stepbarrier.cli.acl_rules import (
+from stepbarrier._protocol.keys import JobKeys
+from stepbarrier._protocol.roles import (
     ADMIN_ROLES,
     JOB_ROLES,
     ROLES,
@@ -28,8 +29,7 @@ from stepbarrier.cli.acl_rules import (
     role_rules,
     rules_for,
 )
-from stepbarrier.cli.reporting import EXIT_USAGE
-from stepbarrier.keys import JobKeys
+from stepbarrier.cli._context import EXIT_USAGE
 from tests.conftest import subprocess_env
 
 CLI = [sys.executable, "-m", "stepbarrier", "acl"]

@@ -21,11 +21,11 @@ from stepbarrier import (
     StepPublisher,
     read_status,
 )
+from stepbarrier._inspect.reset import reset_job
+from stepbarrier._redis.functions import LIBRARY_NAME
+from stepbarrier._worker.aio_subscription import Mailbox, SharedSubscription
 from stepbarrier.aio import AsyncStepWaiter
-from stepbarrier.aio_subscription import Mailbox, SharedSubscription
-from stepbarrier.cli.local_cluster import free_port
-from stepbarrier.redis_code import LIBRARY_NAME
-from stepbarrier.reset import reset_job
+from stepbarrier.cli._demo.local_processes import free_port
 
 T = TypeVar("T")
 

@@ -24,9 +24,9 @@ from stepbarrier import (
     ConfigurationError,
     read_status,
 )
-from stepbarrier.barrier_state import MAX_PARTIES
-from stepbarrier.environment import barrier_parties_from_env
-from stepbarrier.reset import RESET_MARKER_TTL, reset_job
+from stepbarrier._config.environment import barrier_parties_from_env
+from stepbarrier._inspect.reset import RESET_MARKER_TTL, reset_job
+from stepbarrier._protocol.barrier_record import MAX_PARTIES
 from tests.conftest import subprocess_env
 
 CLI = [sys.executable, "-m", "stepbarrier"]

@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from stepbarrier import Barrier, BarrierConfig, RedisRefused, read_status
-from stepbarrier.job_finish import finish_job
+from stepbarrier._barriers.finish import finish_job
 from tests.conftest import subprocess_env
 from tests.ops_redis import (
     HARNESS_LINE,

@@ -12,7 +12,13 @@ from collections.abc import Callable
 import pytest
 
 from stepbarrier import Barrier, BarrierConfig, BarrierTimeout, ConfigurationError, read_status
-from stepbarrier.barrier_arrival import Arrival, BarrierSpec, arrive, arrive_at_end, check_task
+from stepbarrier._integrations.barrier_arrival import (
+    Arrival,
+    BarrierSpec,
+    arrive,
+    arrive_at_end,
+    check_task,
+)
 
 log = logging.getLogger("tests.barrier_arrival")
 

@@ -22,7 +22,7 @@ from stepbarrier import (
     read_status,
 )
 from stepbarrier.cli import cli
-from stepbarrier.cli.reporting import exit_code_for, mask_secrets
+from stepbarrier.cli._context import exit_code_for, mask_secrets
 from tests.conftest import subprocess_env
 from tests.redis_harness import RedisServer, free_port
 

@@ -14,9 +14,9 @@ import compose
 import pytest
 
 from stepbarrier import BarrierConfig
-from stepbarrier.cli.acl_rules import password_hash
-from stepbarrier.config import ENVIRONMENT_VARIABLES
-from stepbarrier.redis_code import LIBRARY_VERSION, function_name
+from stepbarrier._config.defaults import ENVIRONMENT_VARIABLES
+from stepbarrier._protocol.roles import password_hash
+from stepbarrier._redis.functions import LIBRARY_VERSION, function_name
 from tests.conftest import ROOT
 from tests.ops_redis import OPS, PASSWORDS
 from tests.redis_harness import RedisServer

@@ -31,7 +31,7 @@ import pytest
 import redis
 
 from stepbarrier import BarrierConfig, StepPublisher, StepWaiter
-from stepbarrier.redis_code import LIBRARY_NAME
+from stepbarrier._redis.functions import LIBRARY_NAME
 from tests.cluster_harness import cluster_port
 from tests.conftest import ROOT
 from tests.ops_redis import EXAMPLE_OPT_IN, PASSWORDS

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from stepbarrier import BarrierConfig, ConfigurationError
-from stepbarrier.config import ENVIRONMENT_VARIABLES, mask_url
-from stepbarrier.environment import barrier_role_from_env
-from stepbarrier.step_write import finished_ttl
+from stepbarrier._chief.publish_call import finished_ttl
+from stepbarrier._config.checks import mask_url
+from stepbarrier._config.defaults import ENVIRONMENT_VARIABLES
+from stepbarrier._config.environment import barrier_role_from_env
 
 BASE = {"STEPBARRIER_JOB": "mnist-42"}
 

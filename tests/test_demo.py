@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from stepbarrier import BarrierConfig, StepPublisher, StepWaiter, read_status
-from stepbarrier.cli.demo import default_schedule, default_step_sleep
-from stepbarrier.cli.local_cluster import EmbeddedRedis
-from stepbarrier.schedule import schedule_wait_until_step
+from stepbarrier._config.schedule import schedule_wait_until_step
+from stepbarrier.cli._demo.demo import default_schedule, default_step_sleep
+from stepbarrier.cli._demo.local_processes import EmbeddedRedis
 from tests.conftest import subprocess_env
 from tests.redis_harness import pid_alive
 
@@ -58,7 +58,8 @@ def test_default_pace_is_bounded() -> None:
 
 def test_the_demo_and_the_cli_do_not_import_tensorflow() -> None:
     code = (
-        "import sys, stepbarrier.cli, stepbarrier.cli.demo; assert 'tensorflow' not in sys.modules"
+        "import sys, stepbarrier.cli, stepbarrier.cli._demo.demo\n"
+        "assert 'tensorflow' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], env=subprocess_env(), check=True)
 

@@ -16,8 +16,8 @@ from typing import IO
 import pytest
 
 from stepbarrier import BarrierConfig, RedisUnavailable
-from stepbarrier.cli.exporter import JOB_GAUGES, METRIC_NAMES, JobsCollector, serve
-from stepbarrier.cli.job_listing import JobListing, JobSummary
+from stepbarrier._inspect.listing import JobListing, JobSummary
+from stepbarrier.cli._exporter import JOB_GAUGES, METRIC_NAMES, JobsCollector, serve
 from tests.conftest import subprocess_env
 from tests.observability import eventually, job_value, live_job, prefix, scrape
 from tests.redis_harness import RedisServer
@@ -230,7 +230,7 @@ def test_a_port_in_use_is_a_clean_usage_error(redis_server: RedisServer) -> None
 def test_without_prometheus_client_the_error_names_the_extra() -> None:
     block = "import sys; sys.modules['prometheus_client'] = None; "
     made = subprocess.run(
-        [sys.executable, "-c", block + "from stepbarrier.cli.exporter import serve; "
+        [sys.executable, "-c", block + "from stepbarrier.cli._exporter import serve; "
          "from stepbarrier import BarrierConfig; serve(BarrierConfig(job='j'), port=0)"],
         env=subprocess_env(),
         capture_output=True,

@@ -1,10 +1,16 @@
-"""When a writer vouches for its step (stepbarrier.freshness), rule by rule, on its own clock."""
+"""When a writer vouches for its step (``_protocol.freshness``), rule by rule, on its own clock."""
 
 from __future__ import annotations
 
 import math
 
-from stepbarrier.freshness import MIN_CONFIRM, confirm_window, fence_time, stale_after, vouches
+from stepbarrier._protocol.freshness import (
+    MIN_CONFIRM,
+    confirm_window,
+    fence_time,
+    stale_after,
+    vouches,
+)
 
 
 def test_a_step_handed_over_just_now_vouches() -> None:

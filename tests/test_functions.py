@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from stepbarrier import BarrierConfig, RedisRefused, StepPublisher, StepWaiter
-from stepbarrier.redis_code import (
+from stepbarrier._redis.functions import (
     LIBRARY_NAME,
     LIBRARY_VERSION,
     install_functions,

@@ -16,9 +16,9 @@ import redis
 from click.testing import CliRunner, Result
 
 from stepbarrier import BarrierConfig
+from stepbarrier._inspect.listing import find_jobs, job_of_state_key, list_jobs
+from stepbarrier._protocol.keys import JobKeys
 from stepbarrier.cli import cli
-from stepbarrier.cli.job_listing import find_jobs, job_of_state_key, list_jobs
-from stepbarrier.keys import JobKeys
 from tests.conftest import ROOT, subprocess_env
 from tests.observability import live_job, prefix
 from tests.redis_harness import RedisServer
@@ -155,7 +155,7 @@ def test_a_job_gone_between_the_scan_and_its_read_is_left_out(
 ) -> None:
     name = prefix("gone")
     found = [f"{name}-here", f"{name}-reset-meanwhile"]
-    monkeypatch.setattr("stepbarrier.cli.job_listing.find_jobs", lambda *_, **__: found)
+    monkeypatch.setattr("stepbarrier._inspect.listing.find_jobs", lambda *_, **__: found)
     with live_job(jobs_of(f"{name}-here"), 2):
         listing = list_jobs(jobs_of("any"))
     assert [job.job for job in listing.jobs] == [f"{name}-here"]
@@ -174,12 +174,12 @@ def test_past_the_limit_the_listing_says_it_is_incomplete(
 
 def test_the_listing_needs_only_the_core_and_no_command_imports_prometheus_client() -> None:
     allowed = set(sys.stdlib_module_names) | {"redis", "tenacity", "stepbarrier", "__future__"}
-    for line in Path(ROOT, "stepbarrier", "cli", "job_listing.py").read_text().splitlines():
+    for line in Path(ROOT, "stepbarrier", "_inspect", "listing.py").read_text().splitlines():
         words = line.split()
         if len(words) >= 2 and words[0] in ("import", "from"):
             assert words[1].split(".")[0] in allowed, line
     code = (
-        "import sys, stepbarrier.cli, stepbarrier.cli.job_listing; "
+        "import sys, stepbarrier.cli, stepbarrier._inspect.listing; "
         "assert 'prometheus_client' not in sys.modules, 'prometheus_client imported'"
     )
     done = subprocess.run(

@@ -1,14 +1,16 @@
-"""The package's shape: a framework-free core at the top, the operator surface in ``cli``.
+"""The package's shape: a public surface, private sub-packages by side of the protocol.
 
-The operator modules moved into ``stepbarrier.cli``; their old names
-(``stepbarrier.exporter``, ``stepbarrier.cli_reporting``, ...) still import,
-as the very same modules.
+The public modules are ``stepbarrier``, ``stepbarrier.aio``, ``stepbarrier.errors``,
+``stepbarrier.tf_hooks``, ``stepbarrier.keras_callbacks`` and ``stepbarrier.cli``
+(``main`` and ``cli``); every other module has a component with a leading
+underscore. The layers are ``[tool.importlinter]`` in pyproject.toml, checked by
+``lint-imports`` in ``make lint`` and here; docs/design.md#package-layout is the tree.
 """
 
 from __future__ import annotations
 
-import ast
-import importlib
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,90 +18,134 @@ from pathlib import Path
 import pytest
 
 import stepbarrier
-from stepbarrier._moved import MOVED
 from tests.conftest import ROOT, subprocess_env
 
 PACKAGE = Path(ROOT, "stepbarrier")
+PUBLIC = {
+    "stepbarrier",
+    "stepbarrier.__main__",
+    "stepbarrier.aio",
+    "stepbarrier.errors",
+    "stepbarrier.tf_hooks",
+    "stepbarrier.keras_callbacks",
+    "stepbarrier.cli",
+    "stepbarrier.cli.__main__",
+}
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 
-@pytest.mark.parametrize(("old", "new"), sorted(MOVED.items()))
-def test_an_old_module_name_imports_the_very_module_it_moved_to(old: str, new: str) -> None:
-    module = importlib.import_module(old)
-    assert module is importlib.import_module(new)
-    assert sys.modules[old] is sys.modules[new]
-    assert module.__name__ == new
-    assert module.__spec__ is not None and module.__spec__.name == new
-    assert getattr(stepbarrier, old.rpartition(".")[2]) is module
+def modules() -> list[str]:
+    """Every module of the package, by its dotted name."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found.append(".".join(parts))
+    return found
 
 
-def test_each_old_name_stands_for_a_module_that_exists_and_no_file_hides_it() -> None:
-    for old, new in MOVED.items():
-        assert Path(ROOT, *new.split(".")).with_suffix(".py").is_file(), new
-        assert not Path(ROOT, *old.split(".")).with_suffix(".py").exists(), old
+def test_only_the_public_modules_have_no_private_component() -> None:
+    def private(module: str) -> bool:
+        return any(part.startswith("_") and part != "__main__" for part in module.split("."))
+
+    assert {module for module in modules() if not private(module)} == PUBLIC
 
 
-def test_the_old_names_import_in_a_fresh_interpreter_in_every_form() -> None:
-    code = (
-        "import stepbarrier.cli_reporting, stepbarrier.cli.reporting\n"
-        "assert stepbarrier.cli_reporting is stepbarrier.cli.reporting\n"
-        "from stepbarrier.local_cluster import EmbeddedRedis\n"
-        "from stepbarrier.cli.local_cluster import EmbeddedRedis as moved\n"
-        "assert EmbeddedRedis is moved\n"
-        "from stepbarrier import exporter\n"
-        "import stepbarrier.cli.exporter\n"
-        "assert exporter is stepbarrier.cli.exporter\n"
+def test_every_private_package_is_a_layer_of_the_contract() -> None:
+    # (tomllib is Python 3.11's; the layers are one list of strings)
+    text = Path(ROOT, "pyproject.toml").read_text()
+    layers = re.findall(r'"([^"]+)"', text.split("\nlayers = [", 1)[1].split("]", 1)[0])
+    named = {name.strip() for layer in layers for name in layer.split("|")}
+    top = {".".join(m.split(".")[:2]) for m in modules() if m != "stepbarrier"}
+    assert top - {"stepbarrier.__main__"} <= named
+
+
+def lint_imports(cwd: Path, package_parent: Path) -> subprocess.CompletedProcess[str]:
+    env = {**subprocess_env(), "PYTHONPATH": str(package_parent)}
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--no-cache"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
-    subprocess.run([sys.executable, "-c", code], env=subprocess_env(), check=True, timeout=60)
 
 
-def test_a_patch_through_an_old_name_reaches_the_moved_module(
-    monkeypatch: pytest.MonkeyPatch,
+def test_the_import_contracts_hold() -> None:
+    result = lint_imports(Path(ROOT), Path(ROOT))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "BROKEN" not in result.stdout and result.stdout.count("KEPT") >= 4
+
+
+@pytest.mark.parametrize(
+    ("module", "line", "named"),
+    [
+        # an upward import, hidden under TYPE_CHECKING
+        (
+            "_protocol/keys.py",
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+            "    from stepbarrier._chief.publisher import StepPublisher\n",
+            "stepbarrier._protocol is not allowed to import stepbarrier._chief",
+        ),
+        # the chief's and the worker's sides are independent
+        (
+            "_chief/state.py",
+            "import stepbarrier._worker.wait_state\n",
+            "stepbarrier._chief is not allowed to import stepbarrier._worker",
+        ),
+        # a cycle inside a package
+        (
+            "_barriers/wait.py",
+            "import stepbarrier._barriers.barrier\n",
+            "No cycles are allowed in stepbarrier._barriers",
+        ),
+        # I/O in the protocol
+        ("_protocol/wire.py", "import redis\n", "stepbarrier._protocol.wire -> redis"),
+    ],
+)
+def test_the_contracts_catch_what_they_forbid(
+    tmp_path: Path, module: str, line: str, named: str
 ) -> None:
-    monkeypatch.setattr("stepbarrier.job_listing.MAX_JOBS", 3)
-    from stepbarrier.cli import job_listing
+    shutil.copytree(PACKAGE, tmp_path / "stepbarrier", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(Path(ROOT, "pyproject.toml"), tmp_path / "pyproject.toml")
+    target = tmp_path / "stepbarrier" / module
+    target.write_text(target.read_text() + "\n" + line)  # an import at the end is valid
+    result = lint_imports(tmp_path, tmp_path)
+    assert result.returncode != 0
+    assert named in re.sub(r"\s+", " ", result.stdout), result.stdout
 
-    assert job_listing.MAX_JOBS == 3
+
+def test_the_design_page_shows_the_tree() -> None:
+    page = Path(ROOT, "docs", "design.md").read_text()
+    block = page.split("## Package layout", 1)[1].split("```", 2)[1]
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE)
+        shown = relative.name if relative.name != "__init__.py" else f"{relative.parent.name}/"
+        assert shown in block, f"docs/design.md#package-layout does not show {relative}"
 
 
 def test_the_cli_package_binds_the_group_and_main_only() -> None:
-    """A command bound in the package would hide the module of the same name
-    (``stepbarrier.cli.exporter`` is a module, ``exporter`` also a command)."""
+    """A command bound in the package would hide the module of the same name."""
     import stepbarrier.cli
-    import stepbarrier.cli.exporter
+    import stepbarrier.cli._exporter
 
     assert stepbarrier.cli.__all__ == ["cli", "main"]
-    assert isinstance(stepbarrier.cli.exporter, type(stepbarrier))
+    assert isinstance(stepbarrier.cli._exporter, type(stepbarrier))
 
 
-def _imported_names(path: Path) -> set[str]:
-    """Every module ``path`` imports, at the top or inside a function."""
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            names.add(node.module)
-            names.update(f"{node.module}.{alias.name}" for alias in node.names)
-    return names
-
-
-def test_no_core_module_imports_the_operator_surface() -> None:
-    """The top level is the floor a chief or a worker runs on: it never reaches
-    into ``stepbarrier.cli`` (or an old name of a module there); only
-    ``python -m stepbarrier`` does."""
-    operator = {"stepbarrier.cli", *MOVED}
-    for path in sorted(PACKAGE.glob("*.py")):
-        if path.name == "__main__.py":
-            continue
-        for name in _imported_names(path):
-            top = ".".join(name.split(".")[:2])
-            assert top not in operator, f"{path.name} imports {name}"
+def test_the_top_level_exports_only_public_names() -> None:
+    assert all(not name.startswith("_") or name == "__version__" for name in stepbarrier.__all__)
+    for name in stepbarrier.__all__:
+        assert hasattr(stepbarrier, name), name
 
 
 def test_import_stepbarrier_loads_neither_click_nor_rich_nor_the_cli() -> None:
     code = (
         "import sys, stepbarrier; "
-        "loaded = [m for m in ('click', 'rich', 'stepbarrier.cli') if m in sys.modules]; "
+        "loaded = [m for m in ('click', 'rich', 'stepbarrier.cli', 'tensorflow') "
+        "if m in sys.modules]; "
         "assert not loaded, loaded"
     )
     subprocess.run([sys.executable, "-c", code], env=subprocess_env(), check=True, timeout=60)

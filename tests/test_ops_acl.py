@@ -15,8 +15,8 @@ import pytest
 import redis
 
 from stepbarrier import BarrierConfig, StepPublisher, StepWaiter, read_status
-from stepbarrier.cli.acl_rules import acl_line, password_hash
-from stepbarrier.redis_code import LIBRARY_VERSION, function_name, library_source
+from stepbarrier._protocol.roles import acl_line, password_hash
+from stepbarrier._redis.functions import LIBRARY_VERSION, function_name, library_source
 from tests.conftest import subprocess_env
 from tests.ops_redis import (
     ACL_FILE,

@@ -30,9 +30,9 @@ import pytest
 import yaml
 
 from stepbarrier import BarrierConfig
-from stepbarrier.cli.acl_rules import acl_line, password_hash
-from stepbarrier.config import ENVIRONMENT_VARIABLES
-from stepbarrier.redis_code import LIBRARY_VERSION, function_name, library_source
+from stepbarrier._config.defaults import ENVIRONMENT_VARIABLES
+from stepbarrier._protocol.roles import acl_line, password_hash
+from stepbarrier._redis.functions import LIBRARY_VERSION, function_name, library_source
 from tests.conftest import ROOT
 from tests.ops_redis import ACL_FILE, OPS, PASSWORDS, SHIPPED_USERS
 from tests.redis_harness import RedisServer

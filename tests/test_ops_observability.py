@@ -15,9 +15,9 @@ import pytest
 import yaml
 
 from stepbarrier import BarrierConfig
-from stepbarrier.cli.acl_rules import password_hash
-from stepbarrier.cli.exporter import DEFAULT_PORT, JOB_GAUGES, METRIC_NAMES
-from stepbarrier.cli.ops import exporter
+from stepbarrier._protocol.roles import password_hash
+from stepbarrier.cli._commands.jobs import exporter
+from stepbarrier.cli._exporter import DEFAULT_PORT, JOB_GAUGES, METRIC_NAMES
 from tests.conftest import ROOT
 from tests.test_compose import resolve
 from tests.test_ops_k8s import acl_hash, find, role_password

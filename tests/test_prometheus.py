@@ -18,8 +18,8 @@ import pytest
 import yaml
 
 from stepbarrier import BarrierConfig
-from stepbarrier.cli.exporter import serve
-from stepbarrier.cli.local_cluster import free_port
+from stepbarrier.cli._demo.local_processes import free_port
+from stepbarrier.cli._exporter import serve
 from tests.conftest import ROOT
 from tests.observability import eventually, live_job, prefix
 from tests.redis_harness import RedisServer

@@ -7,7 +7,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stepbarrier.protocol import parse_announcement, parse_int, parse_state
+from stepbarrier._protocol.wire import parse_announcement, parse_int, parse_state
 
 
 def test_a_valid_announcement() -> None:

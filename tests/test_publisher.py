@@ -9,7 +9,7 @@ import pytest
 import redis
 
 from stepbarrier import BarrierConfig, StepPublisher, StepWaiter
-from stepbarrier.protocol import parse_announcement
+from stepbarrier._protocol.wire import parse_announcement
 from tests.redis_harness import RedisServer, free_port
 
 

@@ -19,9 +19,9 @@ from stepbarrier import (
     BarrierTimeout,
     StepPublisher,
     StepWaiter,
-    freshness,
     read_status,
 )
+from stepbarrier._protocol import freshness
 
 STALL = 1.0
 HEARTBEAT = 0.1

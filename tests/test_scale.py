@@ -18,13 +18,13 @@ import redis
 from click.testing import CliRunner
 
 from stepbarrier import BarrierConfig, StepPublisher, read_status
+from stepbarrier._chief.publish_call import MAX_TARGETS
+from stepbarrier._inspect.registry import MAX_INDEXED
+from stepbarrier._inspect.summary import NEAREST, WaiterSummary, read_overview
+from stepbarrier._redis.functions import RedisCode
+from stepbarrier._worker.links import register_call, registry_entry
 from stepbarrier.aio import AsyncStepWaiter
 from stepbarrier.cli import cli
-from stepbarrier.redis_code import RedisCode
-from stepbarrier.step_write import MAX_TARGETS
-from stepbarrier.waiter_link import register_call, registry_entry
-from stepbarrier.waiter_registry import MAX_INDEXED
-from stepbarrier.waiter_summary import NEAREST, WaiterSummary, read_overview
 from tests.redis_harness import RedisServer
 from tests.reliability.processes import Fleet, wait_until
 

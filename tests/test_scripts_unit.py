@@ -10,9 +10,10 @@ from typing import Any
 import fakeredis
 import pytest
 
-from stepbarrier import BarrierConfig, scripts
-from stepbarrier.keys import JobKeys
-from stepbarrier.step_write import StepWrite, StepWriter
+from stepbarrier import BarrierConfig
+from stepbarrier._chief.publish_call import StepWrite, StepWriter
+from stepbarrier._protocol import library as scripts
+from stepbarrier._protocol.keys import JobKeys
 
 KEYS = JobKeys.for_job("unit")
 KEY_TTL = 3600
@@ -365,7 +366,7 @@ def test_wrong_types_are_repaired_by_the_chief(fake: fakeredis.FakeRedis) -> Non
 def test_a_stored_number_is_plain_digits_in_lua_as_in_python(
     fake: fakeredis.FakeRedis, text: str
 ) -> None:
-    from stepbarrier.protocol import parse_int
+    from stepbarrier._protocol.wire import parse_int
 
     fake.hset(KEYS.state, mapping={"generation": "1", "step": text, "done": "0"})
     status, step, _generation, repaired = publish(fake, 1, 3)[:4]
@@ -544,7 +545,7 @@ def test_a_begin_on_an_empty_job_leaves_its_fence_for_older_first_writes(
 
 
 def test_a_fence_alone_reads_as_no_state_and_no_problem(fake: fakeredis.FakeRedis) -> None:
-    from stepbarrier.protocol import parse_state
+    from stepbarrier._protocol.wire import parse_state
 
     begin(fake)
     parsed = parse_state(fake.hgetall(KEYS.state))

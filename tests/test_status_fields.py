@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from stepbarrier import BarrierConfig, read_status
-from stepbarrier.reset import reset_job
+from stepbarrier._inspect.reset import reset_job
 from tests.conftest import subprocess_env
 from tests.test_cli import run
 from tests.test_cli_publish import write_chief

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from rich.console import Console
 
 from stepbarrier import BarrierConfig, read_status
-from stepbarrier.cli.status_view import status_view
+from stepbarrier.cli._views.status import status_view
 from tests.conftest import subprocess_env
 from tests.hostile_content import (
     CHIEF,

@@ -12,8 +12,8 @@ import pytest
 import redis
 
 from stepbarrier import BarrierConfig, read_status
-from stepbarrier.reset import RESET_BATCH, reset_job
-from stepbarrier.waiter_registry import MAX_INDEXED, parse_index
+from stepbarrier._inspect.registry import MAX_INDEXED, parse_index
+from stepbarrier._inspect.reset import RESET_BATCH, reset_job
 from tests.redis_harness import RedisServer
 from tests.test_cli import finish, start, wait_for_waiters
 

@@ -28,7 +28,7 @@ from stepbarrier import (
     StepWaiter,
     read_status,
 )
-from stepbarrier.waiter import SOURCE_SOCKET_TIMEOUT
+from stepbarrier._worker.waiter import SOURCE_SOCKET_TIMEOUT
 from tests.conftest import subprocess_env
 from tests.redis_harness import RedisServer, free_port
 

@@ -12,8 +12,8 @@ from fractions import Fraction
 import pytest
 
 from stepbarrier import ConfigurationError
-from stepbarrier.schedule import MAX_STEP
-from stepbarrier.target_step import target_step
+from stepbarrier._config.schedule import MAX_STEP
+from stepbarrier._integrations.wait_until_step import target_step
 
 
 @pytest.mark.parametrize("value", [0, 1, 13, -3, MAX_STEP])

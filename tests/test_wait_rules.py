@@ -1,4 +1,4 @@
-"""The decisions of one wait, without Redis (``stepbarrier.wait_rules``)."""
+"""The decisions of one wait, without Redis (``stepbarrier._worker.wait_state``)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import logging
 import pytest
 
 from stepbarrier import BarrierAborted, BarrierConfig
-from stepbarrier.protocol import ChiefState, StepAnnouncement
-from stepbarrier.wait_rules import READ_NOW, WaitRules
-from stepbarrier.waiter_link import Snapshot
+from stepbarrier._protocol.wire import ChiefState, StepAnnouncement
+from stepbarrier._worker.links import Snapshot
+from stepbarrier._worker.wait_state import READ_NOW, WaitRules
 
 GENERATION = 7
 TARGET = 50

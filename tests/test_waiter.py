@@ -23,7 +23,7 @@ from stepbarrier import (
     StepWaiter,
     read_status,
 )
-from stepbarrier.reset import reset_job
+from stepbarrier._inspect.reset import reset_job
 from tests.conftest import subprocess_env
 from tests.redis_harness import free_port
 
@@ -328,7 +328,7 @@ def test_wait_logs_its_start_and_release(
         publisher.publish(8)
         assert publisher.flush(5.0)
         StepWaiter(config).wait(8, timeout=10)
-    lines = [r.getMessage() for r in caplog.records if r.name == "stepbarrier.waiter"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "stepbarrier._worker.waiter"]
     assert any("waiting for step 8" in line for line in lines)
     assert any("released at step 8" in line for line in lines)
 

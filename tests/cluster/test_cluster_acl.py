@@ -14,8 +14,8 @@ import redis
 from redis.cluster import RedisCluster
 
 from stepbarrier import BarrierConfig, RedisRefused, StepPublisher, StepWaiter
-from stepbarrier.cli.acl_rules import acl_line, password_hash
-from stepbarrier.redis_code import library_source
+from stepbarrier._protocol.roles import acl_line, password_hash
+from stepbarrier._redis.functions import library_source
 from tests.cluster.conftest import Timings
 from tests.cluster_harness import HOST, LocalCluster
 from tests.ops_redis import PASSWORDS, acl_with

@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from stepbarrier import Barrier, BarrierAborted, BarrierConfig, read_status
-from stepbarrier.redis_code import library_source
-from stepbarrier.reset import reset_job
+from stepbarrier._inspect.reset import reset_job
+from stepbarrier._redis.functions import library_source
 from tests.cluster.conftest import Timings
 from tests.cluster_harness import LocalCluster
 from tests.ops_redis import ACL_FILE, PASSWORDS

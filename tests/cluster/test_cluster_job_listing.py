@@ -13,10 +13,10 @@ import pytest
 from click.testing import CliRunner
 
 from stepbarrier import BarrierConfig
+from stepbarrier._protocol.keys import JobKeys
+from stepbarrier._redis.functions import library_source
 from stepbarrier.cli import cli
-from stepbarrier.cli.exporter import serve
-from stepbarrier.keys import JobKeys
-from stepbarrier.redis_code import library_source
+from stepbarrier.cli._exporter import serve
 from tests.cluster.conftest import Timings
 from tests.cluster_harness import LocalCluster
 from tests.observability import job_value, live_job, prefix, scrape

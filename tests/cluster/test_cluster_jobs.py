@@ -15,8 +15,8 @@ import pytest
 import redis
 
 from stepbarrier import BarrierConfig, StepPublisher, StepWaiter, read_status
-from stepbarrier.redis_code import install_functions
-from stepbarrier.reset import reset_job
+from stepbarrier._inspect.reset import reset_job
+from stepbarrier._redis.functions import install_functions
 from tests.cluster.conftest import Timings
 from tests.cluster_harness import LocalCluster
 from tests.conftest import subprocess_env

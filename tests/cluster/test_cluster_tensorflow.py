@@ -11,8 +11,8 @@ import pytest
 import tensorflow as tf
 
 from stepbarrier import BarrierConfig, StepWaiter
+from stepbarrier._redis.functions import install_functions
 from stepbarrier.keras_callbacks import StepPublisherCallback, StepWaiterCallback
-from stepbarrier.redis_code import install_functions
 from stepbarrier.tf_hooks import GlobalStepPublisherHook, GlobalStepWaiterHook
 from tests.cluster_harness import LocalCluster
 from tests.tf.tf_graphs import NO_EXTRAS, Waiting, wait_registered

@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from stepbarrier import BarrierAborted, BarrierConfig, BarrierTimeout, StepPublisher, StepWaiter
-from stepbarrier.reset import reset_job
+from stepbarrier._inspect.reset import reset_job
 from tests.conftest import subprocess_env
 from tests.redis_harness import RedisServer
 from tests.test_waiter import Background, wait_for_waiters
@@ -236,7 +236,7 @@ def test_a_waiter_that_missed_the_reset_announcement_aborts_even_under_a_new_chi
     with StepPublisher(config) as chief:
         chief.publish(10)
         assert chief.flush(5.0)
-        import stepbarrier.waiter as waiter_module
+        import stepbarrier._worker.waiter as waiter_module
 
         real_parse = waiter_module.parse_announcement
 
@@ -378,7 +378,7 @@ def test_a_progress_timeout_ends_a_wait_on_a_live_chief_that_stopped_moving(
 def test_a_contributor_whose_user_may_not_write_the_step_says_so_once_and_stops(
     redis_server: RedisServer, client: redis.Redis, job: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from stepbarrier.cli.acl_rules import role_rules
+    from stepbarrier._protocol.roles import role_rules
 
     client.execute_command(
         "ACL", "SETUSER", f"w-{job}", "on", ">pw", *role_rules("worker", job).split()

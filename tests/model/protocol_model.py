@@ -1,8 +1,8 @@
 """An explicit-state model of the stepbarrier protocol, explored exhaustively at small scope.
 
-The rules are docs/protocol.md's, which states the code's (stepbarrier/scripts.py's
-``begin_generation`` and ``publish_step``, stepbarrier/publisher_state.py,
-stepbarrier/wait_rules.py). Nothing here does I/O or imports stepbarrier: the
+The rules are docs/protocol.md's, which states the code's (stepbarrier/_protocol/library.py's
+``begin_generation`` and ``publish_step``, stepbarrier/_chief/state.py,
+stepbarrier/_worker/wait_state.py). Nothing here does I/O or imports stepbarrier: the
 model states the protocol's rules once more, small enough to enumerate every
 state that a few participants and faults reach.
 

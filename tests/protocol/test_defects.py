@@ -264,7 +264,7 @@ def finish_before_the_first_read(
 ) -> threading.Event:
     """Make the chief finish at ``final_step`` after the next wait subscribed, before
     its first read (what 20 ms of link latency does to some workers)."""
-    from stepbarrier import waiter_link
+    from stepbarrier._worker import links as waiter_link
 
     original = waiter_link.WaiterLink.sync
     first = threading.Event()
@@ -378,7 +378,7 @@ def test_a_second_run_never_silently_supersedes_a_live_one(
     trainer = threading.Thread(target=train_a, daemon=True)
     trainer.start()
     try:
-        with caplog.at_level(logging.ERROR, logger="stepbarrier.publisher"):
+        with caplog.at_level(logging.ERROR, logger="stepbarrier._chief.publisher"):
             chief_b = StepPublisher(run_b)
             chief_b.publish(1)
             until(lambda: not chief_b.active, timeout=15.0)
@@ -399,7 +399,7 @@ def test_a_reset_right_after_a_chief_began_stops_that_chief(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Defect 12: the reset marker is a token, compared for equality, never with a clock."""
-    from stepbarrier import step_write
+    from stepbarrier._chief import publish_call as step_write
 
     config = make_config(heartbeat=0.1, stall_timeout=30.0)
     begin = step_write.StepWriter.begin_generation
@@ -461,7 +461,7 @@ def test_a_progress_line_says_why_a_step_above_the_target_does_not_release(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Defect 13: "chief at step 100" while waiting for 50 says why that does not release."""
-    from stepbarrier import wait_rules
+    from stepbarrier._worker import wait_state as wait_rules
 
     monkeypatch.setattr(wait_rules, "PROGRESS_EVERY", 0.3)
     # a chief on probation: it writes (its beat moves) but does not vouch
@@ -480,7 +480,7 @@ def test_a_progress_line_says_why_a_step_above_the_target_does_not_release(
     writer.start()
     try:
         with (
-            caplog.at_level(logging.INFO, logger="stepbarrier.waiter"),
+            caplog.at_level(logging.INFO, logger="stepbarrier._worker.waiter"),
             StepWaiter(config) as waiter,
             pytest.raises(BarrierTimeout),
         ):

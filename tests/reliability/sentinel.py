@@ -15,8 +15,8 @@ from pathlib import Path
 
 import redis
 
-from stepbarrier.cli.acl_rules import role_rules
-from stepbarrier.redis_code import install_functions
+from stepbarrier._protocol.roles import role_rules
+from stepbarrier._redis.functions import install_functions
 from tests.redis_harness import RedisServer, redis_binary
 from tests.reliability.processes import wait_until
 from tests.security.certificates import Authority, Issued

@@ -74,7 +74,12 @@ class ChiefProcess:
     def _report(self, flushed: bool | None) -> dict[str, Any]:
         publisher = self.publisher
         assert publisher is not None
-        return {"flushed": flushed, "active": publisher.active, "writes": publisher.writes}
+        return {
+            "flushed": flushed,
+            "active": publisher.active,
+            "writes": publisher.writes,
+            "generation": publisher.generation,
+        }
 
     def handle(self, command: dict[str, Any]) -> dict[str, Any]:
         op = command["op"]

@@ -20,8 +20,8 @@ import time
 import pytest
 
 from stepbarrier import BarrierConfig, read_status
-from stepbarrier.config import FALLBACK_INTERVAL
-from stepbarrier.freshness import stale_after
+from stepbarrier._config.defaults import FALLBACK_INTERVAL
+from stepbarrier._protocol.freshness import stale_after
 from tests.redis_harness import RedisServer
 from tests.reliability.conftest import FALLBACK, HEARTBEAT, Timings, wait_for_waiters
 from tests.reliability.processes import (

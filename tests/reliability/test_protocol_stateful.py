@@ -108,7 +108,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,9 +128,9 @@ from hypothesis.stateful import (
 )
 
 from stepbarrier import BarrierAborted, BarrierConfig, BarrierTimeout, StepPublisher, StepWaiter
+from stepbarrier._inspect.reset import reset_job
 from stepbarrier.aio import AsyncStepWaiter
 from stepbarrier.cli import cli
-from stepbarrier.reset import reset_job
 from tests.conftest import ROOT, subprocess_env
 from tests.redis_harness import RedisServer
 
@@ -144,7 +144,7 @@ FENCE = max(3 * HEARTBEAT, 3.0)
 """Design rule 5: a writer that created the state is on probation this long; a
 chief that finds another run's state watches it this long (rule 7)."""
 BACKOFF = 2.25
-"""Longest retry delay (stepbarrier.retries: 2 s plus 0.25 s of jitter)."""
+"""Longest retry delay (stepbarrier._redis.retries: 2 s plus 0.25 s of jitter)."""
 MARGIN = 2.0
 """Slack for a loaded machine (two shared cores under CI)."""
 BOUND = HEARTBEAT + FENCE + FALLBACK + BACKOFF + MARGIN
@@ -250,6 +250,7 @@ class Gen:
     handed: list[tuple[float, int, str]] = field(default_factory=list)  # (time, step, by)
     pinned: int | None = None
     done: Done | None = None
+    number: int | None = None  # the generation's number in Redis, once its chief began it
 
     def best(self, before: float, *, own: bool = False) -> int:
         """The highest step handed over before ``before`` (``own``: by the chief itself)."""
@@ -323,7 +324,9 @@ class InChief:
             gen.hand(step)
             self.step = step
             self.publisher.publish(step)
-        return self.publisher.flush(FLUSH_TIMEOUT)
+        flushed = self.publisher.flush(FLUSH_TIMEOUT)
+        gen.number = self.publisher.generation
+        return flushed
 
     def publish(self, steps: list[int], flush: bool) -> None:
         assert self.publisher is not None and self.gen is not None
@@ -342,7 +345,9 @@ class InChief:
             gen.hand(step)
             self.step = step
             self.publisher.publish(step)
-        return self.publisher.flush(FLUSH_TIMEOUT)
+        flushed = self.publisher.flush(FLUSH_TIMEOUT)
+        gen.number = self.publisher.generation
+        return flushed
 
     def close(self, done: bool, last: int | None) -> bool:
         assert self.publisher is not None and self.gen is not None
@@ -460,6 +465,7 @@ class ProcChief:
         reply = self.call(
             "start", FLUSH_TIMEOUT + 10, config=self.settings, step=step, flush=FLUSH_TIMEOUT
         )
+        gen.number = reply.get("generation")
         return bool(reply["flushed"])
 
     def publish(self, steps: list[int], flush: bool) -> None:
@@ -471,6 +477,7 @@ class ProcChief:
     def new_generation(self, step: int, gen: Gen) -> bool:
         gen.hand(step)
         reply = self.call("new_generation", FLUSH_TIMEOUT + 10, step=step, flush=FLUSH_TIMEOUT)
+        gen.number = reply.get("generation")
         return bool(reply["flushed"])
 
     def close(self, done: bool, last: int | None) -> bool:
@@ -507,26 +514,51 @@ class ProcChief:
 
 
 class Contributor:
-    """A training worker's reporter (``StepPublisher(contributor=True)``)."""
+    """A training worker's reporter (``StepPublisher(contributor=True)``).
 
-    def __init__(self, name: str, run: str | None, config: BarrierConfig, gen: Gen) -> None:
-        self.name, self.run, self.gen = name, run, gen
+    It joins the generation its first write finds (docs/protocol.md#contributors),
+    which may be a newer one than ``gen``, the newest when it started: a step
+    counts as handed over to the generation it joined, and only if handed over
+    after it joined (the library never writes one handed over before).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        run: str | None,
+        config: BarrierConfig,
+        gen: Gen,
+        gens: Callable[[], list[Gen]],
+    ) -> None:
+        self.name, self.run, self.gen, self.gens = name, run, gen, gens
         self.lock = threading.Lock()
         self.closed = False
         self.step: int | None = None
         self.publisher = StepPublisher(config, contributor=True, description=f"stateful:{name}")
 
+    def _hand(self, step: int) -> None:
+        """Hand ``step`` over, and count it for the generation it will be written in."""
+        state = self.publisher._loop.state
+        self.publisher.publish(step)
+        with state.lock:
+            joined = state.joined if state.handover.handed > state._joined_after else None
+        if joined is None:
+            return  # not joined yet, or joined after this hand-over: never written
+        for gen in self.gens():
+            if gen.run == self.run and gen.number == joined:
+                gen.hand(step, by="contributor")
+                return
+
     def tick(self) -> None:
         with self.lock:
             if not self.closed and self.step is not None:
-                self.publisher.publish(self.step)
+                self._hand(self.step)
 
     def publish(self, steps: list[int]) -> None:
         with self.lock:
             for step in steps:
-                self.gen.hand(step, by="contributor")
                 self.step = step
-                self.publisher.publish(step)
+                self._hand(step)
 
     def cleanup(self) -> None:
         with self.lock:
@@ -1070,7 +1102,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         gen = gens[which % len(gens)]
         name = f"contributor{len(self.contributors)}"
         with self.change(f"start {name} of run {gen.run!r} (joining {gen}) at step {step}"):
-            contributor = Contributor(name, gen.run, self.config(gen.run), gen)
+            contributor = Contributor(name, gen.run, self.config(gen.run), gen, lambda: self.gens)
             self.contributors.append(contributor)
             STATS.participants["contributor"] += 1
             contributor.publish([step])

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from stepbarrier import BarrierConfig, RedisRefused, StepPublisher, read_status
-from stepbarrier import connection as connection_module
-from stepbarrier.cli.reporting import EXIT_USAGE
-from stepbarrier.connection import make_client
+from stepbarrier._redis import client as connection_module
+from stepbarrier._redis.client import make_client
+from stepbarrier.cli._context import EXIT_USAGE
 from tests.conftest import subprocess_env
 from tests.reliability.sentinel import Lockdown, SentinelGroup
 from tests.security.test_tls import release_over

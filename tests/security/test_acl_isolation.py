@@ -19,7 +19,7 @@ import pytest
 import redis
 
 from stepbarrier import BarrierConfig, RedisRefused, StepPublisher, StepWaiter, read_status
-from stepbarrier.redis_code import function_name
+from stepbarrier._redis.functions import function_name
 from tests.conftest import subprocess_env
 from tests.ops_redis import HARNESS_LINE, HARNESS_PASSWORD, HARNESS_USER, OpsRedis, acl_with
 

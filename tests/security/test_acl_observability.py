@@ -13,9 +13,9 @@ import pytest
 from click.testing import CliRunner, Result
 
 from stepbarrier import BarrierConfig
+from stepbarrier._protocol.roles import acl_line, password_hash
 from stepbarrier.cli import cli
-from stepbarrier.cli.acl_rules import acl_line, password_hash
-from stepbarrier.cli.exporter import serve
+from stepbarrier.cli._exporter import serve
 from tests.observability import job_value, live_job, prefix, scrape
 from tests.ops_redis import PASSWORDS, SECRETS, OpsRedis, acl_with
 

@@ -14,8 +14,8 @@ import pytest
 import redis
 
 from stepbarrier import Barrier, BarrierConfig, RedisRefused, StepPublisher, StepWaiter, read_status
-from stepbarrier.redis_code import function_name
-from stepbarrier.reset import reset_job
+from stepbarrier._inspect.reset import reset_job
+from stepbarrier._redis.functions import function_name
 from tests.ops_redis import (
     HARNESS_LINE,
     HARNESS_PASSWORD,

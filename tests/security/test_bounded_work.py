@@ -3,7 +3,7 @@
 Redis checks what a function runs against the CALLER's ACL, so a role that may
 write a job's keys through the library may write them directly too, with any
 size, and call any function on them. Each test here attacks as the role would
-(redis-py with the role's own ACL user, the rules of ``stepbarrier.cli.acl_rules``),
+(redis-py with the role's own ACL user, the rules of ``stepbarrier._protocol.roles``),
 then checks the defence by what Redis itself measured: every library command in
 ``SLOWLOG`` took less than ``LIMIT_US``, the oversized key is reported and not
 read, and another job's chief keeps publishing meanwhile.
@@ -24,19 +24,19 @@ import pytest
 import redis
 
 from stepbarrier import Barrier, BarrierConfig, StepPublisher, read_status
-from stepbarrier.cli import job_listing
-from stepbarrier.cli.acl_rules import JOB_ROLES, role_rules
-from stepbarrier.cli.job_listing import LISTING_WAITERS, SCAN_COUNT, list_jobs
-from stepbarrier.redis_code import function_name, install_functions
-from stepbarrier.registrations import (
+from stepbarrier._chief.registrations import (
     REGISTRATION_BATCH,
     REPORT_PER_WAKE,
     RegistrationListener,
     lowest_targets,
 )
-from stepbarrier.reset import reset_job
-from stepbarrier.scripts import MAX_FIELDS, MAX_REMOVED, MAX_RESET_KEYS
-from stepbarrier.waiter_registry import entry_key
+from stepbarrier._inspect import listing as job_listing
+from stepbarrier._inspect.listing import LISTING_WAITERS, SCAN_COUNT, list_jobs
+from stepbarrier._inspect.registry import entry_key
+from stepbarrier._inspect.reset import reset_job
+from stepbarrier._protocol.library import MAX_FIELDS, MAX_REMOVED, MAX_RESET_KEYS
+from stepbarrier._protocol.roles import JOB_ROLES, role_rules
+from stepbarrier._redis.functions import function_name, install_functions
 from tests.redis_harness import RedisServer
 
 LIMIT_US = 50_000

@@ -10,8 +10,8 @@ import pytest
 import redis
 
 from stepbarrier import BarrierConfig, ConfigurationError, StepPublisher, read_status
-from stepbarrier.keys import JobKeys
-from stepbarrier.reset import reset_job
+from stepbarrier._inspect.reset import reset_job
+from stepbarrier._protocol.keys import JobKeys
 from tests.conftest import ROOT
 from tests.redis_harness import RedisServer
 

@@ -27,8 +27,8 @@ import pytest
 import redis
 import yaml
 
-from stepbarrier.cli.acl_rules import acl_line, password_hash
-from stepbarrier.redis_code import LIBRARY_NAME, function_name
+from stepbarrier._protocol.roles import acl_line, password_hash
+from stepbarrier._redis.functions import LIBRARY_NAME, function_name
 from tests.conftest import ROOT
 from tests.ops_redis import (
     ACL_FILE,

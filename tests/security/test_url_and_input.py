@@ -36,13 +36,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stepbarrier import BarrierConfig, ConfigurationError, RedisRefused, read_status
-from stepbarrier.aio_connection import make_async_client
+from stepbarrier._config.checks import mask_url
+from stepbarrier._config.defaults import ENVIRONMENT_VARIABLES
+from stepbarrier._config.environment import MAX_PASSWORD_FILE
+from stepbarrier._redis.aio_client import make_async_client
+from stepbarrier._redis.client import make_client
 from stepbarrier.cli import cli
-from stepbarrier.cli.ops import _bind
-from stepbarrier.cli.reporting import EXIT_USAGE, mask_secrets
-from stepbarrier.config import ENVIRONMENT_VARIABLES, mask_url
-from stepbarrier.connection import make_client
-from stepbarrier.environment import MAX_PASSWORD_FILE
+from stepbarrier.cli._commands.jobs import _bind
+from stepbarrier.cli._context import EXIT_USAGE, mask_secrets
 from tests.conftest import subprocess_env
 from tests.redis_harness import RedisServer
 from tests.security.certificates import Authority, Issued

@@ -22,7 +22,7 @@ import pytest
 import tensorflow as tf
 
 from stepbarrier import BarrierConfig, StepWaiter, read_status
-from stepbarrier.cli.local_cluster import free_port
+from stepbarrier.cli._demo.local_processes import free_port
 from stepbarrier.tf_hooks import GlobalStepPublisherHook
 from tests.conftest import subprocess_env
 from tests.redis_harness import RedisServer

@@ -15,7 +15,7 @@ import pytest
 
 from stepbarrier import BarrierAborted, BarrierConfig, StepPublisher, StepWaiter, read_status
 from stepbarrier import keras_callbacks as callbacks
-from stepbarrier.cli.local_cluster import free_port
+from stepbarrier.cli._demo.local_processes import free_port
 from stepbarrier.keras_callbacks import StepPublisherCallback, StepWaiterCallback
 from tests.conftest import subprocess_env
 from tests.redis_harness import RedisServer
@@ -181,7 +181,7 @@ def test_model_fit_in_a_chief_and_a_worker_process(
 def test_a_worker_waits_on_through_a_gap_between_two_fit_calls(
     make_config: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from stepbarrier import freshness
+    from stepbarrier._protocol import freshness
 
     monkeypatch.setattr(freshness, "MIN_CONFIRM", 1.0)  # the idle limit: 1 s
     # the gap is longer than the stall timeout: the paused publisher heartbeats on
@@ -217,7 +217,8 @@ class SlowValidation(keras.callbacks.Callback):  # type: ignore[misc]
 def test_a_long_validation_inside_fit_is_a_pause_not_a_dead_loop(
     make_config: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from stepbarrier import BarrierTimeout, freshness
+    from stepbarrier import BarrierTimeout
+    from stepbarrier._protocol import freshness
 
     monkeypatch.setattr(freshness, "MIN_CONFIRM", 1.0)  # the idle limit: 1 s
     config = make_config(heartbeat=0.1, stall_timeout=1.0)

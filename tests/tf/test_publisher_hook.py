@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from stepbarrier import BarrierAborted, BarrierConfig, StepPublisher, StepWaiter, read_status
-from stepbarrier.cli.local_cluster import free_port
+from stepbarrier.cli._demo.local_processes import free_port
 from stepbarrier.tf_hooks import FETCH_EVERY, GlobalStepPublisherHook, GlobalStepWaiterHook
 from tests.tf.tf_graphs import NO_EXTRAS, CrashOnce, SessionAt, Waiting, context, wait_registered
 

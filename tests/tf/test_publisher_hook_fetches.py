@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import tensorflow as tf
 
-import stepbarrier.fetch_schedule
+import stepbarrier._integrations.fetch_schedule
 from stepbarrier import BarrierConfig, StepWaiter, read_status
 from stepbarrier.tf_hooks import FETCH_EVERY, GlobalStepPublisherHook, StepLead
 from tests.tf.tf_graphs import NO_EXTRAS, Waiting, wait_registered
@@ -30,7 +30,7 @@ class CountingHook(GlobalStepPublisherHook):
 @pytest.fixture
 def short_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every run counts as short, whatever this machine's load: skipping is by runs alone."""
-    monkeypatch.setattr(stepbarrier.fetch_schedule, "FETCH_WITHIN", 1e9)
+    monkeypatch.setattr(stepbarrier._integrations.fetch_schedule, "FETCH_WITHIN", 1e9)
 
 
 @pytest.fixture
@@ -98,7 +98,7 @@ def test_runs_longer_than_fetch_within_fetch_the_step_every_time(
     config: BarrierConfig, increment: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # every run counts as long
-    monkeypatch.setattr(stepbarrier.fetch_schedule, "FETCH_WITHIN", 1e-9)
+    monkeypatch.setattr(stepbarrier._integrations.fetch_schedule, "FETCH_WITHIN", 1e-9)
     hook = CountingHook(config)
     with tf.compat.v1.train.MonitoredTrainingSession(hooks=[hook], **NO_EXTRAS) as session:
         for _ in range(50):

@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.python.distribute import multi_worker_util
 
-from stepbarrier.tf_config import task_from_tf_config
+from stepbarrier._config.tf_config import task_from_tf_config
 
 pytestmark = pytest.mark.tensorflow
 

@@ -1,0 +1,115 @@
+"""Finishing a job once its end barrier completed: every party has finished training.
+
+The chief's end barrier (``EndBarrierHook``, ``EndBarrierCallback``) completes
+only when every worker has arrived, that is, finished training. Nothing can
+still need the job then, so the chief marks it done, as ``last_step`` or
+``stepbarrier publish STEP --done`` do: a step wait that is not a party (an
+evaluator's, say) ends with ``BarrierAborted`` rather than waiting for ever,
+``stepbarrier watch --until-done`` ends, and the job's keys expire after
+``STEPBARRIER_DONE_TTL``. The chief also ends the job's barrier epoch, so that
+a rerun under the same job name (without a run id) begins every barrier anew
+instead of passing its start barrier at once, however many barriers the job
+had; this run's barriers the index names also get the shorter TTL, to tidy up.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+
+from stepbarrier._barriers.index import barrier_keys
+from stepbarrier._chief.publisher import StepPublisher
+from stepbarrier._config.settings import BarrierConfig
+from stepbarrier._protocol.barrier_record import split_member
+from stepbarrier._protocol.wire import parse_int
+from stepbarrier._redis.client import RedisClient, with_client
+
+log = logging.getLogger("stepbarrier._barriers.finish")
+
+FINISH_TIMEOUT = 10.0
+"""Seconds the chief keeps trying to mark the job done if Redis is unreachable."""
+
+
+def finish_job(config: BarrierConfig, final_step: int, client: RedisClient | None = None) -> bool:
+    """Mark the job done at ``final_step`` and end the job's barrier epoch.
+
+    The chief writes as a new chief incarnation (the training session's
+    publisher has ended), so ``final_step`` must be the true final global step.
+
+    Returns:
+        True if the job is marked done; if not, a warning says why.
+    """
+    # written as a final fact (like an operator's): the chief's session has
+    # ended, and a probation would only keep the finished job from releasing
+    publisher = StepPublisher(
+        config,
+        client,
+        description=f"end barrier {socket.gethostname()}:{os.getpid()}",
+        operator=True,
+    )
+    publisher.publish(final_step)
+    if not publisher.close(done=True, timeout=FINISH_TIMEOUT):
+        return False
+    try:
+        end_barrier_epoch(config, client)
+    except Exception as exc:  # the job is done; the barriers still expire by their TTL
+        log.warning(
+            "job %s: the barrier epoch could not be ended (%s): until its barriers expire, "
+            "a rerun under this job name without a run id may pass a barrier this run "
+            "completed; give reruns their own STEPBARRIER_RUN_ID",
+            config.job,
+            exc,
+        )
+    try:
+        expire_run_barriers(config, config.done_ttl, client)
+    except Exception as exc:  # stale already; they expire by their TTL
+        log.warning("job %s: the barriers keep their TTL (%s)", config.job, exc)
+    log.info("job %s: every party finished; job marked done at step %d", config.job, final_step)
+    return True
+
+
+def end_barrier_epoch(config: BarrierConfig, client: RedisClient | None = None) -> None:
+    """Make every barrier of the job stale at once, whatever the barrier index holds.
+
+    A new epoch token is written, marked ``by=finish``: every barrier of the
+    ended epoch is stale, and a party's remembered arrivals of it are never
+    carried into the next one (a rerun's barrier of the same name starts
+    empty). A party still waiting at a barrier that completed in the ended
+    epoch is released all the same: its arrival's epoch is the barrier's.
+    """
+    key = config.keys.barrier_epoch
+
+    def write(active: RedisClient) -> None:
+        seconds, micros = active.time()
+        token = int(seconds) * 1_000_000 + int(micros)
+        old = parse_int(active.hget(key, "token"))
+        if old is not None and old >= token:
+            token = old + 1  # tokens only grow (docs/protocol.md#barriers)
+        active.hset(key, mapping={"token": str(token), "by": "finish"})
+        active.expire(key, max(config.key_ttl, 24 * 3600))
+
+    with_client(config, client, write, action="end the job's barrier epoch", retry_seconds=5.0)
+
+
+def expire_run_barriers(config: BarrierConfig, ttl: int, client: RedisClient | None = None) -> int:
+    """Let this run's barriers the index names expire within ``ttl`` seconds (never
+    later than they would); only to tidy up, as ``end_barrier_epoch`` made them stale.
+
+    Returns:
+        How many barriers were given the shorter TTL.
+    """
+    prefix = config.keys.barrier_prefix.encode()
+
+    def run(active: RedisClient) -> int:
+        mine = []
+        for key in barrier_keys(active, config.keys):
+            member = key[len(prefix) :].decode("utf-8", "replace")
+            if split_member(member)[1] == config.run_id:
+                mine.append(key)
+        pipe = active.pipeline(transaction=False)
+        for key in mine:
+            pipe.expire(key, ttl, lt=True)
+        return sum(bool(done) for done in pipe.execute()) if mine else 0
+
+    return with_client(config, client, run, action="expire the run's barriers", retry_seconds=5.0)

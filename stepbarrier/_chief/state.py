@@ -1,0 +1,340 @@
+"""What the chief's writes mean: its generation, the steps waited for, and its end.
+
+``PublisherState`` is the bookkeeping of ``stepbarrier._chief.threads``
+without its threads, retries or Redis calls: it says what to write next, takes
+in each write's reply (the targets of waiting workers, a newer chief, a reset)
+and the targets of newly registered workers, and sets the threshold at which
+the training thread asks for the next write.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from stepbarrier._chief.publish_call import Beginning, StepWrite, WriteResult
+from stepbarrier._config.settings import BarrierConfig
+from stepbarrier._protocol import library as scripts
+from stepbarrier._protocol.freshness import fence_time, vouches
+
+# the name these messages always had: log filters and tests select by it
+log = logging.getLogger("stepbarrier._chief.publisher")
+
+
+@dataclass(slots=True, eq=False)
+class Handover:
+    """The step the training thread hands over, and the threshold it reads back.
+
+    Attributes:
+        handed_at: Monotonic time of the last hand-over (of the start, before one).
+        latest: The last step handed over; ``None`` before one and after a new generation.
+        handed: How many steps were handed over; ``flush`` waits for a write of this many.
+        step_time: Running mean of the seconds between two hand-overs (``None`` before two).
+        next_threshold: The training thread sets ``PublisherLoop.wake`` once ``latest``
+            reaches it (``-1``: the next step must be written at once).
+        skip_gap: The time to the next hand-over is a pause's or a new session's,
+            not a step's: it does not count in ``step_time`` (it would stretch the
+            confirmation window a stale step vouches in).
+        paused_at: ``handed`` when the loop paused (``StepPublisher.pause``); the
+            pause lasts while no step is handed over.
+    """
+
+    # No lock: publish() runs on every training step and must cost a fraction of a
+    # microsecond. Each field is one reference, replaced whole (atomic under the
+    # GIL); the training thread alone writes the first four and the last two
+    # (publish(), pause(), and skip_gap in new_generation), and next_threshold is
+    # written under the state's lock, which publish() never takes (by the writer
+    # and the listener; latest = None by new_generation). A value read a moment
+    # late counts at the next wake or heartbeat.
+    handed_at: float
+    latest: int | None = None
+    handed: int = 0
+    step_time: float | None = None
+    next_threshold: float = -1.0
+    skip_gap: bool = False
+    paused_at: int | None = None
+
+
+class PublisherState:
+    """The generation, targets and end of one publisher, shared by its threads.
+
+    Starts no thread and does no I/O. It owns ``lock`` (and ``stored``, a
+    condition on it, notified whenever ``stored_seq`` or ``refusals`` grows or
+    the publisher ends): each public method takes the lock itself, so call none
+    of them holding it; ``wait_stored`` reads the attributes under ``stored``.
+    It sets ``wake`` when a write is due at once.
+
+    Args:
+        config: The job's settings (its name for log lines, its heartbeat).
+        handover: What the training thread hands over.
+        wake: The writer thread's event.
+        clock: Monotonic clock, for a write's ``publish_age``.
+        contributor: A training worker: never begins a generation; ends if refused.
+    """
+
+    def __init__(
+        self,
+        config: BarrierConfig,
+        handover: Handover,
+        wake: threading.Event,
+        *,
+        clock: Callable[[], float],
+        contributor: bool,
+        optional: bool = False,
+    ) -> None:
+        self._config = config
+        self.optional = optional  # a contributor nobody asked for: a refusal is INFO
+        self.handover = handover
+        self.wake = wake
+        self._clock = clock
+        self.contributor = contributor
+        self.lock = threading.Lock()
+        self.stored = threading.Condition(self.lock)
+        self.stored_seq = 0  # the hand-overs counted by the last write that counted
+        self._joined_after = 0  # (a contributor) hand-overs before it found its generation
+        self.refusals = 0  # writes that failed for good
+        self.pending: tuple[int, ...] = ()  # the lowest targets, from the last write
+        self._stored_step = -1
+        # the highest step a vouching write carried since this generation began
+        # (or since Redis last lost its state): a higher one is news
+        self._vouched_step = -1
+        self._sent: tuple[int, bool] = (-1, False)  # the last write's step and vouch
+        self._heard_targets: set[int] = set()
+        self.generation: int | None = None
+        # the reset marker this writer began under: a write under another is refused
+        self.reset_marker = ""
+        self._marker_taken = False  # the first generation took its marker (maybe none)
+        # the writer's own clock: until then its writes do not vouch (it made the
+        # state from nothing; docs/protocol.md#probation)
+        self.probation_until = -math.inf
+        self._begun_at = -math.inf  # when the current generation began (writer's clock)
+        self._written = False  # a write of the current generation was accepted
+        # a contributor joins one generation (the first it finds, or the one its
+        # own wait was released by) and never another
+        self.joined: int | None = None
+        self._generation_wanted = 1
+        self._generation_begun = 0
+        # "superseded", "reset", "conflict" (another run's live chief owns the
+        # job) or "refused" (a contributor): this writer is done for good
+        self.ended: str | None = None
+        self.end_message: str | None = None  # why, as one line (set before ``ended``)
+
+    # -- the training thread ---------------------------------------------------------
+
+    def new_generation(self) -> None:
+        """Drop the handed-over step and, for a chief, ask for a new generation."""
+        if self.ended is not None:
+            return  # superseded or reset: this publisher never writes again
+        with self.lock:
+            self.handover.latest = None
+            self._stored_step = -1
+            self._vouched_step = -1
+            self.handover.next_threshold = -1.0
+            self._heard_targets = set()
+            self.handover.skip_gap = True  # the new session's first step ends a gap
+            if not self.contributor:
+                self._generation_wanted += 1
+
+    # -- the writer thread -----------------------------------------------------------
+
+    def generation_to_begin(self) -> tuple[int, bool]:
+        """The generation asked for (pass it on to the next calls), and whether to begin it."""
+        with self.lock:
+            wanted = self._generation_wanted
+            return wanted, not self.contributor and self._generation_begun != wanted
+
+    def begin_generation(self, wanted: int, beginning: Beginning) -> bool:
+        """Take in the generation Redis began for ``wanted``; False if it came too late."""
+        with self.lock:
+            if self._generation_wanted != wanted:
+                return False  # yet another generation was asked for meanwhile
+            self.generation, self._generation_begun = beginning.generation, wanted
+            self._begun_at, self._written = self._clock(), False
+            if not self._marker_taken:
+                # the first generation takes the marker it found (maybe none);
+                # later ones of this publisher keep it, so that a reset since the
+                # publisher began still stops it
+                self.reset_marker, self._marker_taken = beginning.reset_marker, True
+            return True
+
+    def join(self, generation: int) -> None:
+        """(A contributor) report into ``generation`` only: the one this worker's wait saw."""
+        with self.lock:
+            self.joined = self.generation = generation
+
+    def conflict(self, message: str) -> None:
+        """Another run's live chief owns the job: stop for good, saying ``message``."""
+        with self.stored:
+            self._end("conflict", message)
+
+    def next_write(self, *, done: bool) -> tuple[StepWrite, int] | None:
+        """The values of the next write and the hand-overs it counts; ``None``: nothing new."""
+        handover = self.handover
+        with self.lock:
+            step, seq = handover.latest, handover.handed
+            if step is None or seq <= self._joined_after:
+                return None
+            values = StepWrite(
+                generation=self.generation or 0,
+                step=step,
+                done=done,
+                vouch=vouches(
+                    now=self._clock(),
+                    probation_until=self.probation_until,
+                    handed_at=handover.handed_at,
+                    step_time=handover.step_time,
+                    done=done,
+                    # a step this generation has not stored yet is news however
+                    # late its write: the loop did hand it over (only a stale one,
+                    # rewritten heartbeat after heartbeat, needs the window)
+                    # (not in a pause: the step is old; if Redis forgot it
+                    # meanwhile, it must not come back as news)
+                    new_step=step > self._vouched_step and handover.paused_at != seq,
+                ),
+                reset_marker=self.reset_marker,
+                # a generation just begun is the newest: if Redis has no state,
+                # its first write is no zombie's (a pause between the begin and
+                # this write, longer than the fence, loses that trust)
+                first=not self._written
+                and self._clock() - self._begun_at < fence_time(self._config.heartbeat),
+            )
+            self._sent = (values.step, values.vouch)
+        return values, seq
+
+    def take_reply(self, result: WriteResult, seq: int, wanted: int) -> bool:
+        """Take in the reply to a write of ``seq`` hand-overs in generation ``wanted``.
+
+        Returns:
+            True if the write counts: its step is stored and its targets are known.
+        """
+        with self.stored:
+            if self._generation_wanted != wanted:
+                # new_generation() came while this write was on its way: its
+                # results describe the old generation and must not count
+                self.wake.set()
+                return False
+            return self._apply(result, seq)
+
+    def refused(self, error: str, *, forbidden: bool) -> None:
+        """A write failed for good with ``error``; ``forbidden``: the user may not write.
+
+        Ends ``flush`` waits; ends a contributor that may not write the step.
+        """
+        with self.stored:
+            self.refusals += 1
+            self.stored.notify_all()
+            if self.contributor and forbidden:
+                # a worker whose user may not write the step (the shipped
+                # worker role): reporting is optional, so say it once and stop
+                self._end(
+                    "refused",
+                    f"this worker does not report the global step: {error} "
+                    "(reporting needs a user with the chief role's rights; see "
+                    "docs/tensorflow-keras.md#workers-keep-the-step-moving)",
+                    level=logging.INFO if self.optional else None,
+                )
+
+    def _apply(self, result: WriteResult, seq: int) -> bool:
+        """Take in a write's reply (holding the lock)."""
+        if result.status == scripts.SUPERSEDED:
+            self._end(
+                "superseded",
+                f"a newer chief (generation {result.stored_generation}) has taken over; this "
+                f"chief (generation {self.generation}) stops publishing",
+            )
+            return False
+        if result.status == scripts.WAS_RESET:
+            self._end(
+                "reset",
+                "the job was reset (stepbarrier reset) after this chief began; it stops "
+                "publishing and waiting workers abort. Start a new chief to run the job again",
+            )
+            return False
+        if result.status == scripts.NOTHING_TO_JOIN:
+            return False  # no live chief state of this run yet: try again next heartbeat
+        if result.status == scripts.OTHER_GENERATION:
+            if self.joined is None and self.generation is None:
+                # not yet joined: the generation found is the one to report into,
+                # with the steps handed over from now on. Those handed over before
+                # may have been read before that generation began (a chief that
+                # restored an older checkpoint meanwhile): they are not written
+                self.joined = self.generation = result.stored_generation or 0
+                self._joined_after = self.handover.handed  # every one before this reply
+                self.stored_seq = max(self.stored_seq, self._joined_after)
+                self.stored.notify_all()
+                return False
+            # another chief generation took over: a contributor reports only into
+            # the generation it joined (its steps may be an earlier run's, or read
+            # before that chief restored an older checkpoint), so it stops
+            self._end(
+                "superseded",
+                f"the job now has chief generation {result.stored_generation}; this worker "
+                f"reported into generation {self.generation} only and stops reporting",
+            )
+            return False
+        if result.created and not self.contributor:
+            # no valid state was stored: this write made it; it vouches for
+            # nothing until a newer chief, if there is one, could have fenced it
+            self.probation_until = self._clock() + fence_time(self._config.heartbeat)
+            log.info(
+                "job %s: no state was stored (a new job, or Redis forgot it); this chief's "
+                "step releases workers after %.1f s of probation",
+                self._config.job,
+                fence_time(self._config.heartbeat),
+            )
+        self._written = True
+        if result.created:
+            self._vouched_step = -1  # this write's vouch was dropped: probation
+        elif self._sent[1]:
+            self._vouched_step = max(self._vouched_step, self._sent[0])
+        stored = -1 if result.stored_step is None else result.stored_step
+        self._stored_step = stored
+        self._heard_targets = {t for t in self._heard_targets if t > stored}
+        self.pending = result.targets
+        self._refresh_threshold()
+        self.stored_seq = max(self.stored_seq, seq)
+        self.stored.notify_all()
+        return True
+
+    def _end(self, why: str, message: str, *, level: int | None = None) -> None:
+        """Stop this writer for good (holding the lock)."""
+        if self.ended is None:
+            self.end_message = message
+            self.ended = why
+            if level is None:
+                level = logging.ERROR if why in ("reset", "conflict") else logging.WARNING
+            log.log(level, "job %s: %s", self._config.job, message)
+        self.handover.next_threshold = math.inf
+        self.stored.notify_all()
+        self.wake.set()
+
+    def _refresh_threshold(self) -> None:
+        """Set the step at which the next write is due (holding the lock)."""
+        if self._stored_step < 0:
+            # No write in this generation yet: the next publish must write at once,
+            # even if a registration was heard first (it would wait a heartbeat).
+            self.handover.next_threshold = -1.0
+            return
+        candidates = [*self.pending[:1], *self._heard_targets]
+        self.handover.next_threshold = float(min(candidates)) if candidates else math.inf
+        latest = self.handover.latest
+        if latest is not None and latest >= self.handover.next_threshold:
+            self.wake.set()
+
+    # -- the registration listener's thread ------------------------------------------
+
+    def heard(self, target: int) -> None:
+        """A new waiter registered ``target`` (called by the registration listener)."""
+        if self.ended is not None:
+            return
+        if target <= self._stored_step:
+            # a late worker: its step is reached, and it is released by a write it
+            # sees happen (docs/protocol.md#observed-writes): write one now
+            self.wake.set()
+            return
+        with self.lock:
+            self._heard_targets.add(target)
+            self._refresh_threshold()

@@ -1,0 +1,426 @@
+"""The one place that reads ``STEPBARRIER_*`` variables and ``TF_CONFIG``.
+
+``BarrierConfig.from_env`` builds its configuration of ``settings_from_env``, and
+``hooks_from_env`` and ``callbacks_from_env`` first ask ``barrier_role_from_env``;
+nothing else in the library looks at the environment. Each variable is parsed
+here and checked again by ``BarrierConfig``; an error names the variable and
+what was expected, and never contains a secret. This module builds no
+``BarrierConfig`` itself: ``stepbarrier._config.settings`` depends on it, not the reverse.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import stat
+from collections.abc import Mapping
+from typing import TypedDict
+
+from stepbarrier._config.checks import check_url, mask_url, validate_job, validate_run_id
+from stepbarrier._config.defaults import (
+    DEFAULT_DONE_TTL,
+    DEFAULT_HEARTBEAT,
+    DEFAULT_KEY_TTL,
+    DEFAULT_NO_CHIEF_WARNING,
+    DEFAULT_REDIS_URL,
+    DEFAULT_SENTINEL_SERVICE,
+    DEFAULT_STALL_TIMEOUT,
+    OnTimeout,
+    Role,
+)
+from stepbarrier._config.schedule import MAX_STEP, validate_schedule
+from stepbarrier._config.tf_config import (
+    MAX_TASK_ID,
+    NO_ROLE_TASK_TYPES,
+    task_from_tf_config,
+    trainer_count,
+)
+from stepbarrier._protocol.barrier_record import validate_parties
+from stepbarrier.errors import ConfigurationError
+
+
+def _get(env: Mapping[str, str], name: str) -> str | None:
+    value = env.get(name)
+    if value is None or value.strip() == "":
+        return None
+    return value.strip()
+
+
+def job_in_env(environ: Mapping[str, str] | None = None) -> bool:
+    """True if ``STEPBARRIER_JOB`` is set (to anything but blanks): stepbarrier is
+    configured on this host (``GlobalStepWaiterHook`` without it waits as
+    TensorFlow's hook does)."""
+    return _get(os.environ if environ is None else environ, "STEPBARRIER_JOB") is not None
+
+
+def barrier_role_from_env(environ: Mapping[str, str] | None = None) -> Role | None:
+    """This host's barrier role, before anything else is read or checked.
+
+    ``hooks_from_env`` and ``callbacks_from_env`` ask this first, so that a ps or
+    evaluator task needs no ``STEPBARRIER_*`` variable at all.
+
+    Args:
+        environ: The variables to read; ``os.environ`` when ``None``.
+
+    Returns:
+        ``"chief"`` or ``"worker"``; ``None`` for a ps or evaluator task of
+        ``TF_CONFIG`` (unless ``STEPBARRIER_ROLE`` gives it a role).
+
+    Raises:
+        ConfigurationError: No role can be found (neither ``STEPBARRIER_ROLE``
+            nor a chief or worker task in ``TF_CONFIG``), or a variable the role
+            comes from is invalid.
+    """
+    role, _, tf_type = _host_task(os.environ if environ is None else environ)
+    if role is not None or tf_type in NO_ROLE_TASK_TYPES:
+        return role
+    how = (
+        "set STEPBARRIER_ROLE=chief on the chief, and STEPBARRIER_ROLE=worker with "
+        "STEPBARRIER_TASK_ID=N (N >= 1, the chief being task 0) on each worker"
+    )
+    if tf_type is not None:
+        raise ConfigurationError(
+            f"TF_CONFIG gives this host the task type {tf_type[:40]!r}, which has no barrier "
+            f"role (chief, master and worker have one; ps and evaluator need none): {how}",
+            variable="TF_CONFIG",
+        )
+    raise ConfigurationError(
+        "this host has no barrier role: neither STEPBARRIER_ROLE nor TF_CONFIG says "
+        "whether it is the chief or a worker (launchers that pass --job_name/--task_index "
+        f"flags set neither): {how}, or set TF_CONFIG to the cluster and this task",
+        variable="STEPBARRIER_ROLE",
+    )
+
+
+def barrier_parties_from_env(
+    environ: Mapping[str, str] | None = None, parties: int | None = None
+) -> int:
+    """The parties of the job's start and end barriers: ``parties`` if given, else
+    the chief and worker tasks of ``TF_CONFIG``.
+
+    Raises:
+        ConfigurationError: Neither says, or ``parties`` is invalid.
+    """
+    if parties is not None:
+        return validate_parties(parties)
+    found = trainer_count((os.environ if environ is None else environ).get("TF_CONFIG"))
+    if found is None:
+        raise ConfigurationError(
+            "the start and end barriers need the number of parties (the chief and the "
+            "workers): pass parties=N, or set TF_CONFIG to the cluster",
+            variable="parties",
+        )
+    return found
+
+
+def _host_task(env: Mapping[str, str]) -> tuple[Role | None, int | None, str | None]:
+    """Role, task id, and the task type of ``TF_CONFIG`` if it had to be read.
+
+    ``STEPBARRIER_ROLE`` and ``STEPBARRIER_TASK_ID`` win; ``TF_CONFIG`` is read
+    only for what they leave open, so that a ``TF_CONFIG`` this library cannot
+    use never blocks them.
+    """
+    role = _env_role(env)
+    task_id = _env_int(env, "STEPBARRIER_TASK_ID", low=0, high=MAX_TASK_ID)
+    if role == "chief" and task_id is None:
+        task_id = 0
+    if role is not None and task_id is not None:
+        return role, task_id, None
+    tf_task = task_from_tf_config(env.get("TF_CONFIG"))
+    if task_id is None:
+        task_id = tf_task.task_id
+    return role or tf_task.role, task_id, tf_task.type
+
+
+def _env_role(env: Mapping[str, str]) -> Role | None:
+    text = _get(env, "STEPBARRIER_ROLE")
+    if text is None:
+        return None
+    if text.lower() == "chief":
+        return "chief"
+    if text.lower() == "worker":
+        return "worker"
+    raise ConfigurationError(
+        f"STEPBARRIER_ROLE must be 'chief' or 'worker', got {text[:40]!r}",
+        variable="STEPBARRIER_ROLE",
+    )
+
+
+class EnvSettings(TypedDict):
+    """The ``BarrierConfig`` arguments that the environment gives, checked."""
+
+    job: str
+    redis_url: str
+    redis_username: str | None
+    redis_password: str | None
+    tls_ca_file: str | None
+    tls_cert_file: str | None
+    tls_key_file: str | None
+    sentinels: tuple[tuple[str, int], ...]
+    sentinel_service: str
+    role: Role | None
+    task_id: int | None
+    wait_until_step: int | None
+    schedule: str | None
+    timeout: float | None
+    stall_timeout: float
+    on_timeout: OnTimeout
+    heartbeat: float
+    key_ttl: int
+    run_id: str | None
+    done_ttl: int
+    progress_timeout: float | None
+    no_chief_warning: float
+    use_eval: bool
+    redis_cluster: bool
+    tls_insecure: bool
+
+
+def settings_from_env(env: Mapping[str, str]) -> EnvSettings:
+    """The settings that ``env`` (``STEPBARRIER_*`` and ``TF_CONFIG``) describes.
+
+    ``stepbarrier._config.settings.config_from_env`` (and ``BarrierConfig.from_env``) make
+    a ``BarrierConfig`` of them.
+
+    Raises:
+        ConfigurationError: A variable is missing or invalid; the message names it.
+    """
+    job = _get(env, "STEPBARRIER_JOB")
+    if job is None:
+        raise ConfigurationError(
+            "STEPBARRIER_JOB is required: name the job, e.g. STEPBARRIER_JOB=mnist-42",
+            variable="STEPBARRIER_JOB",
+        )
+    validate_job(job)
+    url = _get(env, "STEPBARRIER_REDIS_URL") or DEFAULT_REDIS_URL
+    tls_insecure = _env_flag(env, "STEPBARRIER_TLS_INSECURE")
+    check_url(url, "STEPBARRIER_REDIS_URL", tls_insecure=tls_insecure)
+    role, task_id, _ = _host_task(env)
+    schedule = _get(env, "STEPBARRIER_SCHEDULE")
+    if schedule is not None:
+        schedule = validate_schedule(schedule, variable="STEPBARRIER_SCHEDULE")
+    on_timeout = (_get(env, "STEPBARRIER_ON_TIMEOUT") or "raise").lower()
+    if on_timeout not in ("raise", "proceed"):
+        raise ConfigurationError(
+            f"STEPBARRIER_ON_TIMEOUT must be 'raise' or 'proceed', got {on_timeout!r}",
+            variable="STEPBARRIER_ON_TIMEOUT",
+        )
+    heartbeat = _env_seconds(env, "STEPBARRIER_HEARTBEAT", high=3600.0)
+    stall = _env_seconds(env, "STEPBARRIER_STALL_TIMEOUT")
+    if stall is not None and stall <= (heartbeat or DEFAULT_HEARTBEAT):
+        raise ConfigurationError(
+            "STEPBARRIER_STALL_TIMEOUT must be longer than STEPBARRIER_HEARTBEAT "
+            f"({heartbeat or DEFAULT_HEARTBEAT:g} s), got {stall:g}",
+            variable="STEPBARRIER_STALL_TIMEOUT",
+        )
+    if heartbeat is not None and stall is None and heartbeat >= DEFAULT_STALL_TIMEOUT:
+        raise ConfigurationError(
+            f"STEPBARRIER_HEARTBEAT ({heartbeat:g} s) must be shorter than the stall "
+            f"timeout ({DEFAULT_STALL_TIMEOUT:g} s); set STEPBARRIER_STALL_TIMEOUT too",
+            variable="STEPBARRIER_HEARTBEAT",
+        )
+    cert = _env_file(env, "STEPBARRIER_TLS_CERT_FILE")
+    key = _env_file(env, "STEPBARRIER_TLS_KEY_FILE")
+    if (cert is None) != (key is None):
+        raise ConfigurationError(
+            "STEPBARRIER_TLS_CERT_FILE and STEPBARRIER_TLS_KEY_FILE go together: "
+            "set both or neither",
+            variable="STEPBARRIER_TLS_CERT_FILE" if key else "STEPBARRIER_TLS_KEY_FILE",
+        )
+    ca = _env_file(env, "STEPBARRIER_TLS_CA_FILE")
+    if (ca or cert) and not url.startswith("rediss://"):
+        # never let a TLS setting be silently ignored on a plain connection
+        variable = "STEPBARRIER_TLS_CA_FILE" if ca else "STEPBARRIER_TLS_CERT_FILE"
+        raise ConfigurationError(
+            f"{variable} is set but STEPBARRIER_REDIS_URL is not a rediss:// URL "
+            f"({mask_url(url)}); use rediss:// for TLS",
+            variable=variable,
+        )
+    ttl = _env_int(env, "STEPBARRIER_KEY_TTL", low=60, high=10 * 365 * 24 * 3600)
+    done_ttl = _env_int(env, "STEPBARRIER_DONE_TTL", low=1, high=10 * 365 * 24 * 3600)
+    run_id = _get(env, "STEPBARRIER_RUN_ID")
+    if run_id is not None:
+        validate_run_id(run_id)
+    return EnvSettings(
+        job=job,
+        redis_url=url,
+        redis_username=_get(env, "STEPBARRIER_REDIS_USERNAME"),
+        redis_password=_password(env),
+        tls_ca_file=ca,
+        tls_cert_file=cert,
+        tls_key_file=key,
+        sentinels=_sentinels(env),
+        sentinel_service=_get(env, "STEPBARRIER_SENTINEL_SERVICE") or DEFAULT_SENTINEL_SERVICE,
+        role=role,
+        task_id=task_id,
+        wait_until_step=_env_int(env, "STEPBARRIER_WAIT_UNTIL_STEP", low=0, high=MAX_STEP),
+        schedule=schedule,
+        timeout=_env_seconds(env, "STEPBARRIER_TIMEOUT"),
+        stall_timeout=stall if stall is not None else DEFAULT_STALL_TIMEOUT,
+        on_timeout="proceed" if on_timeout == "proceed" else "raise",
+        heartbeat=heartbeat if heartbeat is not None else DEFAULT_HEARTBEAT,
+        key_ttl=ttl if ttl is not None else DEFAULT_KEY_TTL,
+        run_id=run_id,
+        done_ttl=done_ttl if done_ttl is not None else DEFAULT_DONE_TTL,
+        progress_timeout=_env_seconds(env, "STEPBARRIER_PROGRESS_TIMEOUT"),
+        no_chief_warning=_env_seconds(env, "STEPBARRIER_NO_CHIEF_WARNING")
+        or DEFAULT_NO_CHIEF_WARNING,
+        use_eval=_env_flag(env, "STEPBARRIER_USE_EVAL"),
+        redis_cluster=_env_flag(env, "STEPBARRIER_REDIS_CLUSTER"),
+        tls_insecure=tls_insecure,
+    )
+
+
+def _env_int(env: Mapping[str, str], name: str, *, low: int, high: int) -> int | None:
+    text = _get(env, name)
+    if text is None:
+        return None
+    try:
+        value = int(text, 10)
+    except ValueError:
+        value = None
+    if value is None or not low <= value <= high:
+        raise ConfigurationError(
+            f"{name} must be an integer from {low} to {high}, got {text[:80]!r}",
+            variable=name,
+        )
+    return value
+
+
+def _env_flag(env: Mapping[str, str], name: str) -> bool:
+    text = _get(env, name)
+    if text is None or text.lower() in ("0", "false", "no", "off"):
+        return False
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    raise ConfigurationError(f"{name} must be 1 or 0, got {text[:80]!r}", variable=name)
+
+
+def _env_seconds(env: Mapping[str, str], name: str, *, high: float = 1e9) -> float | None:
+    text = _get(env, name)
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and 0 < value <= high):
+        raise ConfigurationError(
+            f"{name} must be a number of seconds above 0 and at most {high:g}, got {text[:80]!r}",
+            variable=name,
+        )
+    return value
+
+
+def _env_file(env: Mapping[str, str], name: str) -> str | None:
+    path = _get(env, name)
+    if path is None:
+        return None
+    if not os.path.isfile(path):
+        raise ConfigurationError(
+            f"{name} must name a readable file, but {path[:200]!r} is not a file",
+            variable=name,
+        )
+    return path
+
+
+MAX_PASSWORD_FILE = 4096
+"""The most bytes a password file may hold, its trailing newline included."""
+
+
+def read_password_file(path: str, *, name: str, variable: str) -> str:
+    """The text of the password file at ``path``, without its trailing newlines.
+
+    Only a regular file (or a link to one) of at most ``MAX_PASSWORD_FILE``
+    bytes is read: a device such as ``/dev/zero`` or ``/dev/stdin``, a pipe or
+    a directory is refused before anything is read (it might never end, or
+    block), and so is a larger file, after reading one byte more than the
+    limit. The file may be empty (the caller decides what that means).
+
+    Args:
+        path: The file to read.
+        name: What the message names the file by, e.g. ``--password-file``.
+        variable: The ``ConfigurationError``'s ``variable``.
+
+    Raises:
+        ConfigurationError: The file is missing, unreadable, not a regular file,
+            too large or not UTF-8; the message names it, never its content.
+    """
+    shown = repr(path[:200])
+    try:
+        # O_NONBLOCK: opening a FIFO without a writer must not block
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        raise ConfigurationError(
+            f"{name}: cannot read {shown} ({type(exc).__name__})", variable=variable
+        ) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ConfigurationError(
+                f"{name}: {shown} is not a regular file (a device, a pipe or a directory "
+                "could be read for ever, or block); name a file that holds the password",
+                variable=variable,
+            )
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            data = handle.read(MAX_PASSWORD_FILE + 1)
+    except OSError as exc:
+        raise ConfigurationError(
+            f"{name}: cannot read {shown} ({type(exc).__name__})", variable=variable
+        ) from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_PASSWORD_FILE:
+        raise ConfigurationError(
+            f"{name}: {shown} holds more than {MAX_PASSWORD_FILE} bytes; a password file "
+            "holds only the password (and a newline)",
+            variable=variable,
+        )
+    try:
+        return data.decode("utf-8").rstrip("\r\n")
+    except UnicodeDecodeError:
+        raise ConfigurationError(
+            f"{name}: cannot read {shown} (it is not UTF-8 text)", variable=variable
+        ) from None
+
+
+def _password(env: Mapping[str, str]) -> str | None:
+    direct = env.get("STEPBARRIER_REDIS_PASSWORD") or None
+    path = _get(env, "STEPBARRIER_REDIS_PASSWORD_FILE")
+    if direct is not None and path is not None:
+        raise ConfigurationError(
+            "set STEPBARRIER_REDIS_PASSWORD or STEPBARRIER_REDIS_PASSWORD_FILE, not both",
+            variable="STEPBARRIER_REDIS_PASSWORD_FILE",
+        )
+    if path is None:
+        return direct
+    variable = "STEPBARRIER_REDIS_PASSWORD_FILE"
+    secret = read_password_file(path, name=variable, variable=variable)
+    if not secret:
+        raise ConfigurationError(f"{variable}: {path[:200]!r} is empty", variable=variable)
+    return secret
+
+
+def _sentinels(env: Mapping[str, str]) -> tuple[tuple[str, int], ...]:
+    text = _get(env, "STEPBARRIER_SENTINELS")
+    if text is None:
+        return ()
+    result: list[tuple[str, int]] = []
+    for item in text.split(","):
+        host, sep, port_text = item.strip().rpartition(":")
+        host = host.strip("[]")
+        valid_host = bool(host) and re.match(r"^[A-Za-z0-9.:_-]+$", host) is not None
+        if not sep or not valid_host or not port_text.isdigit():
+            raise ConfigurationError(
+                "STEPBARRIER_SENTINELS must be host:port pairs separated by commas, "
+                f"e.g. 10.0.0.5:26379,10.0.0.6:26379; got {item.strip()[:80]!r}",
+                variable="STEPBARRIER_SENTINELS",
+            )
+        port = int(port_text)
+        if not 0 < port < 65536:
+            raise ConfigurationError(
+                f"STEPBARRIER_SENTINELS: port must be 1-65535, got {item.strip()!r}",
+                variable="STEPBARRIER_SENTINELS",
+            )
+        result.append((host, port))
+    return tuple(result)

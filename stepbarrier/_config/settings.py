@@ -1,0 +1,230 @@
+"""The barrier's settings: ``BarrierConfig``, its defaults and its validation.
+
+Every host (chief, worker, operator shell) is configured through
+``STEPBARRIER_*`` variables, falling back to TensorFlow's ``TF_CONFIG`` for the
+role and task id. ``stepbarrier._config.environment``, the only code that reads them,
+turns them into checked values, and ``BarrierConfig.from_env`` builds a frozen
+``BarrierConfig`` of them; everything else in the library takes that object.
+The defaults live in ``stepbarrier._config.defaults``, the checks of single settings in
+``stepbarrier._config.checks``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from urllib.parse import urlsplit
+
+from stepbarrier._config.checks import (
+    check_int,
+    check_seconds,
+    check_url,
+    mask_url,
+    validate_job,
+    validate_run_id,
+)
+from stepbarrier._config.defaults import (
+    DEFAULT_DONE_TTL,
+    DEFAULT_HEARTBEAT,
+    DEFAULT_KEY_TTL,
+    DEFAULT_NO_CHIEF_WARNING,
+    DEFAULT_REDIS_URL,
+    DEFAULT_SENTINEL_SERVICE,
+    DEFAULT_STALL_TIMEOUT,
+    FALLBACK_INTERVAL,
+    OnTimeout,
+    Role,
+)
+from stepbarrier._config.environment import settings_from_env
+from stepbarrier._config.schedule import MAX_STEP, schedule_wait_until_step, validate_schedule
+from stepbarrier._protocol.keys import JobKeys
+from stepbarrier.errors import ConfigurationError
+
+
+@dataclass(frozen=True)
+class BarrierConfig:
+    """Settings for a chief, a worker or an operator tool of one job.
+
+    Build it directly in code, or from the environment with ``from_env``.
+    Unset optional settings are ``None``.
+
+    Example:
+        >>> cfg = BarrierConfig(job="mnist-42", redis_url="redis://redis:6379/0")
+        >>> cfg.keys.channel
+        'stepbarrier:{mnist-42}:steps'
+    """
+
+    job: str
+    redis_url: str = DEFAULT_REDIS_URL
+    redis_username: str | None = None
+    redis_password: str | None = field(default=None, repr=False)
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    sentinels: tuple[tuple[str, int], ...] = ()
+    sentinel_service: str = DEFAULT_SENTINEL_SERVICE
+    role: Role | None = None
+    task_id: int | None = None
+    wait_until_step: int | None = None
+    schedule: str | None = None
+    timeout: float | None = None
+    stall_timeout: float = DEFAULT_STALL_TIMEOUT
+    on_timeout: OnTimeout = "raise"
+    heartbeat: float = DEFAULT_HEARTBEAT
+    key_ttl: int = DEFAULT_KEY_TTL
+    fallback_interval: float = FALLBACK_INTERVAL
+    run_id: str | None = None
+    done_ttl: int = DEFAULT_DONE_TTL
+    progress_timeout: float | None = None
+    no_chief_warning: float = DEFAULT_NO_CHIEF_WARNING
+    use_eval: bool = False
+    redis_cluster: bool = False
+    tls_insecure: bool = False
+
+    def __post_init__(self) -> None:
+        validate_job(self.job, variable="job")
+        if self.run_id is not None:
+            validate_run_id(self.run_id, variable="run_id")
+        check_int(self.done_ttl, "done_ttl", low=1, high=10 * 365 * 24 * 3600)
+        if self.progress_timeout is not None:
+            check_seconds(self.progress_timeout, "progress_timeout")
+        check_seconds(self.no_chief_warning, "no_chief_warning")
+        if not isinstance(self.use_eval, bool):
+            raise ConfigurationError(
+                f"use_eval must be True or False, got {self.use_eval!r}", variable="use_eval"
+            )
+        if not isinstance(self.redis_cluster, bool):
+            raise ConfigurationError(
+                f"redis_cluster must be True or False, got {self.redis_cluster!r}",
+                variable="redis_cluster",
+            )
+        if self.redis_cluster:
+            _check_cluster(self)
+        if not isinstance(self.tls_insecure, bool):
+            raise ConfigurationError(
+                f"tls_insecure must be True or False, got {self.tls_insecure!r}",
+                variable="tls_insecure",
+            )
+        # a rediss:// URL weakens TLS (?ssl_cert_reqs=none) only under tls_insecure
+        check_url(self.redis_url, "redis_url", tls_insecure=self.tls_insecure)
+        if self.role not in (None, "chief", "worker"):
+            raise ConfigurationError(
+                f"role must be 'chief' or 'worker', got {self.role!r}", variable="role"
+            )
+        if self.task_id is not None:
+            check_int(self.task_id, "task_id", low=0, high=1_000_000)
+        if self.wait_until_step is not None:
+            check_int(self.wait_until_step, "wait_until_step", low=0, high=MAX_STEP)
+        if self.schedule is not None:
+            object.__setattr__(self, "schedule", validate_schedule(self.schedule))
+        if self.timeout is not None:
+            check_seconds(self.timeout, "timeout")
+        check_seconds(self.stall_timeout, "stall_timeout")
+        check_seconds(self.heartbeat, "heartbeat", high=3600.0)
+        check_seconds(self.fallback_interval, "fallback_interval", high=5.0)
+        check_int(self.key_ttl, "key_ttl", low=60, high=10 * 365 * 24 * 3600)
+        if self.on_timeout not in ("raise", "proceed"):
+            raise ConfigurationError(
+                f"on_timeout must be 'raise' or 'proceed', got {self.on_timeout!r}",
+                variable="on_timeout",
+            )
+        if self.stall_timeout <= self.heartbeat:
+            raise ConfigurationError(
+                f"stall_timeout ({self.stall_timeout:g} s) must be longer than the "
+                f"heartbeat ({self.heartbeat:g} s)",
+                variable="stall_timeout",
+            )
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ConfigurationError(
+                "tls_cert_file and tls_key_file go together: set both or neither",
+                variable="tls_cert_file",
+            )
+
+    def __repr__(self) -> str:
+        # never the password, whether it came in the URL or on its own
+        shown = []
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if item.name == "redis_url":
+                value = self.safe_url
+            elif item.name == "redis_password" and value is not None:
+                value = "***"
+            shown.append(f"{item.name}={value!r}")
+        return f"BarrierConfig({', '.join(shown)})"
+
+    @property
+    def keys(self) -> JobKeys:
+        """The Redis key and channel names of this job."""
+        return JobKeys.for_job(self.job)
+
+    @property
+    def safe_url(self) -> str:
+        """The Redis URL with any password masked, for messages and logs."""
+        return mask_url(self.redis_url)
+
+    def resolved_wait_until_step(self) -> int:
+        """The step this host waits for: the explicit value, else its schedule.
+
+        Raises:
+            ConfigurationError: Neither is set, or a schedule needs a task id.
+        """
+        if self.wait_until_step is not None:
+            return self.wait_until_step
+        if self.schedule is None:
+            raise ConfigurationError(
+                "set STEPBARRIER_WAIT_UNTIL_STEP or STEPBARRIER_SCHEDULE to say which "
+                "step this worker waits for",
+                variable="STEPBARRIER_WAIT_UNTIL_STEP",
+            )
+        if self.task_id is None:
+            raise ConfigurationError(
+                f"schedule {self.schedule!r} needs a task id: set STEPBARRIER_TASK_ID or TF_CONFIG",
+                variable="STEPBARRIER_TASK_ID",
+            )
+        return schedule_wait_until_step(self.task_id, self.schedule)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> BarrierConfig:
+        """Build the configuration from ``STEPBARRIER_*`` variables and ``TF_CONFIG``.
+
+        Args:
+            environ: The variables to read; ``os.environ`` when ``None``.
+
+        Raises:
+            ConfigurationError: A variable is missing or invalid; the message names
+                it and says what was expected (never its value if it is a secret).
+        """
+        return config_from_env(os.environ if environ is None else environ)
+
+
+def _check_cluster(config: BarrierConfig) -> None:
+    variable = "STEPBARRIER_REDIS_CLUSTER"
+    if config.sentinels:
+        raise ConfigurationError(
+            "STEPBARRIER_REDIS_CLUSTER and STEPBARRIER_SENTINELS do not go together: a "
+            "Redis Cluster fails over by itself; set one or the other",
+            variable=variable,
+        )
+    parts = urlsplit(config.redis_url)
+    if parts.scheme not in ("redis", "rediss"):
+        raise ConfigurationError(
+            "STEPBARRIER_REDIS_CLUSTER needs a redis:// or rediss:// STEPBARRIER_REDIS_URL "
+            f"naming one node of the cluster, got {mask_url(config.redis_url)}",
+            variable="STEPBARRIER_REDIS_URL",
+        )
+    if parts.path.lstrip("/") not in ("", "0"):
+        raise ConfigurationError(
+            "a Redis Cluster has only database 0: STEPBARRIER_REDIS_URL must end in /0 or "
+            f"name no database, got {mask_url(config.redis_url)}",
+            variable="STEPBARRIER_REDIS_URL",
+        )
+
+
+def config_from_env(env: Mapping[str, str]) -> BarrierConfig:
+    """The configuration that ``env`` (``STEPBARRIER_*`` and ``TF_CONFIG``) describes.
+
+    Raises:
+        ConfigurationError: A variable is missing or invalid; the message names it.
+    """
+    return BarrierConfig(**settings_from_env(env))

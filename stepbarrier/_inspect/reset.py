@@ -1,0 +1,98 @@
+"""Ending a job by hand: delete its keys and abort whoever still waits.
+
+The waiters' registry entries are found through the job's index (the targets
+sorted set), never by scanning the keyspace. The named barriers need no
+finding: the reset begins a new barrier epoch, so every barrier begun before it
+is stale at once, however many there are (up to ``MAX_RESET_BARRIERS`` that the
+barrier index names are deleted too, to tidy up; the others expire).
+
+Bounded work: whoever may write the job's keys may fill its indexes by hand, so
+no call of a reset is long. The entries go by ``UNLINK`` (a large one's memory
+is freed off Redis's main thread) in batches of ``RESET_BATCH``, before the
+reset function, which is given at most ``RESET_BATCH`` entries and
+``MAX_RESET_BARRIERS`` barriers (the function itself refuses more), and deletes
+the indexes whole, however large.
+"""
+
+from __future__ import annotations
+
+import re
+
+import redis
+
+from stepbarrier._config.settings import BarrierConfig
+from stepbarrier._inspect.registry import indexed_keys
+from stepbarrier._protocol.keys import JobKeys
+from stepbarrier._protocol.library import MAX_RESET_KEYS
+from stepbarrier._redis.client import RedisClient, with_client
+from stepbarrier._redis.functions import RedisCode, publish_command
+
+RESET_MARKER_TTL = 24 * 3600
+"""Seconds the reset marker stays, so waiters that reconnect later still abort."""
+RESET_BATCH = 1000
+"""Registry keys deleted per command (the last batch goes with the reset script)."""
+MAX_RESET_WAITERS = 100_000
+"""Most registry entries one reset deletes; any others expire by their TTL."""
+MAX_RESET_BARRIERS = MAX_RESET_KEYS - RESET_BATCH
+"""Most barrier hashes one reset deletes (those the index names first); the
+others are stale by the new epoch, and expire by their TTL."""
+_BARRIER_MEMBER = re.compile(rb"[A-Za-z0-9._-]{1,64}(:[A-Za-z0-9._-]{1,64})?")
+
+
+def reset_job(config: BarrierConfig, client: RedisClient | None = None) -> int:
+    """Delete the job's keys and make every barrier stale; waiting tasks get
+    ``BarrierAborted`` at once.
+
+    A marker with the reset's time stays for ``RESET_MARKER_TTL``: a waiter that
+    began before it and missed the announcement aborts on its next read, and a
+    chief that began before it stops publishing instead of bringing the job back.
+
+    Returns:
+        The number of waiter entries removed.
+    """
+    keys = config.keys
+
+    def run(active: RedisClient) -> int:
+        entries = _indexed(active, config)
+        batches = [entries[i : i + RESET_BATCH] for i in range(0, len(entries), RESET_BATCH)]
+        last = batches.pop() if batches else []
+        removed = sum(int(active.unlink(*batch)) for batch in batches)
+        removed += int(active.exists(*last)) if last else 0
+        fixed = [keys.state, keys.targets, keys.registrations, keys.reset]
+        fixed += [keys.barrier_index, keys.barrier_epoch]
+        args = [keys.channel, RESET_MARKER_TTL, publish_command(config), keys.barrier_channel]
+        barriers = reset_barrier_keys(active, keys)  # to tidy up: the new epoch makes all stale
+        RedisCode(active, config).call("reset_job", [*fixed, *last, *barriers], args)
+        return removed
+
+    return with_client(config, client, run, action="reset the job", retry_seconds=5.0)
+
+
+def reset_barrier_keys(client: RedisClient, keys: JobKeys) -> list[bytes]:
+    """The hashes of at most ``MAX_RESET_BARRIERS`` barriers the job's index names
+    (one bounded read: ``LIMIT``, whatever the index holds).
+
+    Raises:
+        redis.exceptions.NoPermissionError: The user may not read the index.
+    """
+    try:
+        members = client.zrangebyscore(
+            keys.barrier_index, "-inf", "+inf", start=0, num=MAX_RESET_BARRIERS
+        )
+    except redis.exceptions.NoPermissionError:
+        raise
+    except redis.ResponseError:
+        return []  # not a sorted set: reset deletes it, and there is nothing to follow
+    prefix = keys.barrier_prefix.encode()
+    names = (m if isinstance(m, bytes) else str(m).encode() for m in members)
+    # only a barrier's name can name a barrier the library made
+    return [prefix + name for name in names if _BARRIER_MEMBER.fullmatch(name)]
+
+
+def _indexed(client: RedisClient, config: BarrierConfig) -> list[bytes]:
+    try:
+        return list(indexed_keys(client, config.keys, page=RESET_BATCH, limit=MAX_RESET_WAITERS))
+    except redis.exceptions.NoPermissionError:
+        raise
+    except redis.ResponseError:
+        return []  # not a sorted set: no index to follow, and the script deletes it

@@ -1,0 +1,122 @@
+"""A large job's waiters in numbers: how many, the nearest targets, a histogram.
+
+``stepbarrier status`` and ``watch`` list each waiting worker while there are
+few (``LIST_UP_TO``). A job of thousands of workers is summarised instead,
+out of the targets index alone: a few ``ZRANGEBYSCORE`` pages, never a
+keyspace SCAN and never one read per worker, so a refresh costs the same few
+commands whatever the number of waiters (up to ``SUMMARY_LIMIT``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from stepbarrier._config.settings import BarrierConfig
+from stepbarrier._inspect.registry import parse_index, queue_index_read
+from stepbarrier._inspect.status import STATUS_RETRY_SECONDS, JobStatus, read_status
+from stepbarrier._redis.client import RedisClient, with_client
+
+LIST_UP_TO = 20
+"""``status`` and ``watch`` list each waiter up to this many, and summarise beyond."""
+NEAREST = 5
+"""How many of the lowest targets the summary names, with their waiters."""
+BUCKETS = 10
+"""Bars of the targets' histogram."""
+PAGE = 5_000
+"""Index members read per command."""
+SUMMARY_LIMIT = 100_000
+"""Most waiters one summary counts (the lowest targets first)."""
+
+
+@dataclass(frozen=True)
+class WaiterSummary:
+    """How many workers wait for what.
+
+    Attributes:
+        waiting: Registered waiters (the index's members with a valid target).
+        reached: Those whose target the chief's stored step has reached (they
+            are released by the chief's next announcement or their next read).
+        nearest: ``(target, waiters)`` for the lowest targets, lowest first.
+        histogram: ``(first step, last step, waiters)`` per bar, covering the
+            lowest to the highest target.
+        complete: False if there were more than ``SUMMARY_LIMIT`` waiters.
+    """
+
+    waiting: int
+    reached: int
+    nearest: tuple[tuple[int, int], ...]
+    histogram: tuple[tuple[int, int, int], ...]
+    complete: bool = True
+
+    @classmethod
+    def of(
+        cls, targets: Sequence[int], step: int | None, *, complete: bool = True
+    ) -> WaiterSummary:
+        """The summary of waiters waiting for ``targets``, the chief being at ``step``."""
+        counts = Counter(targets)
+        distinct = sorted(counts)
+        reached = sum(n for t, n in counts.items() if step is not None and t <= step)
+        nearest = tuple((t, counts[t]) for t in distinct[:NEAREST])
+        return cls(len(targets), reached, nearest, _histogram(counts, distinct), complete)
+
+
+def _histogram(counts: Counter[int], distinct: list[int]) -> tuple[tuple[int, int, int], ...]:
+    if not distinct:
+        return ()
+    if len(distinct) <= BUCKETS:
+        return tuple((t, t, counts[t]) for t in distinct)
+    low, high = distinct[0], distinct[-1]
+    width = -(-(high - low + 1) // BUCKETS)  # ceiling: BUCKETS bars cover low..high
+    bars = [0] * BUCKETS
+    for target, number in counts.items():
+        bars[(target - low) // width] += number
+    return tuple(
+        (low + i * width, min(high, low + (i + 1) * width - 1), n) for i, n in enumerate(bars)
+    )
+
+
+def read_overview(
+    config: BarrierConfig, client: RedisClient | None = None
+) -> tuple[JobStatus, WaiterSummary | None]:
+    """The job's status, its waiters listed if few, else summarised (``summary`` not ``None``).
+
+    A bounded read: the state, then the index in pages; each waiter's entry is
+    read only when there are at most ``LIST_UP_TO``.
+
+    Raises:
+        RedisUnavailable: Redis was unreachable for ``STATUS_RETRY_SECONDS``.
+        RedisRefused: Redis refused the read (authentication, ACL).
+    """
+    return with_client(
+        config,
+        client,
+        lambda active: _read(config, active),
+        action="read the job's status",
+        retry_seconds=STATUS_RETRY_SECONDS,
+    )
+
+
+def _read(config: BarrierConfig, client: RedisClient) -> tuple[JobStatus, WaiterSummary | None]:
+    problems: list[str] = []
+    targets: list[int] = []
+    for start in range(0, SUMMARY_LIMIT, PAGE):
+        pipe = client.pipeline(transaction=False)
+        queue_index_read(pipe, config.keys, start=start, count=PAGE)
+        (raw,) = pipe.execute(raise_on_error=False)
+        targets += [target for _, target in parse_index(raw, problems)]
+        if not isinstance(raw, list) or len(raw) < PAGE:
+            break
+    else:
+        problems.append(
+            f"more than {SUMMARY_LIMIT:,} indexed waiters: the summary counts the first"
+        )
+    if len(targets) <= LIST_UP_TO:
+        return read_status(config, client), None
+    status = read_status(config, client, waiters=False)
+    complete = len(targets) < SUMMARY_LIMIT
+    if problems:  # malformed index members, or more than SUMMARY_LIMIT
+        status = dataclasses.replace(status, problems=(*status.problems, *problems))
+    return status, WaiterSummary.of(targets, status.step, complete=complete)

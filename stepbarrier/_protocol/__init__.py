@@ -1,0 +1,9 @@
+"""The protocol, as data: what travels through Redis and how it is read back.
+
+``keys`` (the names of a job's keys and channels), ``wire`` (payloads and the
+untrusted reading of what Redis holds), ``freshness`` (probation and the
+confirmation window), ``library`` and ``barrier_library`` (the Functions
+library's Lua), ``barrier_record`` (a named barrier's hash, read back) and
+``roles`` (the ACL rights of each role). Nothing here imports redis-py or
+does I/O; docs/protocol.md specifies what these modules implement.
+"""

@@ -1,0 +1,196 @@
+"""What a named barrier holds in Redis, read back: who arrived, who is missing.
+
+A barrier is one hash under the job's hash tag (see ``stepbarrier._protocol.barrier_library``).
+Each run has its own: the hash's name ends in the run id (``name:run_id``), so
+a barrier of another run id is never this run's. This module only parses and
+names things; reading is ``stepbarrier._barriers.barrier`` (a waiting task) and
+``stepbarrier._barriers.index`` (``stepbarrier status``).
+"""
+
+from __future__ import annotations
+
+import json
+import operator
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from stepbarrier._protocol.wire import parse_int
+from stepbarrier.errors import ConfigurationError
+
+MAX_PARTIES = 100_000
+"""Most tasks one barrier can wait for."""
+BARRIER_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
+"""A barrier's name: like a job name, it becomes part of a key."""
+_TASK_FIELD = re.compile(rb"t(0|[1-9][0-9]{0,8})")
+
+
+def validate_barrier_name(name: object) -> str:
+    """Return ``name`` if it is a valid barrier name, else raise ``ConfigurationError``."""
+    if not isinstance(name, str) or BARRIER_NAME.fullmatch(name) is None:
+        raise ConfigurationError(
+            "a barrier name must be 1 to 64 characters from letters, digits, '.', '_' and "
+            f"'-' (one name per barrier and run, e.g. 'epoch-3'), got {str(name)[:80]!r}",
+            variable="name",
+        )
+    return name
+
+
+def validate_parties(parties: object) -> int:
+    """Return ``parties`` as an int from 1 to ``MAX_PARTIES``, else raise ``ConfigurationError``."""
+    try:
+        count = operator.index(parties)  # type: ignore[arg-type]
+    except TypeError:
+        count = 0
+    if isinstance(parties, bool) or not 1 <= count <= MAX_PARTIES:
+        raise ConfigurationError(
+            f"parties must be an integer from 1 to {MAX_PARTIES} (the chief and the "
+            f"workers that arrive), got {parties!r}",
+            variable="parties",
+        )
+    return count
+
+
+def barrier_member(name: str, run_id: str | None) -> str:
+    """How the barrier ``name`` of run ``run_id`` is named in the job's keys."""
+    return name if run_id is None else f"{name}:{run_id}"
+
+
+def split_member(member: str) -> tuple[str, str | None]:
+    """The name and run id of a barrier from its member name."""
+    name, colon, run_id = member.partition(":")
+    return name, (run_id if colon else None)
+
+
+@dataclass(frozen=True)
+class BarrierState:
+    """One barrier as stored.
+
+    Attributes:
+        name: The barrier's name.
+        run_id: The run it belongs to (``None``: no run id).
+        parties: How many tasks it waits for (ids ``0..parties-1``).
+        arrivals: ``(task id, Redis time in ms)`` of each arrival, by task id.
+        created_ms: Redis time of the first arrival.
+        last_ms: Redis time of the latest arrival.
+        completed_ms: Redis time at which the arrivals completed it, as stored
+            (a record only: ``complete`` counts the arrivals themselves).
+        epoch: The job's barrier epoch token it was begun under (``None``: none
+            stored). A barrier of another epoch than the current one is stale:
+            the next arrival begins it anew.
+    """
+
+    name: str
+    run_id: str | None
+    parties: int
+    arrivals: tuple[tuple[int, int], ...]
+    created_ms: int | None = None
+    last_ms: int | None = None
+    completed_ms: int | None = None
+    epoch: str | None = None
+
+    @property
+    def complete(self) -> bool:
+        """True once every party arrived: each task's own field, counted (never the
+        stored ``arrived`` counter or ``completed_ms``, which anyone who may write
+        the barrier could set, nor an announcement)."""
+        return len(self.arrivals) >= self.parties
+
+    @property
+    def arrived(self) -> tuple[int, ...]:
+        """The ids of the tasks that arrived, sorted."""
+        return tuple(task for task, _ in self.arrivals)
+
+    @property
+    def missing(self) -> tuple[int, ...]:
+        """The ids of the tasks that have not arrived, sorted."""
+        arrived = set(self.arrived)
+        return tuple(task for task in range(self.parties) if task not in arrived)
+
+
+def parse_barrier(member: str, fields: Mapping[bytes, object]) -> BarrierState | None:
+    """The barrier stored under ``member`` from its hash fields; ``None`` if malformed.
+
+    Fields are bytes, as redis-py returns them. Task fields outside
+    ``0..parties-1`` and malformed times are ignored.
+    """
+    parties = parse_int(fields.get(b"parties"), low=1, high=MAX_PARTIES)
+    if parties is None:
+        return None
+    arrivals = []
+    for field, value in fields.items():
+        match = _TASK_FIELD.fullmatch(field) if isinstance(field, bytes) else None
+        at = parse_int(value)
+        if match is not None and at is not None and int(match.group(1)) < parties:
+            arrivals.append((int(match.group(1)), at))
+    name, run_id = split_member(member)
+    return BarrierState(
+        name=name,
+        run_id=run_id,
+        parties=parties,
+        arrivals=tuple(sorted(arrivals)),
+        created_ms=parse_int(fields.get(b"created_ms")),
+        last_ms=parse_int(fields.get(b"last_ms")),
+        completed_ms=parse_int(fields.get(b"completed_ms")),
+        epoch=epoch_token(fields.get(b"epoch")),
+    )
+
+
+def epoch_token(raw: object) -> str | None:
+    """An epoch token as stored (compared for equality only), ``None`` if malformed."""
+    token = parse_int(raw)
+    return None if token is None else str(token)
+
+
+def list_tasks(tasks: Iterable[int], *, limit: int = 50) -> str:
+    """Task ids one by one: ``"1, 2, 3"``; past ``limit`` of them, how many more."""
+    ordered = sorted(set(tasks))
+    shown = [str(task) for task in ordered[:limit]]
+    if len(ordered) > limit:
+        shown.append(f"and {len(ordered) - limit} more")
+    return ", ".join(shown) if shown else "none"
+
+
+def describe_tasks(tasks: Iterable[int], *, limit: int = 12) -> str:
+    """Task ids as short ranges: ``"1, 3-5, 9"``; past ``limit`` ranges, how many more."""
+    ranges: list[tuple[int, int]] = []
+    for task in sorted(set(tasks)):
+        if ranges and task == ranges[-1][1] + 1:
+            ranges[-1] = (ranges[-1][0], task)
+        else:
+            ranges.append((task, task))
+    shown = [str(a) if a == b else f"{a}-{b}" for a, b in ranges[:limit]]
+    rest = sum(b - a + 1 for a, b in ranges[limit:])
+    if rest:
+        shown.append(f"and {rest} more")
+    return ", ".join(shown) if shown else "none"
+
+
+def parse_barrier_notice(raw: object) -> str | None:
+    """A message of the barrier channel: ``"reset"``, the member name of a barrier
+    that just completed, or ``None`` for anything else."""
+    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+    if not isinstance(text, str) or len(text) > 1024:
+        return None
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    if data.get("reset") is True:
+        return "reset"
+    member = data.get("barrier")
+    if data.get("complete") is True and isinstance(member, str):
+        return member
+    return None
+
+
+def state_from_read(member: str, reply: list[Any]) -> BarrierState | None:
+    """The barrier from a ``waiter_read`` reply on its hash (``None``: none, or malformed)."""
+    kind = reply[2].decode() if isinstance(reply[2], bytes) else str(reply[2])
+    if kind != "hash":
+        return None
+    flat = reply[3:]
+    return parse_barrier(member, dict(zip(flat[0::2], flat[1::2], strict=False)))

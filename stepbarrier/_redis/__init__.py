@@ -1,0 +1,8 @@
+"""Redis as the protocol uses it: the only package that talks to redis-py.
+
+``client`` and ``aio_client`` (threaded and asyncio clients from a
+``BarrierConfig``: URL, TLS, Cluster, Sentinel), ``failures`` (how a failed
+call is judged and explained), ``retries`` (transient failures, within the
+caller's deadline), ``functions`` (the Functions library in Redis, and the
+runner of its calls) and ``subscription`` (a confirmed subscription).
+"""

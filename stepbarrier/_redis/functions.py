@@ -1,0 +1,284 @@
+"""Our Lua code in Redis: a versioned Functions library, or EVAL scripts by opt-in.
+
+No role of a shared Redis needs ``EVAL`` (which would let any holder of a
+worker's password run a loop that blocks Redis for every job): the code is
+loaded once as the Redis Functions library ``stepbarrier_v<LIBRARY_VERSION>``
+and called with ``FCALL``/``FCALL_RO``. A new version of the code is a new
+library name, so clients of two stepbarrier versions can share one Redis while
+it is upgraded.
+
+Loading it is an administrator's job (``stepbarrier functions install``). A
+client that finds the library missing loads it itself when its user may
+(``FUNCTION LOAD``: a private Redis, the tests, the demo), and otherwise raises
+``RedisRefused`` naming the command to run. Servers without Functions (Redis
+6, some managed services) work with ``STEPBARRIER_USE_EVAL=1``, at the price of
+granting ``+eval``/``+evalsha`` to the roles.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from redis import exceptions as rex
+from redis.cluster import RedisCluster
+from redis.commands.core import Script
+
+from stepbarrier._config.settings import BarrierConfig
+from stepbarrier._protocol import library as scripts
+from stepbarrier._redis.client import RedisClient, refresh_topology
+from stepbarrier.errors import RedisRefused
+
+LIBRARY_VERSION = 2
+"""Version of the Functions library; raise it whenever ``scripts.BODIES`` change
+(a test compares ``LIBRARY_SHA256`` with the code)."""
+LIBRARY_NAME = f"stepbarrier_v{LIBRARY_VERSION}"
+"""Name of the library in Redis (``FUNCTION LIST LIBRARYNAME stepbarrier``)."""
+
+Call = tuple[str, Sequence[Any], Sequence[Any]]
+"""One call: the code's name in ``scripts.BODIES``, its keys and its arguments."""
+
+
+def publish_command(config: BarrierConfig) -> str:
+    """How the code announces: ``SPUBLISH`` (sharded) on a Redis Cluster, else ``PUBLISH``."""
+    return "SPUBLISH" if config.redis_cluster else "PUBLISH"
+
+
+def function_name(name: str) -> str:
+    """The Redis function that runs ``scripts.BODIES[name]``."""
+    return f"{LIBRARY_NAME}_{name}"
+
+
+def library_source() -> str:
+    """The library's Lua source, as ``FUNCTION LOAD`` takes it."""
+    parts = [f"#!lua name={LIBRARY_NAME}", scripts.HELPERS]
+    for name, (body, read_only) in scripts.BODIES.items():
+        flags = "{'no-writes'}" if read_only else "{}"
+        parts.append(
+            f"local function {name}(KEYS, ARGV)\n{body.strip()}\nend\n"
+            f"redis.register_function{{function_name='{function_name(name)}', "
+            f"callback={name}, flags={flags}}}"
+        )
+    parts.append(
+        f"redis.register_function{{function_name='{function_name('version')}', "
+        f"callback=function() return {LIBRARY_VERSION} end, flags={{'no-writes'}}}}"
+    )
+    return "\n".join(parts) + "\n"
+
+
+def library_sha256() -> str:
+    """Fingerprint of the library's source."""
+    return hashlib.sha256(library_source().encode()).hexdigest()
+
+
+def install_functions(client: RedisClient, *, replace: bool = True) -> str:
+    """Load (or with ``replace``, upgrade in place) this version's library.
+
+    Idempotent. Older versions' libraries stay for older clients. A cluster
+    client loads it on every master (redis-py sends ``FUNCTION LOAD`` to all).
+
+    Returns:
+        The library's name.
+    """
+    client.function_load(library_source(), replace=replace)
+    return LIBRARY_NAME
+
+
+def loaded_versions(client: RedisClient) -> list[int] | None:
+    """Versions of stepbarrier libraries loaded on the server (``None``: cannot tell)."""
+    try:
+        listed: Any = client.function_list(library="stepbarrier_v*")
+    except rex.RedisError:
+        return None
+    # a cluster answers per master: a version counts only if every master has it
+    return parse_versions(listed)
+
+
+def parse_versions(listed: Any) -> list[int]:
+    """The versions in a ``FUNCTION LIST`` reply (a cluster's: those every master has)."""
+    per_node = list(listed.values()) if isinstance(listed, dict) else [listed]
+    found = [_versions(entries) for entries in per_node]
+    return sorted(set.intersection(*found)) if found else []
+
+
+def _versions(entries: Any) -> set[int]:
+    versions = set()
+    for entry in entries if isinstance(entries, list) else []:
+        name = _library_name(entry)
+        if name and name.startswith("stepbarrier_v") and name[13:].isdigit():
+            versions.add(int(name[13:]))
+    return versions
+
+
+def _library_name(entry: Any) -> str | None:
+    if isinstance(entry, dict):
+        raw = entry.get(b"library_name", entry.get("library_name"))
+    elif isinstance(entry, list):  # RESP2: a flat list of names and values
+        pairs = dict(zip(entry[0::2], entry[1::2], strict=False))
+        raw = pairs.get(b"library_name", pairs.get("library_name"))
+    else:
+        return None
+    return raw.decode() if isinstance(raw, bytes) else raw if isinstance(raw, str) else None
+
+
+def is_missing_function(exc: BaseException) -> bool:
+    """True if ``exc`` says the function (or FCALL itself) is not there."""
+    text = str(exc).lower()
+    return isinstance(exc, rex.ResponseError) and (
+        "function not found" in text or ("unknown command" in text and "fcall" in text)
+    )
+
+
+class RedisCode:
+    """Runs stepbarrier's Lua code on one client, as functions or as scripts.
+
+    Args:
+        client: The redis-py client to run it on.
+        config: The job's settings (``use_eval``, and the URL for messages).
+    """
+
+    def __init__(self, client: RedisClient, config: BarrierConfig) -> None:
+        self._client = client
+        self._config = config
+        self._scripts: dict[str, Script] = {}
+        self._lock = threading.Lock()
+        if config.use_eval:
+            for name, (body, _read_only) in scripts.BODIES.items():
+                self._scripts[name] = client.register_script(scripts.HELPERS + body)
+
+    def call(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        """Run one piece of code (one try; the caller retries transient errors)."""
+        return self.pipeline([(name, keys, args)])[0]
+
+    def pipeline(self, calls: Sequence[Call]) -> list[Any]:
+        """Run several pieces in one round trip, in order (not as a transaction).
+
+        Raises:
+            RedisRefused: The library is missing and this user may not load it,
+                or the server has no Functions.
+            redis.RedisError: Whatever else a call raised (the first error).
+        """
+        replies = self.replies(calls)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return replies
+
+    def replies(self, calls: Sequence[Call]) -> list[Any]:
+        """Like ``pipeline``, but each call's error is returned in its reply's place.
+
+        Raises:
+            RedisRefused: The library is missing and this user may not load it,
+                or the server has no Functions.
+            redis.RedisError: The round trip itself failed (a connection error).
+        """
+        replies = self._run(calls)
+        if not self._config.use_eval and any(
+            isinstance(r, Exception) and is_missing_function(r) for r in replies
+        ):
+            self._load_or_explain(next(r for r in replies if isinstance(r, Exception)))
+            replies = self._run(calls)
+        return replies
+
+    def _run(self, calls: Sequence[Call]) -> list[Any]:
+        try:
+            replies = self._send(calls)
+        except (rex.ConnectionError, rex.TimeoutError, rex.ClusterError, OSError):
+            refresh_topology(self._client)  # the retry then reaches the current owner
+            raise
+        moved = (rex.ConnectionError, rex.TimeoutError, rex.AskError)  # AskError: MOVED too
+        if any(isinstance(r, moved) for r in replies):
+            refresh_topology(self._client)
+        return replies
+
+    def _send(self, calls: Sequence[Call]) -> list[Any]:
+        pipe: Any
+        if isinstance(self._client, RedisCluster) and calls[0][1]:
+            # Every call of one job touches one slot: send them straight to its
+            # owner in a plain pipeline. A cluster pipeline would first ask a node
+            # for the keys of each FCALL (COMMAND GETKEYS, twice), two round trips
+            # per call; a MOVED reply comes back as an error, and the caller's
+            # retry goes to the owner of the slot map read again above.
+            owner = self._client.get_node_from_key(calls[0][1][0])  # type: ignore[no-untyped-call]
+            pipe = self._client.get_redis_connection(owner).pipeline(transaction=False)
+        else:
+            pipe = self._client.pipeline(transaction=False)
+        for name, keys, args in calls:
+            if self._config.use_eval:
+                self._scripts[name](keys=list(keys), args=list(args), client=pipe)
+            else:
+                pipe.execute_command(*function_command(name, keys, args))
+        return list(pipe.execute(raise_on_error=False))
+
+    def _load_or_explain(self, missing: BaseException) -> None:
+        if "unknown command" in str(missing).lower():
+            raise self._explain(missing, missing) from missing  # no Functions at all
+        with self._lock:
+            try:
+                install_functions(self._client, replace=False)
+                return
+            except rex.ResponseError as exc:
+                if "already exists" in str(exc):
+                    return  # another client loaded it meanwhile
+                refusal: BaseException = exc
+            except rex.RedisError as exc:
+                refusal = exc
+        raise self._explain(missing, refusal) from refusal
+
+    def _explain(self, missing: BaseException, refusal: BaseException) -> RedisRefused:
+        versions = None
+        if "unknown command" not in str(missing).lower():
+            versions = loaded_versions(self._client)
+        return explain_refusal(self._config, missing, versions)
+
+
+def function_command(name: str, keys: Sequence[Any], args: Sequence[Any]) -> tuple[Any, ...]:
+    """The ``FCALL`` (``FCALL_RO`` for read-only code) that runs ``name``."""
+    command = "FCALL_RO" if scripts.BODIES[name][1] else "FCALL"
+    return (command, function_name(name), len(keys), *keys, *args)
+
+
+def explain_refusal(
+    config: BarrierConfig, missing: BaseException, versions: list[int] | None
+) -> RedisRefused:
+    """Why the code cannot run: no Functions at all, or a library this user may not load.
+
+    Args:
+        config: The job's settings (for the URL and the job).
+        missing: The error that said the function (or ``FCALL``) is not there.
+        versions: The stepbarrier library versions on the server (``None``: unknown).
+    """
+    where = f"Redis at {config.safe_url}"
+    if "unknown command" in str(missing).lower():
+        message = (
+            f"{where} has no Redis Functions (Redis 7 or later needed). On a server "
+            "without them set STEPBARRIER_USE_EVAL=1: the roles then need +eval and "
+            "+evalsha, which let any holder of their passwords run Lua of their own"
+        )
+    else:
+        found = (
+            "cannot list its libraries"
+            if versions is None
+            else "has no stepbarrier Functions library"
+            if not versions
+            else "has stepbarrier Functions library version(s) " + ", ".join(map(str, versions))
+        )
+        message = (
+            f"{where} {found}, and this stepbarrier needs version {LIBRARY_VERSION} "
+            f"({LIBRARY_NAME}); this user may not load it. Run `stepbarrier functions "
+            "install` as an administrator (see ops/redis/users.acl)"
+        )
+    return RedisRefused(message, kind="functions", job=config.job)
+
+
+def is_out_of_memory(reply: object) -> bool:
+    """True for Redis's refusal of a write when it is full (``maxmemory``, ``noeviction``).
+
+    A waiter's registration is only guidance for the chief: a full Redis must
+    not fail a wait whose read (which needs no memory) succeeded.
+    """
+    return isinstance(reply, rex.OutOfMemoryError) or (
+        isinstance(reply, rex.ResponseError) and str(reply).startswith("OOM")
+    )

@@ -1,0 +1,198 @@
+"""A waiter's links to its job in Redis: its subscription and its registry entry.
+
+``StepWaiter`` decides; this module only talks to Redis, one try per call (the
+waiter retries within its deadlines). ``sync`` is a waiter's one command per
+fallback interval: it registers the waiter (again, if its entry expired or
+Redis restarted empty) and returns the stored state with Redis's clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from stepbarrier._config.settings import BarrierConfig
+from stepbarrier._protocol.keys import JobKeys
+from stepbarrier._protocol.library import MAX_FIELDS, MAX_VALUE
+from stepbarrier._protocol.wire import ChiefState, parse_int, parse_state
+from stepbarrier._redis.client import RedisClient
+from stepbarrier._redis.functions import Call, RedisCode, is_out_of_memory
+from stepbarrier._redis.subscription import Subscription
+
+log = logging.getLogger("stepbarrier._worker.waiter")
+
+REGISTRY_TTL = 30
+"""Seconds a waiter's registry entry outlives its last refresh (so dead ones go)."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What one ``sync`` read.
+
+    Attributes:
+        now_ms: Redis's clock, in milliseconds (for operators' views only).
+        reset_marker: The job's reset marker (an opaque token), if one is there.
+        state: The chief's stored state (empty, possibly with a problem, if absent
+            or malformed).
+    """
+
+    now_ms: int
+    reset_marker: str | None
+    state: ChiefState
+
+
+class WaiterLink:
+    """One wait's subscription and registry entry.
+
+    Args:
+        connect: Returns the waiter's redis-py client (made on first use: a
+            cluster client reads the slot map at once, and Redis may be down).
+        config: The job's settings.
+        target: The step waited for.
+        since: Unix time the wait began (shown by ``stepbarrier status``).
+    """
+
+    def __init__(
+        self, connect: Callable[[], RedisClient], config: BarrierConfig, target: int, since: float
+    ):
+        self._connect = connect
+        self._config = config
+        self._keys = config.keys
+        self.id = new_waiter_id(config)
+        self.target = target
+        self.registered = False
+        self._code_of: RedisCode | None = None
+        self._entry = registry_entry(config, target, since)
+
+    @property
+    def _code(self) -> RedisCode:
+        if self._code_of is None:
+            self._code_of = RedisCode(self._connect(), self._config)
+        return self._code_of
+
+    def subscribe(self, *, refresh_topology: bool = False) -> Subscription:
+        """A subscription to the job's channel, confirmed by Redis before it returns."""
+        return Subscription.open(
+            self._connect(), self._keys.channel, refresh_topology=refresh_topology
+        )
+
+    def sync(self) -> Snapshot:
+        """Register (or refresh the entry), then read the state: one round trip.
+
+        Two calls in one pipeline, in this order: the registering one declares
+        only what a waiter writes, the reading one (``FCALL_RO``) what it only
+        reads, so the worker role needs no write permission on the state.
+        """
+        registered, reply = self._code.replies(
+            [register_call(self._config, self.id, self.target, self._entry), read_call(self._keys)]
+        )
+        if isinstance(reply, Exception):
+            raise reply
+        if isinstance(registered, Exception):
+            if not is_out_of_memory(registered):
+                raise registered
+            warn_unregistered(self._config.job, registered)
+        else:
+            self.registered = True
+        return parse_snapshot(reply)
+
+    def leave(self) -> None:
+        """Remove the registry entry and its target (one try; raises on failure)."""
+        if self.registered:
+            self._code.pipeline([leave_call(self._keys, self.id)])
+
+
+_unregistered_warned: set[str] = set()
+
+
+def warn_unregistered(job: str, error: Exception) -> None:
+    """Say (once per job and process) that Redis is too full to register a waiter."""
+    if job not in _unregistered_warned:
+        _unregistered_warned.add(job)
+        log.warning(
+            "job %s: Redis is full and refused this waiter's registration (%s); the wait "
+            "goes on by reading the state, but the chief does not hear of it and "
+            "`stepbarrier status` does not show it. Raise maxmemory "
+            "(docs/operations.md#memory)",
+            job,
+            " ".join(str(error).split())[:120],
+        )
+
+
+def new_waiter_id(config: BarrierConfig) -> str:
+    """A new wait's id in the job's registry: its task id and a random part."""
+    task = "x" if config.task_id is None else str(config.task_id)
+    return f"{task}-{uuid.uuid4().hex[:8]}"
+
+
+def registry_entry(config: BarrierConfig, target: int, since: float) -> dict[str, str]:
+    """The registry entry of a wait (what ``stepbarrier status`` shows)."""
+    return {
+        "task_id": "" if config.task_id is None else str(config.task_id),
+        "wait_until_step": str(target),
+        "since": f"{since:.3f}",
+        "host": socket.gethostname()[:200],
+        "pid": str(os.getpid()),
+    }
+
+
+def register_call(
+    config: BarrierConfig, waiter_id: str, target: int, entry: dict[str, str]
+) -> Call:
+    """The call that registers a waiter (again, if its entry expired) or refreshes it."""
+    keys = config.keys
+    args: list[Any] = [REGISTRY_TTL, config.key_ttl, waiter_id, target]
+    for name, value in entry.items():
+        args += [name, value]
+    return ("waiter_register", [keys.waiter(waiter_id), keys.targets, keys.registrations], args)
+
+
+def read_call(keys: JobKeys) -> Call:
+    """The read-only call that returns Redis's clock, the reset marker and the state."""
+    return ("waiter_read", [keys.state, keys.reset], [])
+
+
+def leave_call(keys: JobKeys, waiter_id: str) -> Call:
+    """The call that removes a waiter's registry entry and its target."""
+    return ("waiter_leave", [keys.waiter(waiter_id), keys.targets], [waiter_id])
+
+
+def _marker(raw: object) -> str | None:
+    if raw is None or raw is False:
+        return None
+    if isinstance(raw, bytes):
+        return raw.decode("utf-8", "replace")
+    return str(raw)
+
+
+def oversized_state_problem() -> str:
+    """What ``waiter_read`` found when it refused to read the state (kind ``oversized``)."""
+    return (
+        f"state key is oversized (more than {MAX_FIELDS} fields, or a field longer than "
+        f"{MAX_VALUE} bytes): not read, treated as no state"
+    )
+
+
+def parse_snapshot(reply: Any) -> Snapshot:
+    """What the ``waiter_read`` call returned, parsed without trusting it."""
+    reply = list(reply)
+    kind = reply[2].decode() if isinstance(reply[2], bytes) else str(reply[2])
+    if kind == "hash":
+        flat = reply[3:]
+        state = parse_state(dict(zip(flat[0::2], flat[1::2], strict=False)))
+    elif kind == "none":
+        state = ChiefState.empty()
+    elif kind == "oversized":
+        state = ChiefState.empty(oversized_state_problem())
+    else:
+        state = ChiefState.empty(f"state key holds a {kind}, not a hash")
+    return Snapshot(
+        now_ms=parse_int(reply[0]) or 0,
+        reset_marker=_marker(reply[1]),
+        state=state,
+    )

@@ -1,0 +1,1 @@
+"""The ``stepbarrier`` subcommands, one module per group."""

@@ -1,0 +1,70 @@
+"""``stepbarrier arrive``: a named barrier of the job, from a shell.
+
+A thin layer over ``stepbarrier.Barrier``: a launcher script can hold each task
+until all are up (``arrive start``) and the chief until every worker is done
+(``arrive end``), instead of sleeping.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from stepbarrier._barriers.barrier import Barrier
+from stepbarrier._protocol.barrier_record import MAX_PARTIES
+from stepbarrier.cli._context import (
+    EXIT_ABORTED,
+    EXIT_OK,
+    EXIT_TIMEOUT,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    connection_options,
+    current_session,
+    reporting_warnings,
+)
+from stepbarrier.cli._wait_options import task_id_option, timeout_options
+
+ARRIVE_EXIT_CODES = f"""\b
+Exit codes:
+  {EXIT_OK}  every party arrived (with --no-wait: this task's arrival is recorded)
+  {EXIT_USAGE}  usage, configuration, authentication or permission error (a bad name, a
+     task id outside 0..N-1, another N than the barrier was begun with)
+  {EXIT_TIMEOUT}  timeout (the overall timeout, or no arrival for the stall timeout); the
+     message names the tasks that did not arrive
+  {EXIT_ABORTED}  aborted: the job was reset while this task waited
+  {EXIT_UNAVAILABLE}  Redis unreachable after retries
+"""
+
+
+@click.command(epilog=ARRIVE_EXIT_CODES)
+@connection_options
+@click.argument("name")
+@click.option(
+    "--parties",
+    type=click.IntRange(1, MAX_PARTIES),
+    required=True,
+    metavar="N",
+    help="How many tasks arrive: task ids 0..N-1 (the chief is 0).",
+)
+@task_id_option("This task's id (or TF_CONFIG says it).")
+@timeout_options("a new arrival")
+@click.option("--no-wait", is_flag=True, help="Record the arrival and exit at once.")
+@reporting_warnings
+def arrive(name: str, parties: int, no_wait: bool, **_: Any) -> None:
+    """Arrive at barrier NAME and wait until tasks 0..N-1 have all arrived.
+
+    Each name is one barrier per run (STEPBARRIER_RUN_ID): use "epoch-3", not
+    "epoch" again. Arriving again at a completed barrier returns at once.
+
+    \b
+    Example:
+      stepbarrier arrive start --parties 3 --task-id 1 --timeout 600 && python train.py
+    """
+    config = current_session().config()
+    with Barrier(config, name, parties) as barrier:
+        complete = barrier.arrive(wait=not no_wait)
+    if complete:
+        click.echo(f"job {config.job}: barrier {name} complete: all {parties} tasks arrived")
+    else:
+        click.echo(f"job {config.job}: task {config.task_id} arrived at barrier {name}")

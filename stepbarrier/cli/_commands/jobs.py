@@ -1,0 +1,192 @@
+"""``stepbarrier jobs`` and ``stepbarrier exporter``: every job of a Redis, for operators.
+
+A thin click layer over ``stepbarrier._inspect.listing`` and ``stepbarrier.cli._exporter``.
+Neither command needs ``STEPBARRIER_JOB`` (it is ignored): they cover every
+job, or those whose names match ``--job`` (a name, or a glob such as
+``team-a-*``). The ``monitor`` ACL user is enough for both.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import re
+import signal
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+
+from stepbarrier._config.checks import MAX_JOB_NAME
+from stepbarrier._config.settings import BarrierConfig
+from stepbarrier._inspect.listing import list_jobs
+from stepbarrier._protocol.roles import validate_jobs_pattern
+from stepbarrier._redis.failures import describe_redis
+from stepbarrier.cli._context import (
+    EXIT_CODES,
+    FiniteFloatRange,
+    current_session,
+    reporting,
+    reporting_warnings,
+    server_options,
+)
+from stepbarrier.cli._exporter import DEFAULT_BIND, DEFAULT_PORT, MIN_READ_INTERVAL, serve
+from stepbarrier.cli._views.jobs import jobs_view
+from stepbarrier.errors import ConfigurationError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+ALL_JOBS = "all-jobs"
+"""The job of the settings these commands build: a ``BarrierConfig`` needs one,
+and they read no job's keys through it."""
+
+
+def server_config() -> BarrierConfig:
+    """The settings of this invocation, whatever ``STEPBARRIER_JOB`` says (or lacks)."""
+    session = current_session()
+    session.overrides["STEPBARRIER_JOB"] = ALL_JOBS
+    return session.config()
+
+
+def _pattern(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    if len(value) > MAX_JOB_NAME:  # refused on its length alone, and shown cut short
+        raise click.BadParameter(
+            f"a job name or pattern is at most {MAX_JOB_NAME} characters, got {len(value)} "
+            f"({value[:40]!r}...)"
+        )
+    try:
+        return validate_jobs_pattern(value)
+    except ConfigurationError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+_HOST_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+MAX_HOST_NAME = 253
+"""The longest host name (RFC 1035); a label is at most 63 characters."""
+
+
+def _bind(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """``--bind``: an IP address or a host name, checked before anything listens."""
+    with contextlib.suppress(ValueError):
+        ipaddress.ip_address(value)
+        return value
+    name = value[:-1] if value.endswith(".") else value
+    if 0 < len(name) <= MAX_HOST_NAME and all(
+        _HOST_LABEL.fullmatch(label) for label in name.split(".")
+    ):
+        return value
+    shown = repr(value) if len(value) <= 60 else f"{len(value)} characters ({value[:40]!r}...)"
+    raise click.BadParameter(
+        "must be an IP address such as 127.0.0.1, 0.0.0.0 (every interface) or :: (no "
+        f"brackets), or a host name of at most {MAX_HOST_NAME} characters (labels of 1 to 63 "
+        f"letters, digits and '-', joined by '.'), got {shown}"
+    )
+
+
+def _pattern_option(metavar: str, help: str) -> Callable[[F], F]:
+    """``--job``: the jobs a command covers (every job by default)."""
+    return click.option(
+        "--job",
+        "pattern",
+        default="*",
+        show_default=True,
+        metavar=metavar,
+        callback=_pattern,
+        help=help,
+    )
+
+
+@click.command(epilog=EXIT_CODES)
+@server_options
+@_pattern_option(
+    "PATTERN", "Only the jobs whose names match: a name, or a glob such as 'team-a-*'."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list, one object per job.")
+@reporting
+def jobs(pattern: str, as_json: bool) -> None:
+    """List every job on this Redis: run, step, heartbeat and who waits.
+
+    The jobs are found by SCAN (on every master of a Redis Cluster): that walks
+    the whole keyspace, which is fine for an operator now and then, not in a
+    tight loop.
+
+    \b
+    Example:
+      stepbarrier jobs --redis-url redis://redis:6379/0 --username monitor \\
+          --password-file monitor.password --job 'team-a-*'
+    """
+    config = server_config()
+    listing = list_jobs(config, pattern=pattern)
+    if as_json:
+        # allow_nan=False: whatever sits in the keys, the output stays valid JSON
+        data = [job.to_dict() for job in listing.jobs]
+        click.echo(json.dumps(data, indent=2, sort_keys=True, allow_nan=False))
+    else:
+        Console(highlight=False).print(jobs_view(listing, where=describe_redis(config)))
+    if not listing.complete:
+        click.echo(f"Warning: more jobs match {pattern!r}: only some are listed", err=True)
+
+
+@click.command(epilog=EXIT_CODES)
+@server_options
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=DEFAULT_PORT,
+    show_default=True,
+    help="Port of /metrics (0: any free port, printed at start).",
+)
+@click.option(
+    "--bind",
+    default=DEFAULT_BIND,
+    show_default=True,
+    metavar="ADDRESS",
+    callback=_bind,
+    help="Address to listen on (0.0.0.0: every interface, e.g. in a container).",
+)
+@_pattern_option("NAME", "Export only this job, or the jobs a glob such as 'team-a-*' matches.")
+@click.option(
+    "--min-interval",
+    type=FiniteFloatRange(0, 300),
+    default=MIN_READ_INTERVAL,
+    show_default=True,
+    metavar="SECONDS",
+    help="Serve a reading of Redis again to scrapes this soon after it.",
+)
+@reporting_warnings  # Redis outages are logged
+def exporter(port: int, bind: str, pattern: str, min_interval: float) -> None:
+    """Serve every job's progress to Prometheus on http://ADDRESS:PORT/metrics.
+
+    Gauges labelled job_name: step, generation, done, heartbeat age, waiting
+    workers, the oldest wait and the next step awaited; stepbarrier_up is 0
+    while Redis cannot be read (the exporter keeps serving). Redis is read when
+    scraped, at most once per --min-interval. Runs until Ctrl-C or SIGTERM (exit 0).
+
+    \b
+    Example:
+      stepbarrier exporter --bind 0.0.0.0 --redis-url redis://redis:6379/0 \\
+          --username monitor --password-file monitor.password
+    """
+    config = server_config()
+    try:
+        server = serve(config, port=port, bind=bind, pattern=pattern, min_interval=min_interval)
+    except ImportError as exc:  # prometheus-client, imported only here
+        raise ConfigurationError(str(exc), variable="exporter") from exc
+    except OSError as exc:
+        raise ConfigurationError(
+            f"cannot listen on {bind}:{port}: {exc.strerror or exc}", variable="port"
+        ) from exc
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())  # a container's stop
+    try:
+        with server:
+            click.echo(f"serving {server.url} (jobs {pattern!r} of {describe_redis(config)})")
+            while not stop.wait(60):
+                pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,389 @@
+"""How every ``stepbarrier`` command takes its settings and reports its outcome.
+
+Options stand for ``STEPBARRIER_*`` variables (laid over the environment and
+read by ``BarrierConfig.from_env``); an error becomes one masked line on stderr
+and an exit code; ``--debug`` adds the traceback, ``--verbose`` the library's
+log lines, and every log line is masked too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import math
+import os
+import re
+import sys
+import traceback
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
+from urllib.parse import unquote
+
+import click
+
+from stepbarrier._config.checks import mask_url
+from stepbarrier._config.settings import BarrierConfig
+from stepbarrier.errors import (
+    BarrierAborted,
+    BarrierTimeout,
+    ConfigurationError,
+    RedisRefused,
+    RedisUnavailable,
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_TIMEOUT = 3
+EXIT_ABORTED = 4
+EXIT_UNAVAILABLE = 5
+EXIT_INTERRUPTED = 130
+
+EXIT_CODES = f"""\b
+Exit codes:
+  {EXIT_OK}  success
+  {EXIT_USAGE}  usage, configuration, authentication or permission error (also: publish
+     refused because a chief still heartbeats; --force overrides)
+  {EXIT_TIMEOUT}  timeout (the overall timeout, or no chief heartbeat for the stall timeout)
+  {EXIT_ABORTED}  aborted: the job finished or was reset before the step came
+  {EXIT_UNAVAILABLE}  Redis unreachable after retries
+  {EXIT_FAILED}  anything else (a bug: please report it with the --debug output)
+"""
+
+DEMO_EXIT_CODES = f"""\b
+Exit codes:
+  {EXIT_OK}  the job ran to its end, or Ctrl-C stopped it (nothing is left running)
+  {EXIT_FAILED}  a task failed (its last log lines are shown)
+  {EXIT_USAGE}  usage or configuration error (e.g. TensorFlow is not installed)
+"""
+
+#: Options that stand for a variable, for hints in configuration errors.
+OPTION_FOR_VARIABLE = {
+    "STEPBARRIER_REDIS_URL": "--redis-url",
+    "STEPBARRIER_JOB": "--job",
+    "STEPBARRIER_REDIS_USERNAME": "--username",
+    "STEPBARRIER_REDIS_PASSWORD_FILE": "--password-file",
+    "STEPBARRIER_WAIT_UNTIL_STEP": "--until",
+    "STEPBARRIER_TIMEOUT": "--timeout",
+    "STEPBARRIER_STALL_TIMEOUT": "--stall-timeout",
+    "STEPBARRIER_TASK_ID": "--task-id",
+    "STEPBARRIER_REDIS_CLUSTER": "--cluster",
+}
+
+_WHITESPACE = re.compile(r"(\s+)")
+
+log = logging.getLogger("stepbarrier.cli")
+"""The command's own warnings, shown whatever the verbosity (``command_logging``)."""
+_SHOWN_WARNINGS = ("stepbarrier.cli", "stepbarrier.tls")
+"""Loggers whose WARNINGs every command shows; ``stepbarrier.tls`` (a client made
+with weakened TLS, each time) only once per command, unless --debug."""
+
+URL_PASSWORD_WARNING = (
+    "--redis-url holds a password, which every user of this host can read in the process "
+    "list (ps) while the command runs: leave it out of the URL and give it in a file with "
+    "--password-file PATH (or STEPBARRIER_REDIS_PASSWORD_FILE), or in the environment "
+    "(STEPBARRIER_REDIS_PASSWORD, or the whole URL in STEPBARRIER_REDIS_URL)"
+)
+
+
+def mask_secrets(text: str, secrets: Iterable[str | None] = ()) -> str:
+    """``text`` with URL passwords and each of ``secrets`` replaced by ``***``.
+
+    A URL's password is masked word by word: ``mask_url`` on each word that
+    holds ``://`` (which also masks a ``password=`` query argument). The cost is
+    linear in the length of ``text``, however it is made; a regular expression
+    here took quadratic time on a long word, such as a 100 000-character job
+    name in a message.
+    """
+    words = _WHITESPACE.split(text)
+    for index, word in enumerate(words):
+        if "://" in word:
+            words[index] = mask_url(word)
+    text = "".join(words)
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
+    return text
+
+
+def url_password(url: str) -> str | None:
+    """The password in ``url`` (as ``mask_url`` finds it: between ``user:`` and the
+    last ``@``), or ``None`` if it holds none."""
+    rest = url.partition("://")[2] or url
+    userinfo, at, _host = rest.rpartition("@")
+    secret = userinfo.partition(":")[2] if at else ""
+    return secret or None
+
+
+class FiniteFloatRange(click.FloatRange):
+    """click's ``FloatRange``, which also refuses ``nan`` and infinities.
+
+    ``nan`` passes every comparison, so ``FloatRange(0.05, 60)`` takes it (and
+    ``time.sleep(nan)`` fails later, as an unexpected error); an open range
+    takes ``inf``. Both are a usage error (exit 2) naming the option here.
+    """
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(
+                f"{number} is not a finite number in the range {self._describe_range()}.",
+                param,
+                ctx,
+            )
+        return number
+
+
+def exit_code_for(exc: BaseException) -> int:
+    """The exit code that stands for ``exc``."""
+    if isinstance(exc, (ConfigurationError, RedisRefused)):
+        return EXIT_USAGE
+    if isinstance(exc, BarrierTimeout):
+        return EXIT_TIMEOUT
+    if isinstance(exc, BarrierAborted):
+        return EXIT_ABORTED
+    if isinstance(exc, RedisUnavailable):
+        return EXIT_UNAVAILABLE
+    return EXIT_FAILED
+
+
+class _Session:
+    """What one invocation collected: variables from options, verbosity, secrets."""
+
+    def __init__(self) -> None:
+        self.overrides: dict[str, str] = {}
+        self.debug = False
+        self.verbose = False
+        self.secrets: set[str] = set()
+        self.password_on_command_line = False
+
+    def config(self) -> BarrierConfig:
+        environ = {**os.environ, **self.overrides}
+        if "STEPBARRIER_REDIS_PASSWORD_FILE" in self.overrides:
+            environ.pop("STEPBARRIER_REDIS_PASSWORD", None)  # the option wins
+        self.secrets.add(environ.get("STEPBARRIER_REDIS_PASSWORD", ""))
+        self.add_url_secret(environ.get("STEPBARRIER_REDIS_URL", ""))
+        config = BarrierConfig.from_env(environ)
+        self.secrets.add(config.redis_password or "")
+        return config
+
+    def add_url_secret(self, url: str) -> bool:
+        """Mask the password of ``url`` too (also percent-decoded); True if it has one."""
+        secret = url_password(url)
+        if secret is None:
+            return False
+        self.secrets.update((secret, unquote(secret)))
+        return True
+
+
+def current_session() -> _Session:
+    return click.get_current_context().ensure_object(_Session)
+
+
+class _MaskingFormatter(logging.Formatter):
+    def __init__(self, session: _Session) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S")
+        self.session = session
+
+    def format(self, record: logging.LogRecord) -> str:
+        return mask_secrets(super().format(record), self.session.secrets)
+
+
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is at the time (click's test runner swaps it)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr
+        super().emit(record)
+
+
+@contextlib.contextmanager
+def command_logging(session: _Session, quiet_level: int) -> Iterator[None]:
+    """Send log lines to stderr, masked, for one command; then restore what was there.
+
+    ``quiet_level`` is the library's level without ``--verbose``: the error line
+    says what went wrong, so most commands keep the library's warnings out of it.
+    Restoring matters when the CLI runs inside another program (or a test run):
+    a command must not change that program's logging for good.
+    """
+    root, library = logging.getLogger(), logging.getLogger("stepbarrier")
+    shown = [logging.getLogger(name) for name in _SHOWN_WARNINGS]
+    saved = (root.level, library.level, [logger.level for logger in shown])
+    handler = _StderrHandler()
+    handler.setFormatter(_MaskingFormatter(session))
+    if not session.debug:
+        handler.addFilter(_FirstOnly("stepbarrier.tls"))
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG if session.debug else logging.WARNING)
+    level = logging.DEBUG if session.debug else logging.INFO if session.verbose else quiet_level
+    library.setLevel(level)
+    for logger in shown:  # security warnings are shown even when the library is quiet
+        logger.setLevel(min(level, logging.WARNING))
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(saved[0])
+        library.setLevel(saved[1])
+        for logger, previous in zip(shown, saved[2], strict=True):
+            logger.setLevel(previous)
+
+
+class _FirstOnly(logging.Filter):
+    """Passes the first record of logger ``name`` (and every other logger's records)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.only = name
+        self.seen = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name != self.only:
+            return True
+        first, self.seen = not self.seen, True
+        return first
+
+
+def variable_option(*decls: str, variable: str, help: str, **kwargs: Any) -> Callable[[F], F]:
+    """An option that sets ``variable`` for this invocation."""
+
+    def remember(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        if value is not None:
+            session = ctx.ensure_object(_Session)
+            session.overrides[variable] = str(value)
+            if variable == "STEPBARRIER_REDIS_URL" and session.add_url_secret(str(value)):
+                session.password_on_command_line = True  # told once the command logs
+        return value
+
+    return click.option(
+        *decls,
+        callback=remember,
+        expose_value=False,
+        is_eager=True,
+        help=f"{help} [env: {variable}]",
+        **kwargs,
+    )
+
+
+def _flag(name: str) -> Callable[[click.Context, click.Parameter, bool], bool]:
+    def remember(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+        setattr(ctx.ensure_object(_Session), name, getattr(ctx.obj, name) or value)
+        return value
+
+    return remember
+
+
+def connection_options(command: F) -> F:
+    """The options every command that talks to the job's Redis takes."""
+    return _redis_options(command, job=True)
+
+
+def server_options(command: F) -> F:
+    """The options of a command about every job of a Redis: ``connection_options``
+    without ``--job``."""
+    return _redis_options(command, job=False)
+
+
+def _redis_options(command: F, *, job: bool) -> F:
+    decorators = [
+        variable_option(
+            "--redis-url",
+            variable="STEPBARRIER_REDIS_URL",
+            metavar="URL",
+            help="Redis URL, e.g. redis://host:6379/0 (default redis://localhost:6379/0); "
+            "keep the password out of it (ps shows it): use --password-file.",
+        ),
+        *(
+            [variable_option("--job", variable="STEPBARRIER_JOB", metavar="NAME", help="Job name.")]
+            if job
+            else []
+        ),
+        variable_option(
+            "--username",
+            variable="STEPBARRIER_REDIS_USERNAME",
+            metavar="USER",
+            help="Redis ACL user.",
+        ),
+        variable_option(
+            "--password-file",
+            variable="STEPBARRIER_REDIS_PASSWORD_FILE",
+            metavar="PATH",
+            help="File holding the Redis password, a regular file of at most 4096 bytes "
+            "(never pass a password on the command line; STEPBARRIER_REDIS_PASSWORD works too).",
+        ),
+        variable_option(
+            "--cluster",
+            variable="STEPBARRIER_REDIS_CLUSTER",
+            is_flag=True,
+            flag_value="1",
+            default=None,
+            help="Redis is a Redis Cluster; --redis-url names one of its nodes.",
+        ),
+    ]
+    for decorate in reversed(decorators):
+        command = decorate(command)
+    return command
+
+
+def reporting(command: F, *, quiet_level: int = logging.CRITICAL) -> F:
+    """Adds ``--debug``/``--verbose`` and turns errors into one line and an exit code."""
+
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        session = current_session()
+        try:
+            with command_logging(session, quiet_level):
+                if session.password_on_command_line:
+                    log.warning(URL_PASSWORD_WARNING)
+                return command(*args, **kwargs)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+        except Exception as exc:
+            fail(exc, session)
+
+    run = click.option(
+        "--verbose",
+        "-v",
+        is_flag=True,
+        expose_value=False,
+        callback=_flag("verbose"),
+        help="Log what the barrier does (INFO lines on stderr).",
+    )(run)
+    run = click.option(
+        "--debug",
+        is_flag=True,
+        expose_value=False,
+        callback=_flag("debug"),
+        help="Log everything and print tracebacks.",
+    )(run)
+    return run  # type: ignore[return-value]
+
+
+def reporting_warnings(command: F) -> F:
+    """``reporting`` that also shows the library's warnings without ``--verbose``.
+
+    For a command that may run long (``wait``, ``arrive``, ``exporter``): a lost
+    connection or a stalled chief is news while it runs, not only in the last line.
+    """
+    return reporting(command, quiet_level=logging.WARNING)
+
+
+def fail(exc: BaseException, session: _Session) -> None:
+    """Print ``exc`` as one masked line (plus the traceback under --debug) and exit."""
+    code = exit_code_for(exc)
+    message = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, ConfigurationError) and exc.variable in OPTION_FOR_VARIABLE:
+        message += f" (option {OPTION_FOR_VARIABLE[exc.variable]})"
+    if code == EXIT_FAILED:
+        message = f"unexpected {type(exc).__name__}: {message} (run with --debug for details)"
+    if session.debug:
+        trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        click.echo(mask_secrets(trace, session.secrets), err=True, nl=False)
+    click.echo(f"Error: {mask_secrets(message, session.secrets)}", err=True)
+    sys.exit(code)

@@ -1,0 +1,1 @@
+"""``stepbarrier demo``: a real local job, and the processes that run it."""

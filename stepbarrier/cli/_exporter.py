@@ -1,0 +1,293 @@
+"""A Prometheus exporter of every job on a Redis (``stepbarrier exporter``).
+
+It serves the Prometheus text format on ``/metrics`` and reads Redis when it
+is scraped, at most once every ``MIN_READ_INTERVAL`` seconds (several
+Prometheus servers scraping it cost one read), through
+``stepbarrier._inspect.listing``: it needs only the ``monitor`` ACL user. Each job
+is one series per gauge, labelled ``job_name``: never ``job``, which is
+Prometheus's own target label (a clash would rename ours ``exported_job``),
+and never a worker: per-worker labels would make a series of every task of
+every run. While Redis is gone it goes on serving, with ``stepbarrier_up 0``
+and no job series.
+
+Needs the ``exporter`` extra (``pip install 'stepbarrier[exporter]'``), which
+this module imports only when an exporter is made: without it, ``serve`` and
+``JobsCollector`` raise an ``ImportError`` that names the extra. The core
+never imports this module; the command line does, for its defaults.
+
+Example:
+    A ``BarrierConfig``'s job is ignored here: the exporter covers every job::
+
+        config = BarrierConfig(job="any", redis_url="redis://redis:6379/0",
+                               redis_username="monitor", redis_password=secret)
+        with serve(config, port=9464) as server:
+            print(server.url)  # http://127.0.0.1:9464/metrics
+            threading.Event().wait()
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING
+from wsgiref.simple_server import WSGIServer
+
+from stepbarrier._config.settings import BarrierConfig
+from stepbarrier._inspect.listing import LISTING_WAITERS, JobListing, JobSummary, list_jobs
+from stepbarrier._protocol.roles import validate_jobs_pattern
+from stepbarrier.errors import RedisRefused, RedisUnavailable
+
+if TYPE_CHECKING:
+    from prometheus_client.core import Metric
+
+
+log = logging.getLogger("stepbarrier.exporter")
+
+DEFAULT_PORT = 9464
+"""The exporter's port (9464: the port OpenTelemetry's Prometheus exporters use)."""
+DEFAULT_BIND = "127.0.0.1"
+"""The address it listens on: loopback unless told otherwise (``--bind 0.0.0.0``)."""
+MIN_READ_INTERVAL = 2.0
+"""Seconds a reading of Redis is served again before the next scrape reads anew."""
+READ_RETRY_SECONDS = 1.0
+"""How long one reading retries an unreachable Redis: a scrape must end well
+within Prometheus's scrape timeout (10 s by default)."""
+
+JOB_GAUGES: dict[str, tuple[str, Callable[[JobSummary], float | None]]] = {
+    "stepbarrier_step": ("The chief's stored global step.", lambda j: j.step),
+    "stepbarrier_generation": (
+        "The chief generation (incarnation) that wrote the step.",
+        lambda j: j.generation,
+    ),
+    "stepbarrier_done": ("1 once the chief has closed the job, else 0.", lambda j: int(j.done)),
+    "stepbarrier_heartbeat_age_seconds": (
+        "Seconds since the chief's last write, by Redis's clock (absent: no chief yet).",
+        lambda j: j.heartbeat_age,
+    ),
+    "stepbarrier_waiting_workers": (
+        "Workers registered as waiting, as they report themselves (anyone with a worker's "
+        f"password may add entries; at most {LISTING_WAITERS} counted per job).",
+        lambda j: j.waiting_workers,
+    ),
+    "stepbarrier_oldest_wait_seconds": (
+        "Seconds the longest-waiting worker has waited (0: none waits).",
+        lambda j: j.oldest_wait or 0.0,
+    ),
+    "stepbarrier_next_wait_until_step": (
+        "The lowest step a worker waits for (absent when none waits).",
+        lambda j: j.next_wait_until_step,
+    ),
+    "stepbarrier_problems": (
+        "Malformed entries in the job's keys, or 1 if this user may not read them.",
+        lambda j: len(j.problems),
+    ),
+}
+"""The per-job gauges (label ``job_name``): help text, and the value of a job
+(``None``: no series for that job)."""
+SERVER_GAUGES = {
+    "stepbarrier_up": "1 when the last reading of Redis succeeded, else 0.",
+    "stepbarrier_jobs": "Jobs found on Redis by the last reading (absent while it fails).",
+    "stepbarrier_scrape_duration_seconds": "Seconds the last reading of Redis took.",
+}
+"""The gauges without labels, about the exporter's reading of Redis."""
+METRIC_NAMES = frozenset(JOB_GAUGES) | frozenset(SERVER_GAUGES)
+"""Every metric the exporter serves."""
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One reading of Redis.
+
+    Attributes:
+        taken_at: When it was taken (the collector's monotonic clock).
+        duration: Seconds it took.
+        listing: The jobs, or ``None`` if Redis could not be read.
+    """
+
+    taken_at: float
+    duration: float
+    listing: JobListing | None
+
+
+def require_prometheus_client() -> None:
+    """Import prometheus-client, or raise an ``ImportError`` naming the extra that has it."""
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError as exc:
+        if exc.name is None or exc.name.partition(".")[0] != "prometheus_client":
+            raise
+        raise ImportError(
+            "the stepbarrier exporter needs prometheus-client: "
+            f"pip install 'stepbarrier[exporter]' ({exc})",
+            name=exc.name,
+        ) from exc
+
+
+class JobsCollector:
+    """A prometheus-client collector that reads the jobs when it is collected.
+
+    Register it in a ``CollectorRegistry`` (``serve`` does), or in your own.
+
+    Args:
+        config: Where Redis is and who to be (its job is ignored).
+        pattern: The jobs to export: a name, or a glob such as ``team-a-*``.
+        min_interval: Seconds a reading is served again before a new one.
+        read: Reads the jobs (``list_jobs``; injectable for tests).
+        clock: Monotonic clock (injectable for tests).
+    """
+
+    def __init__(
+        self,
+        config: BarrierConfig,
+        *,
+        pattern: str = "*",
+        min_interval: float = MIN_READ_INTERVAL,
+        read: Callable[[BarrierConfig, str], JobListing] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        require_prometheus_client()
+        self.config = config
+        self.pattern = pattern
+        self.min_interval = min_interval
+        self._read = read or _read_jobs
+        self._clock = clock
+        self._lock = threading.Lock()  # scrapes are served on threads of their own
+        self._last: Reading | None = None
+
+    def describe(self) -> Iterable[Metric]:
+        """Nothing: registering the collector must not read Redis."""
+        return []
+
+    def reading(self) -> Reading:
+        """The last reading if it is recent enough, else a new one."""
+        with self._lock:
+            last = self._last
+            if last is None or self._clock() - last.taken_at >= self.min_interval:
+                last = self._last = self._take(last)
+            return last
+
+    def _take(self, last: Reading | None) -> Reading:
+        started = self._clock()
+        listing: JobListing | None
+        try:
+            listing = self._read(self.config, self.pattern)
+        except (RedisUnavailable, RedisRefused) as exc:
+            if last is None or last.listing is not None:  # once per outage, not per scrape
+                log.warning("cannot read the jobs (serving stepbarrier_up 0): %s", exc)
+            listing = None
+        else:
+            if last is not None and last.listing is None:
+                log.warning("reading the jobs again (serving stepbarrier_up 1)")
+            if listing is not None and not listing.complete:
+                log.warning("more jobs match %r than are exported", self.pattern)
+        finished = self._clock()
+        return Reading(finished, finished - started, listing)
+
+    def collect(self) -> Iterator[Metric]:
+        """The metrics of the current reading (read now if the last one is too old)."""
+        from prometheus_client.core import GaugeMetricFamily
+
+        reading = self.reading()
+        listing = reading.listing
+        yield GaugeMetricFamily(
+            "stepbarrier_up", SERVER_GAUGES["stepbarrier_up"], value=int(listing is not None)
+        )
+        yield GaugeMetricFamily(
+            "stepbarrier_scrape_duration_seconds",
+            SERVER_GAUGES["stepbarrier_scrape_duration_seconds"],
+            value=reading.duration,
+        )
+        if listing is None:
+            return
+        yield GaugeMetricFamily(
+            "stepbarrier_jobs", SERVER_GAUGES["stepbarrier_jobs"], value=len(listing.jobs)
+        )
+        for name, (text, value_of) in JOB_GAUGES.items():
+            family = GaugeMetricFamily(name, text, labels=["job_name"])
+            for job in listing.jobs:
+                value = value_of(job)
+                if value is not None:
+                    family.add_metric([job.job], float(value))
+            yield family
+
+
+def _read_jobs(config: BarrierConfig, pattern: str) -> JobListing:
+    # a client of its own per reading: a Cluster's slot map is read anew, and
+    # no connection outlives an outage
+    return list_jobs(config, pattern=pattern, retry_seconds=READ_RETRY_SECONDS)
+
+
+class MetricsServer:
+    """The HTTP server of ``serve``; ``close()`` (or ``with``) stops it."""
+
+    def __init__(
+        self, collector: JobsCollector, httpd: WSGIServer, thread: threading.Thread
+    ) -> None:
+        self.collector = collector
+        self._httpd = httpd
+        self._thread = thread
+
+    @property
+    def port(self) -> int:
+        """The port it listens on (the one the system chose for port 0)."""
+        return int(self._httpd.server_port)
+
+    @property
+    def url(self) -> str:
+        """Where the metrics are, e.g. ``http://127.0.0.1:9464/metrics``."""
+        host = str(self._httpd.server_address[0])
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.port}/metrics"
+
+    def close(self) -> None:
+        """Stop serving and release the port."""
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(10)
+
+    def __enter__(self) -> MetricsServer:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def serve(
+    config: BarrierConfig,
+    *,
+    port: int = DEFAULT_PORT,
+    bind: str = DEFAULT_BIND,
+    pattern: str = "*",
+    min_interval: float = MIN_READ_INTERVAL,
+) -> MetricsServer:
+    """Serve the jobs' metrics on ``http://bind:port/metrics``, on a thread of its own.
+
+    Args:
+        config: Where Redis is and who to be (the ``monitor`` user is enough).
+        port: The port (0: any free one; see ``MetricsServer.port``).
+        bind: The address to listen on.
+        pattern: The jobs to export: a name, or a glob such as ``team-a-*``.
+        min_interval: Seconds a reading of Redis is served again.
+
+    Raises:
+        ConfigurationError: ``pattern`` is not a valid jobs pattern.
+        ImportError: prometheus-client is not installed (the ``exporter`` extra).
+        OSError: The address cannot be listened on (in use, not this host's).
+    """
+    collector = JobsCollector(
+        config, pattern=validate_jobs_pattern(pattern), min_interval=min_interval
+    )
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    httpd, thread = start_http_server(port, addr=bind, registry=registry)
+    return MetricsServer(collector, httpd, thread)

@@ -1,0 +1,1 @@
+"""How the commands' results look in a terminal."""

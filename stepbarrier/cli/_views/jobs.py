@@ -1,0 +1,68 @@
+"""How the ``stepbarrier jobs`` listing looks in a terminal: one row per job.
+
+Only renders a ``JobListing``; finding and reading the jobs is
+``stepbarrier._inspect.listing``'s job. Whatever came from Redis (run ids, problems)
+goes in as ``Text``, never as markup.
+"""
+
+from __future__ import annotations
+
+from rich.console import Group, JustifyMethod, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from stepbarrier._inspect.listing import MAX_JOBS, JobListing, JobSummary
+from stepbarrier.cli._views.status import describe_age
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return describe_age(value).removesuffix(" ago")
+
+
+def _row(job: JobSummary, *, problems: bool) -> list[RenderableType]:
+    cells: list[RenderableType] = [
+        Text(job.job),
+        Text(job.run_id or "-"),
+        "-" if job.step is None else str(job.step),
+        "yes" if job.done else "no",
+        describe_age(job.heartbeat_age),
+        str(job.waiting_workers),
+        "-" if job.next_wait_until_step is None else str(job.next_wait_until_step),
+        _seconds(job.oldest_wait),
+    ]
+    if problems:
+        cells.append(Text(str(len(job.problems)), style="red") if job.problems else "")
+    return cells
+
+
+def jobs_view(listing: JobListing, *, where: str) -> RenderableType:
+    """The jobs as a table, then each job's problems; ``where`` names the Redis."""
+    if not listing.jobs:
+        return Text(f"no jobs on {where}")
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    columns: list[tuple[str, JustifyMethod]] = [
+        ("job", "left"),
+        ("run", "left"),
+        ("step", "right"),
+        ("done", "left"),
+        ("heartbeat", "left"),
+        ("waiting", "right"),
+        ("next step", "right"),
+        ("oldest wait", "right"),
+    ]
+    problems = any(job.problems for job in listing.jobs)
+    if problems:
+        columns.append(("problems", "right"))
+    for header, justify in columns:
+        table.add_column(header, justify=justify)
+    for job in listing.jobs:
+        table.add_row(*_row(job, problems=problems))
+    parts: list[RenderableType] = [table]
+    for job in listing.jobs:
+        for problem in job.problems:
+            parts.append(Text(f"{job.job}: {problem}", style="red"))
+    if not listing.complete:
+        parts.append(Text(f"more than {MAX_JOBS} jobs: only the first are shown", style="yellow"))
+    return Group(*parts)

@@ -1,0 +1,143 @@
+"""How a job's status looks in a terminal: the ``status`` table and the live view.
+
+Shared by the ``stepbarrier`` command (``status``, ``watch``) and the demo. Only
+renders a ``JobStatus``; reading it is ``stepbarrier._inspect.status.read_status``'s job.
+Everything a worker or a chief wrote (host names, the chief's name, problems)
+goes in as ``Text``, never as a markup string: ``[bold]`` in a host name is
+shown as written, and ``[/x]`` cannot break the view.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from rich.console import Group, RenderableType
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+from stepbarrier._inspect.registry import WaiterInfo
+from stepbarrier._inspect.status import JobStatus
+from stepbarrier._inspect.summary import WaiterSummary
+from stepbarrier.cli._views.barriers import barriers_table
+from stepbarrier.cli._views.waiter_summary import summary_view
+
+UNKNOWN = "?"
+"""Shown for a time a waiter's entry does not hold plausibly."""
+
+
+def describe_age(seconds: float | None) -> str:
+    """``"0.4 s ago"``, ``"3 min ago"`` or ``"never"``."""
+    if seconds is None or not math.isfinite(seconds):
+        return "never"
+    if seconds < 120:
+        return f"{seconds:.1f} s ago"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min ago"
+    return f"{seconds / 3600:.1f} h ago"
+
+
+def _clock_time(unix: float | None) -> str:
+    if unix is None:
+        return UNKNOWN
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(unix))
+    except (OverflowError, OSError, ValueError):  # read_status keeps times plausible
+        return UNKNOWN
+
+
+def _summary(status: JobStatus, waiting: int) -> Table:
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    grid.add_row("job", Text(status.job))
+    if status.run_id is not None:
+        grid.add_row("run", Text(status.run_id))
+    grid.add_row("step", "none yet" if status.step is None else str(status.step))
+    grid.add_row("generation", "-" if status.generation is None else str(status.generation))
+    heartbeat = Text(describe_age(status.heartbeat_age))
+    if status.chief:
+        heartbeat.append(f" (chief {status.chief})")
+    grid.add_row("heartbeat", heartbeat)
+    if status.step is not None:
+        if status.pinned:
+            vouch = "pinned by an operator (stepbarrier publish)"
+        elif status.vouch:
+            vouch = "yes"
+        else:
+            vouch = "no (on probation after Redis lost the state, or the loop is idle)"
+        grid.add_row("vouched", Text(vouch))
+        grid.add_row("writes", f"{status.beat:,} in this generation")
+    grid.add_row("done", "yes" if status.done else "no")
+    if status.reset_at is not None:
+        grid.add_row("reset", f"at {_clock_time(status.reset_at)}")
+    grid.add_row("waiting", f"{waiting:,} worker(s)")
+    for problem in status.problems:
+        grid.add_row(Text("problem", style="red"), Text(problem, style="red"))
+    return grid
+
+
+def _waited(waiter: WaiterInfo, now: float) -> str:
+    if waiter.since is None:
+        return UNKNOWN
+    return f"{max(0.0, now - waiter.since):.1f} s"
+
+
+def waiters_table(status: JobStatus, *, progress: bool, now: float | None = None) -> Table:
+    """The waiting workers, lowest target first; with a progress bar per worker."""
+    now = time.time() if now is None else now
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    table.add_column("task", justify="right")
+    table.add_column("wait until step", justify="right")
+    if progress:
+        table.add_column("progress", min_width=20)
+        table.add_column("", justify="right")
+    table.add_column("waiting since")
+    table.add_column("for", justify="right")
+    table.add_column("host")
+    step = status.step or 0
+    for waiter in status.waiters:
+        cells: list[RenderableType] = [
+            "-" if waiter.task_id is None else str(waiter.task_id),
+            str(waiter.wait_until_step),
+        ]
+        if progress:
+            done = min(step, waiter.wait_until_step)
+            cells.append(ProgressBar(total=waiter.wait_until_step, completed=done, width=30))
+            cells.append(f"{done}/{waiter.wait_until_step}")
+        host = waiter.host if waiter.pid is None else f"{waiter.host}:{waiter.pid}"
+        cells += [_clock_time(waiter.since), _waited(waiter, now), Text(host)]
+        table.add_row(*cells)
+    return table
+
+
+def status_view(
+    status: JobStatus, *, progress: bool = False, summary: WaiterSummary | None = None
+) -> RenderableType:
+    """The whole status: a summary, the waiting workers and the open barriers (if any).
+
+    With a ``summary`` (a large job) the workers are summarised, not listed.
+    """
+    waiting = len(status.waiters) if summary is None else summary.waiting
+    parts: list[RenderableType] = [_summary(status, waiting)]
+    if summary is not None:
+        parts += [Text(""), summary_view(summary, status.step)]
+    elif status.waiters:
+        parts += [Text(""), waiters_table(status, progress=progress)]
+    if status.barriers:
+        parts += [Text(""), barriers_table(status.barriers)]
+    return Group(*parts)
+
+
+def live_view(
+    status: JobStatus | None, *, note: str | None = None, summary: WaiterSummary | None = None
+) -> RenderableType:
+    """The ``watch`` view: the status with progress bars, and a note (e.g. an error)."""
+    parts: list[RenderableType] = []
+    if status is not None:
+        parts.append(status_view(status, progress=True, summary=summary))
+    if note:
+        parts.append(Text(note, style="yellow"))
+    parts.append(Text(f"updated {time.strftime('%H:%M:%S')} - Ctrl-C to stop", style="dim"))
+    return Group(*parts)
