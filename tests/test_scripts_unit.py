@@ -20,6 +20,12 @@ KEY_TTL = 3600
 DONE_TTL = 300
 
 
+def eval_source(name: str) -> str:
+    """The code ``name`` as an EVAL script (``STEPBARRIER_USE_EVAL``): helpers, then body."""
+    body, _read_only = scripts.BODIES[name]
+    return scripts.HELPERS + body
+
+
 @pytest.fixture
 def fake() -> Iterator[fakeredis.FakeRedis]:
     client = fakeredis.FakeRedis()
@@ -41,7 +47,7 @@ def publish(
     command: str = "PUBLISH",
 ) -> list[int]:
     """One ``publish_step`` call, in the script's ARGV layout; the reply as numbers."""
-    script = client.register_script(scripts.PUBLISH_STEP)
+    script = client.register_script(eval_source("publish_step"))
     args: list[Any] = [generation, step, int(done), KEY_TTL, KEYS.channel, "host:1", 10]
     args += [run_id, int(vouch), 1000, DONE_TTL, marker, mode, command, int(first)]
     reply = script(keys=[KEYS.state, KEYS.targets, KEYS.reset], args=args)
@@ -54,14 +60,14 @@ def text(raw: object) -> str:
 
 def begin(client: fakeredis.FakeRedis, run_id: str = "") -> list[str]:
     """One ``begin_generation`` call; its reply as text."""
-    script = client.register_script(scripts.BEGIN_GENERATION)
+    script = client.register_script(eval_source("begin_generation"))
     reply = script(keys=[KEYS.state, KEYS.reset], args=[run_id])
     return [text(x) for x in reply]
 
 
 def reset(client: fakeredis.FakeRedis, *waiters: str) -> str:
     """One ``reset_job`` call, as ``stepbarrier reset`` makes it; the new marker."""
-    script = client.register_script(scripts.RESET_JOB)
+    script = client.register_script(eval_source("reset_job"))
     fixed = [KEYS.state, KEYS.targets, KEYS.registrations, KEYS.reset]
     fixed += [KEYS.barrier_index, KEYS.barrier_epoch]
     args: list[Any] = [KEYS.channel, 60, "PUBLISH", KEYS.barrier_channel]

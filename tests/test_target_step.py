@@ -12,8 +12,8 @@ from fractions import Fraction
 import pytest
 
 from stepbarrier import ConfigurationError
-from stepbarrier._config.schedule import MAX_STEP
 from stepbarrier._integrations.wait_until_step import target_step
+from stepbarrier._protocol.wire import MAX_STEP
 
 
 @pytest.mark.parametrize("value", [0, 1, 13, -3, MAX_STEP])

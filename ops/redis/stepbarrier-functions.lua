@@ -1,5 +1,6 @@
 #!lua name=stepbarrier_v2
 
+local MAX_STEP = 9007199254740992
 local MAX_FIELDS, MAX_VALUE, MAX_TASK_VALUE = 32, 256, 16
 local MAX_MARKER, MAX_PARTIES, MAX_BARRIER_INDEX = 64, 100000, 1000
 local MAX_TARGETS_READ, MAX_REMOVED = 1000, 1000
@@ -13,7 +14,7 @@ local function whole(text)
   -- 1 to 16 ASCII digits (no sign, space, exponent or hex), at most 2^53.
   if type(text) ~= 'string' or #text > 16 or not string.match(text, '^%d+$') then return nil end
   local n = tonumber(text)
-  if n and n <= 9007199254740992 then return n end
+  if n and n <= MAX_STEP then return n end
   return nil
 end
 local function publish_command(name)
@@ -273,7 +274,8 @@ local result = {1, step_text, gen_text, repaired, created}
 -- only whole steps in range guide the chief: a hostile +inf score is skipped;
 -- at most MAX_TARGETS_READ, whatever the caller asks
 local wanted = math.min(math.max(tonumber(ARGV[7]) or 0, 0), MAX_TARGETS_READ)
-local pending = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. step_text, '9007199254740992',
+local above = string.format('%.0f', MAX_STEP)
+local pending = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. step_text, above,
                            'WITHSCORES', 'LIMIT', 0, wanted)
 for i = 2, #pending, 2 do
   local target = whole(pending[i])
@@ -307,7 +309,7 @@ local epoch = tonumber(epoch_clock[1]) * 1000000 + tonumber(epoch_clock[2])
 local epoch_kind, epoch_fields = read_hash(KEYS[6], EPOCH_FIELDS, MAX_FIELDS)
 if epoch_kind == 'hash' then
   local stored = whole(epoch_fields.token)
-  if stored and stored >= epoch and stored < 9007199254740992 then epoch = stored + 1 end
+  if stored and stored >= epoch and stored < MAX_STEP then epoch = stored + 1 end
 end
 for i = 5, #KEYS do redis.call('UNLINK', KEYS[i]) end
 redis.call('HSET', KEYS[6], 'token', string.format('%.0f', epoch), 'by', 'reset')
@@ -499,7 +501,7 @@ if epoch == nil then
   local clock = redis.call('TIME')
   epoch = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
   for _, floor in ipairs({begun or 0, known or 0}) do
-    if floor >= epoch and floor < 9007199254740992 then epoch = floor + 1 end
+    if floor >= epoch and floor < MAX_STEP then epoch = floor + 1 end
   end
   by = 'arrival'
   redis.call('UNLINK', KEYS[3])

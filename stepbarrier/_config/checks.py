@@ -10,10 +10,10 @@ import math
 import re
 from urllib.parse import SplitResult, parse_qsl, unquote_plus, urlsplit
 
-from stepbarrier._protocol.wire import RUN_ID
+from stepbarrier._protocol.wire import NAME, RUN_ID
 from stepbarrier.errors import ConfigurationError
 
-JOB_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
+JOB_NAME = NAME
 MAX_JOB_NAME = 64
 """The longest job name (docs/configuration.md): a longer one is refused before it is parsed."""
 TLS_INSECURE = "STEPBARRIER_TLS_INSECURE"

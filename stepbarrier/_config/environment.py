@@ -29,7 +29,7 @@ from stepbarrier._config.defaults import (
     OnTimeout,
     Role,
 )
-from stepbarrier._config.schedule import MAX_STEP, validate_schedule
+from stepbarrier._config.schedule import validate_schedule
 from stepbarrier._config.tf_config import (
     MAX_TASK_ID,
     NO_ROLE_TASK_TYPES,
@@ -37,6 +37,7 @@ from stepbarrier._config.tf_config import (
     trainer_count,
 )
 from stepbarrier._protocol.barrier_record import validate_parties
+from stepbarrier._protocol.wire import MAX_STEP
 from stepbarrier.errors import ConfigurationError
 
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import math
 import re
 
+from stepbarrier._protocol.wire import MAX_STEP
 from stepbarrier.errors import ConfigurationError
 
 _SPEC = re.compile(r"^\s*(log|linear)\s*:\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*$")
-MAX_STEP = 2**53  # steps travel through Lua, whose numbers are doubles
 
 
 def validate_schedule(spec: str, *, variable: str = "schedule") -> str:

@@ -37,8 +37,9 @@ from stepbarrier._config.defaults import (
     Role,
 )
 from stepbarrier._config.environment import settings_from_env
-from stepbarrier._config.schedule import MAX_STEP, schedule_wait_until_step, validate_schedule
+from stepbarrier._config.schedule import schedule_wait_until_step, validate_schedule
 from stepbarrier._protocol.keys import JobKeys
+from stepbarrier._protocol.wire import MAX_STEP
 from stepbarrier.errors import ConfigurationError
 
 

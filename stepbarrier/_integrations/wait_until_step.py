@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import numbers
 
-from stepbarrier._config.schedule import MAX_STEP
+from stepbarrier._protocol.wire import MAX_STEP
 from stepbarrier.errors import ConfigurationError
 
 

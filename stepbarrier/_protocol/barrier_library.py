@@ -109,7 +109,7 @@ if epoch == nil then
   local clock = redis.call('TIME')
   epoch = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
   for _, floor in ipairs({begun or 0, known or 0}) do
-    if floor >= epoch and floor < 9007199254740992 then epoch = floor + 1 end
+    if floor >= epoch and floor < MAX_STEP then epoch = floor + 1 end
   end
   by = 'arrival'
   redis.call('UNLINK', KEYS[3])

@@ -16,12 +16,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from stepbarrier._protocol.wire import parse_int
+from stepbarrier._protocol.wire import NAME, parse_int
 from stepbarrier.errors import ConfigurationError
 
 MAX_PARTIES = 100_000
 """Most tasks one barrier can wait for."""
-BARRIER_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
+BARRIER_NAME = NAME
 """A barrier's name: like a job name, it becomes part of a key."""
 _TASK_FIELD = re.compile(rb"t(0|[1-9][0-9]{0,8})")
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from stepbarrier._protocol.barrier_library import BARRIER_ARRIVE_BODY, MAX_BARRIER_INDEX
 from stepbarrier._protocol.barrier_record import MAX_PARTIES
+from stepbarrier._protocol.wire import MAX_STEP
 
 MAX_FIELDS = 32
 """Most fields of a state hash, a waiter's entry or the barrier epoch (a barrier:
@@ -77,6 +78,7 @@ def _lua_names(names: tuple[str, ...]) -> str:
 
 HELPERS = (
     f"""
+local MAX_STEP = {MAX_STEP}
 local MAX_FIELDS, MAX_VALUE, MAX_TASK_VALUE = {MAX_FIELDS}, {MAX_VALUE}, {MAX_TASK_VALUE}
 local MAX_MARKER, MAX_PARTIES, MAX_BARRIER_INDEX = {MAX_MARKER}, {MAX_PARTIES}, {MAX_BARRIER_INDEX}
 local MAX_TARGETS_READ, MAX_REMOVED = {MAX_TARGETS_READ}, {MAX_REMOVED}
@@ -91,7 +93,7 @@ local function whole(text)
   -- 1 to 16 ASCII digits (no sign, space, exponent or hex), at most 2^53.
   if type(text) ~= 'string' or #text > 16 or not string.match(text, '^%d+$') then return nil end
   local n = tonumber(text)
-  if n and n <= 9007199254740992 then return n end
+  if n and n <= MAX_STEP then return n end
   return nil
 end
 local function publish_command(name)
@@ -364,7 +366,8 @@ local result = {1, step_text, gen_text, repaired, created}
 -- only whole steps in range guide the chief: a hostile +inf score is skipped;
 -- at most MAX_TARGETS_READ, whatever the caller asks
 local wanted = math.min(math.max(tonumber(ARGV[7]) or 0, 0), MAX_TARGETS_READ)
-local pending = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. step_text, '9007199254740992',
+local above = string.format('%.0f', MAX_STEP)
+local pending = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. step_text, above,
                            'WITHSCORES', 'LIMIT', 0, wanted)
 for i = 2, #pending, 2 do
   local target = whole(pending[i])
@@ -398,7 +401,7 @@ local epoch = tonumber(epoch_clock[1]) * 1000000 + tonumber(epoch_clock[2])
 local epoch_kind, epoch_fields = read_hash(KEYS[6], EPOCH_FIELDS, MAX_FIELDS)
 if epoch_kind == 'hash' then
   local stored = whole(epoch_fields.token)
-  if stored and stored >= epoch and stored < 9007199254740992 then epoch = stored + 1 end
+  if stored and stored >= epoch and stored < MAX_STEP then epoch = stored + 1 end
 end
 for i = 5, #KEYS do redis.call('UNLINK', KEYS[i]) end
 redis.call('HSET', KEYS[6], 'token', string.format('%.0f', epoch), 'by', 'reset')
@@ -534,10 +537,3 @@ BODIES: dict[str, tuple[str, bool]] = {
 }
 """Each piece of code by name: its Lua body and whether it only reads."""
 
-BEGIN_GENERATION = HELPERS + _BEGIN_GENERATION
-PUBLISH_STEP = HELPERS + _PUBLISH_STEP
-RESET_JOB = HELPERS + _RESET_JOB
-WAITER_REGISTER = HELPERS + _WAITER_REGISTER
-WAITER_READ = HELPERS + _WAITER_READ
-WAITER_LEAVE = HELPERS + _WAITER_LEAVE
-BARRIER_ARRIVE = HELPERS + BARRIER_ARRIVE_BODY

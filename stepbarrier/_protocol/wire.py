@@ -15,9 +15,13 @@ from dataclasses import dataclass
 from typing import Any
 
 MAX_STEP = 2**53
-"""Largest step (and generation) carried exactly through Lua's doubles."""
+"""Largest step (and generation) carried exactly through Lua's doubles: the one
+number range of the protocol (the Lua library takes it from here)."""
 
-RUN_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
+"""The one name pattern: of a job, a run id and a barrier (each becomes part of
+a key or a message, and holds no ``{``, ``}``, ``:`` or space)."""
+RUN_ID = NAME
 """What a run id may be (``STEPBARRIER_RUN_ID``)."""
 
 _STORED_NUMBER = re.compile(r"-?[0-9]{1,16}")
