@@ -536,4 +536,3 @@ BODIES: dict[str, tuple[str, bool]] = {
     "barrier_arrive": (BARRIER_ARRIVE_BODY, False),
 }
 """Each piece of code by name: its Lua body and whether it only reads."""
-
