@@ -18,9 +18,10 @@ The chief stays ``StepPublisher``: ``publish`` takes a fraction of a
 microsecond and never blocks (its thread does the Redis work), so it is fit
 to be called from a coroutine as it is.
 
-.. warning::
-    Redis Cluster and Sentinel are not supported yet: they raise
-    ``ConfigurationError`` (run ``StepWaiter`` in a thread instead).
+Its client is made from the same settings as ``StepWaiter``'s
+(``stepbarrier._redis.client.build_client``): a Redis named by URL, a Redis
+Cluster (the job's calls and its sharded subscription go to its slot's owner)
+or the master that Sentinels name.
 """
 
 from __future__ import annotations
@@ -31,13 +32,15 @@ import time
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 
+from redis.asyncio.cluster import RedisCluster as AsyncCluster
+
 from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._protocol.wire import StepAnnouncement
 from stepbarrier._redis.aio_client import (
     AsyncClient,
     AsyncRedisCode,
+    SlotOwners,
     call_with_retries,
-    check_async_support,
     make_async_client,
 )
 from stepbarrier._worker.aio_batch import CallBatcher
@@ -73,18 +76,20 @@ class AsyncStepWaiter:
     Args:
         config: The job's settings (``timeout``, ``stall_timeout``, ``on_timeout``
             and ``task_id`` shape each wait).
-        client: A ``redis.asyncio.Redis`` client; one is made from ``config`` if
-            omitted (and closed by ``close``).
+        client: A ``redis.asyncio.Redis`` (or ``redis.asyncio.RedisCluster``)
+            client; one is made from ``config`` if omitted (and closed by ``close``).
         clock: Monotonic clock, injectable for tests.
         sleep: Coroutine that sleeps between retries, injectable for tests.
 
     Raises:
-        ConfigurationError: ``config`` names a Redis Cluster or Sentinels.
+        ConfigurationError: ``config`` names Sentinels with a ``unix://`` URL.
 
     Example:
-        >>> async def main() -> None:  # doctest: +SKIP
-        ...     async with AsyncStepWaiter(BarrierConfig(job="demo", task_id=2)) as waiter:
-        ...         steps = await asyncio.gather(*(waiter.wait(t) for t in (10, 20, 30)))
+        ```python
+        async def main() -> None:
+            async with AsyncStepWaiter(BarrierConfig(job="demo", task_id=2)) as waiter:
+                steps = await asyncio.gather(*(waiter.wait(t) for t in (10, 20, 30)))
+        ```
     """
 
     def __init__(
@@ -95,15 +100,16 @@ class AsyncStepWaiter:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
-        check_async_support(config)
         self.config = config
+        self._keys = config.keys  # (made anew at each access of config.keys)
         self._owns_client = client is None
         self._client = client
+        self._owners: SlotOwners | None = None  # a cluster's: its masters' plain clients
         self._code: AsyncRedisCode | None = None
         self._clock = clock
         self._sleep = sleep
         self._subscription = SharedSubscription(
-            self._connected, config.keys.channel, config.run_id, clock, self._read_once
+            self._subscriber, config.keys.channel, config.run_id, clock, self._read_once
         )
         self._batcher = CallBatcher(self._code_runner, config.keys)
 
@@ -160,6 +166,9 @@ class AsyncStepWaiter:
         self._batcher.stop()
         await self._subscription.aclose()
         client, self._client, self._code = self._client, None, None
+        owners, self._owners = self._owners, None
+        if owners is not None:
+            await owners.aclose()
         if self._owns_client and client is not None:
             await client.aclose()
         elif client is not None:
@@ -171,11 +180,23 @@ class AsyncStepWaiter:
     def _connected(self) -> AsyncClient:
         if self._client is None:
             self._client = make_async_client(self.config)
+        if self._owners is None and isinstance(self._client, AsyncCluster):
+            self._owners = SlotOwners(self._client)
         return self._client
+
+    async def _subscriber(self, lost_before: bool) -> tuple[AsyncClient, bool]:
+        """The client to subscribe on, and whether the channel is sharded (a cluster)."""
+        client = self._connected()
+        if self._owners is None:
+            return client, False
+        if lost_before:  # the job's slot may have moved, or its master failed over
+            await self._owners.refresh()
+        return await self._owners.owner(self.config.keys.channel), True
 
     def _code_runner(self) -> AsyncRedisCode:
         if self._code is None:
-            self._code = AsyncRedisCode(self._connected(), self.config)
+            client = self._connected()
+            self._code = AsyncRedisCode(client, self.config, self._owners)
         return self._code
 
     async def __aenter__(self) -> AsyncStepWaiter:
@@ -276,7 +297,9 @@ class _AsyncWait:
             self.clock() - self.registered_at < self.config.fallback_interval
         )
         if refresh or not self.registered or not fresh:
-            call = register_call(self.config, self.id, self.rules.target, self.entry)
+            call = register_call(
+                self.config, self.id, self.rules.target, self.entry, self.waiter._keys
+            )
 
         async def sync() -> Snapshot:
             if call is not None:
@@ -326,7 +349,7 @@ class _AsyncWait:
         self.epoch = await call_with_retries(
             self.waiter._subscription.ensure,
             self.config,
-            action=f"subscribe to {self.config.keys.channel}",
+            action=f"subscribe to {self.waiter._keys.channel}",
             deadline=self.rules.retry_deadline(),
             clock=self.clock,
             sleep=self.waiter._sleep,
@@ -351,7 +374,7 @@ class _AsyncWait:
     async def leave(self) -> None:
         """Unregister, even while being cancelled (one try; an entry left behind expires)."""
         self.registered = False
-        done = self.waiter._batcher.leave(leave_call(self.config.keys, self.id))
+        done = self.waiter._batcher.leave(leave_call(self.waiter._keys, self.id))
         # the batcher sends it whatever happens to this task (shielded: a second
         # cancellation does not take it back); waiting for it here means that
         # once wait() has ended, the entry is gone. Its round trip is bounded by

@@ -1,21 +1,36 @@
 """Exceptions raised by stepbarrier.
 
 Every error derives from one root, and each leaf also inherits the matching
-builtin so that callers who do not know stepbarrier can still catch it::
+builtin so that callers who do not know stepbarrier can still catch it:
 
-    StepBarrierError
-    ├── ConfigurationError   (also ValueError)   a setting or argument is invalid
-    ├── BarrierTimeout       (also TimeoutError) the overall or stall timeout passed
-    │                                            (at a named barrier: .missing tasks)
-    ├── BarrierAborted                           the job finished or was reset first
-    ├── RedisUnavailable     (also ConnectionError) Redis unreachable after retries
-    └── RedisRefused                             Redis answered but refused us
-                                                 (authentication, ACL, wrong type)
+```text
+StepBarrierError
+├── ConfigurationError   (also ValueError)   a setting or argument is invalid
+├── BarrierTimeout       (also TimeoutError) the overall or stall timeout passed
+│                                            (at a named barrier: .missing tasks)
+├── BarrierAborted                           the job finished or was reset first
+├── RedisUnavailable     (also ConnectionError) Redis unreachable after retries
+└── RedisRefused                             Redis answered but refused us
+                                             (authentication, ACL, wrong type)
+```
 
 Messages never contain a password: URLs are masked before they are formatted.
 """
 
 from __future__ import annotations
+
+from typing import Literal, TypeAlias
+
+TimeoutLimit: TypeAlias = Literal["deadline", "stall", "progress"]
+"""Which limit ended a wait (``BarrierTimeout.limit``): the overall timeout
+(``"deadline"``), the stall timeout (``"stall"``: no write of the chief, or at
+a named barrier no new arrival, observed for that long) or the progress timeout
+(``"progress"``: the chief's step did not move, ``STEPBARRIER_PROGRESS_TIMEOUT``)."""
+
+RefusalKind: TypeAlias = Literal["authentication", "permission", "tls", "response", "functions"]
+"""What Redis refused (``RedisRefused.kind``): the credentials, an ACL permission,
+the TLS handshake, a command (e.g. a key of the wrong type), or stepbarrier's
+Lua Functions (missing and not loadable by this user, or no Functions at all)."""
 
 
 class StepBarrierError(Exception):
@@ -71,6 +86,10 @@ class BarrierTimeout(_WaitError, TimeoutError):
         heartbeat_age: Seconds since the chief's last heartbeat, when known.
         stalled: True when the stall timeout (no chief heartbeat; at a named
             barrier, no new arrival) ended the wait.
+        limit: Which limit ended it: ``"deadline"`` (the overall timeout),
+            ``"stall"`` or ``"progress"`` (the progress timeout; ``stalled``
+            is then True too). Without one given, ``"stall"`` if ``stalled``,
+            else ``"deadline"``.
         barrier: The named barrier waited at (``stepbarrier.Barrier``), else ``None``.
         missing: At a named barrier, the sorted ids of the tasks that never
             arrived (the message names them too); ``()`` for a step wait.
@@ -87,6 +106,7 @@ class BarrierTimeout(_WaitError, TimeoutError):
         stalled: bool = False,
         barrier: str | None = None,
         missing: tuple[int, ...] = (),
+        limit: TimeoutLimit | None = None,
     ) -> None:
         super().__init__(
             message,
@@ -96,6 +116,7 @@ class BarrierTimeout(_WaitError, TimeoutError):
             heartbeat_age=heartbeat_age,
         )
         self.stalled = stalled
+        self.limit: TimeoutLimit = limit or ("stall" if stalled else "deadline")
         self.barrier = barrier
         self.missing = tuple(missing)
 
@@ -142,9 +163,10 @@ class RedisRefused(StepBarrierError):
     the wrong type. Retrying cannot help, so it is raised at once.
 
     Attributes:
-        kind: ``"authentication"``, ``"permission"``, ``"tls"`` or ``"response"``.
+        kind: ``"authentication"``, ``"permission"``, ``"tls"``, ``"response"`` or
+            ``"functions"`` (see ``RefusalKind``).
     """
 
-    def __init__(self, message: str, *, kind: str, job: str | None = None) -> None:
+    def __init__(self, message: str, *, kind: RefusalKind, job: str | None = None) -> None:
         super().__init__(message, job=job)
         self.kind = kind

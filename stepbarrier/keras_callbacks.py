@@ -4,9 +4,11 @@
 ``model.optimizer.iterations`` after every training batch. ``StepWaiterCallback``
 goes into a worker's ``model.fit`` and holds it, before its first batch, until
 the chief's step reaches the worker's step. ``callbacks_from_env`` picks the
-right one for the host it runs on::
+right one for the host it runs on:
 
-    model.fit(x, y, callbacks=stepbarrier.keras_callbacks.callbacks_from_env())
+```python
+model.fit(x, y, callbacks=stepbarrier.keras_callbacks.callbacks_from_env())
+```
 
 Start and end barriers (``StartBarrierCallback``, ``EndBarrierCallback``):
 ``callbacks_from_env(start_barrier=True, end_barrier=True)``.
@@ -101,8 +103,11 @@ class StepPublisherCallback(keras.callbacks.Callback):  # type: ignore[misc]
         last_step: The job is finished when a ``fit`` ends at or above it.
 
     Example:
-        >>> for epoch in range(3):  # doctest: +SKIP
-        ...     model.fit(x, y, callbacks=[StepPublisherCallback(last_step=3 * steps)])
+        ```python
+        publisher = StepPublisherCallback(last_step=3 * steps_per_fit)
+        for _ in range(3):
+            model.fit(x, y, callbacks=[publisher])
+        ```
     """
 
     def __init__(self, config: BarrierConfig | None = None, *, last_step: int | None = None):
@@ -293,8 +298,10 @@ class StepWaiterCallback(keras.callbacks.Callback):  # type: ignore[misc]
         released_at: ``time.time()`` of that release.
 
     Example:
-        >>> waiter = StepWaiterCallback(wait_until_step=13)  # doctest: +SKIP
-        >>> model.fit(x, y, epochs=3, callbacks=[waiter])  # doctest: +SKIP
+        ```python
+        waiter = StepWaiterCallback(wait_until_step=13)
+        model.fit(x, y, epochs=3, callbacks=[waiter])
+        ```
     """
 
     def __init__(self, wait_until_step: float, config: BarrierConfig | None = None) -> None:
@@ -366,7 +373,9 @@ def callbacks_from_env(
             neither a wait step nor a schedule.
 
     Example:
-        >>> model.fit(x, y, callbacks=callbacks_from_env())  # doctest: +SKIP
+        ```python
+        model.fit(x, y, callbacks=callbacks_from_env())
+        ```
     """
     if barrier_role_from_env(environ) is None:
         return []  # a ps or evaluator task takes no part in the barrier

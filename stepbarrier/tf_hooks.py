@@ -4,11 +4,14 @@
 changing the import; instead of reading the parameter server twice a second, a
 waiting worker is woken through Redis within milliseconds of the chief's step.
 The chief adds ``GlobalStepPublisherHook``. ``hooks_from_env`` picks the right
-one for the host it runs on::
+one for the host it runs on:
 
-    hooks = stepbarrier.tf_hooks.hooks_from_env()
-    with tf.compat.v1.train.MonitoredTrainingSession(..., hooks=hooks) as sess:
-        ...
+```python
+hooks = stepbarrier.tf_hooks.hooks_from_env()
+with tf.compat.v1.train.MonitoredTrainingSession(master=server.target, hooks=hooks) as sess:
+    while not sess.should_stop():
+        sess.run(train_op)
+```
 
 The start and end of training get named barriers (``StartBarrierHook``,
 ``EndBarrierHook``, from ``stepbarrier._integrations.barrier_hooks``):
@@ -22,7 +25,7 @@ never waits (and never touches Redis); only the first ``before_run`` after
 ``begin()`` waits, also when ``MonitoredSession`` recovers a failed session
 (it calls ``after_create_session`` again, not ``begin``).
 
-.. warning::
+Warning:
     Unlike TensorFlow's hook, a wait can end with an exception (raised from
     ``before_run``, so the training loop stops): ``BarrierTimeout`` after the
     configured overall or stall timeout (unless ``STEPBARRIER_ON_TIMEOUT=proceed``),
@@ -163,12 +166,14 @@ class GlobalStepWaiterHook(tf.compat.v1.train.SessionRunHook):  # type: ignore[m
             before a release.
 
     Example:
-        >>> hook = GlobalStepWaiterHook(wait_until_step=13)  # doctest: +SKIP
-        >>> with tf.compat.v1.train.MonitoredTrainingSession(  # doctest: +SKIP
-        ...     master=server.target, hooks=[hook]
-        ... ) as sess:
-        ...     while not sess.should_stop():
-        ...         sess.run(train_op)
+        ```python
+        hook = GlobalStepWaiterHook(wait_until_step=13)
+        with tf.compat.v1.train.MonitoredTrainingSession(
+            master=server.target, hooks=[hook]
+        ) as sess:
+            while not sess.should_stop():
+                sess.run(train_op)
+        ```
     """
 
     def __init__(
@@ -383,10 +388,12 @@ def hooks_from_env(
             neither a wait step nor a schedule.
 
     Example:
-        >>> hooks = hooks_from_env()  # doctest: +SKIP
-        >>> session = tf.compat.v1.train.MonitoredTrainingSession(  # doctest: +SKIP
-        ...     master=server.target, hooks=hooks
-        ... )
+        ```python
+        hooks = hooks_from_env()
+        session = tf.compat.v1.train.MonitoredTrainingSession(
+            master=server.target, hooks=hooks
+        )
+        ```
     """
     if barrier_role_from_env(environ) is None:
         return []  # a ps or evaluator task takes no part in the barrier

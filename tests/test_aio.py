@@ -15,7 +15,6 @@ from stepbarrier import (
     BarrierAborted,
     BarrierConfig,
     BarrierTimeout,
-    ConfigurationError,
     RedisRefused,
     RedisUnavailable,
     StepPublisher,
@@ -345,12 +344,22 @@ def test_a_wrong_password_is_refused_at_once(make_config: Callable[..., BarrierC
     [{"redis_cluster": True}, {"sentinels": (("127.0.0.1", 26379),)}],
     ids=["cluster", "sentinel"],
 )
-def test_cluster_and_sentinel_are_refused_clearly(
+def test_cluster_and_sentinel_clients_are_made_without_io(
     make_config: Callable[..., BarrierConfig], settings: dict[str, Any]
 ) -> None:
+    # the real ones: tests/cluster/test_cluster_aio.py, tests/reliability/test_sentinel_aio.py
+    from redis.asyncio.cluster import RedisCluster
+    from redis.asyncio.sentinel import SentinelConnectionPool
+
+    from stepbarrier._redis.aio_client import make_async_client
+
     config = make_config(**settings)
-    with pytest.raises(ConfigurationError, match="AsyncStepWaiter does not support"):
-        AsyncStepWaiter(config)
+    client = make_async_client(config)  # no server on 26379: nothing is reached yet
+    if config.redis_cluster:
+        assert isinstance(client, RedisCluster)
+    else:
+        assert isinstance(client.connection_pool, SentinelConnectionPool)
+    AsyncStepWaiter(config)  # no refusal
 
 
 def test_retries_sleep_through_the_injected_sleep(job: str) -> None:

@@ -124,3 +124,22 @@ def test_the_version_has_one_source() -> None:
     assert importlib.metadata.version("stepbarrier") == stepbarrier.__version__
     changelog = Path(ROOT, "CHANGELOG.md").read_text()
     assert f"## [{stepbarrier.__version__}]" in changelog
+
+
+def test_make_demo_installs_only_what_the_demo_runs(tmp_path: Path) -> None:
+    """`make demo` on a fresh machine: the demo extra, not every extra of `make test`."""
+    venv = tmp_path / "venv"
+    planned = subprocess.run(
+        ["make", "-n", "demo", f"VENV={venv}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert planned.returncode == 0, planned.stderr
+    installs = [line for line in planned.stdout.splitlines() if "pip install" in line]
+    assert any('-e ".[demo]"' in line for line in installs), installs
+    assert not any("jax" in line or "docs" in line for line in installs), installs
+    extras = Path(ROOT, "pyproject.toml").read_text().split("[project.optional-dependencies]")[1]
+    demo = next(line for line in extras.splitlines() if line.startswith("demo = "))
+    assert "tensorflow" in demo and "fakeredis" in demo

@@ -65,10 +65,11 @@ class Barrier:
             missing or outside ``0..parties-1``.
 
     Example:
-        >>> config = BarrierConfig(job="mnist-42", task_id=1)
-        >>> with Barrier(config, "start", parties=3) as start:  # doctest: +SKIP
-        ...     start.arrive(timeout=600)
-        True
+        ```python
+        config = BarrierConfig(job="mnist-42", task_id=1)
+        with Barrier(config, "start", parties=3) as start:
+            start.arrive(timeout=600)  # True once tasks 0, 1 and 2 have arrived
+        ```
     """
 
     def __init__(

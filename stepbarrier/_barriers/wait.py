@@ -325,6 +325,7 @@ class BarrierWait:
             f"{b.parties} tasks arrived, missing task(s) {list_tasks(missing)}{lost}",
             job=self.config.job,
             stalled=stalled,
+            limit="stall" if stalled else "deadline",
             barrier=b.name,
             missing=missing,
         )

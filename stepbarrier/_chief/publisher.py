@@ -80,10 +80,12 @@ class StepPublisher:
             not as a WARNING.
 
     Example:
-        >>> with StepPublisher(BarrierConfig(job="demo")) as publisher:  # doctest: +SKIP
-        ...     for step in range(1, 1001):
-        ...         train_one_step()
-        ...         publisher.publish(step)
+        ```python
+        with StepPublisher(BarrierConfig(job="demo")) as publisher:
+            for step in range(1, 1001):
+                train_one_step()
+                publisher.publish(step)
+        ```
     """
 
     def __init__(

@@ -56,7 +56,7 @@ def schedule_wait_until_step(task_id: int, spec: str) -> int:
     Raises:
         ConfigurationError: The spec or the task id is invalid.
 
-    Example:
+    Examples:
         >>> schedule_wait_until_step(3, "log:10")
         13
     """

@@ -50,7 +50,7 @@ class BarrierConfig:
     Build it directly in code, or from the environment with ``from_env``.
     Unset optional settings are ``None``.
 
-    Example:
+    Examples:
         >>> cfg = BarrierConfig(job="mnist-42", redis_url="redis://redis:6379/0")
         >>> cfg.keys.channel
         'stepbarrier:{mnist-42}:steps'

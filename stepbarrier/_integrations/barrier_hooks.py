@@ -68,7 +68,9 @@ class StartBarrierHook(tf.compat.v1.train.SessionRunHook):  # type: ignore[misc]
             under ``STEPBARRIER_ON_TIMEOUT=proceed``, when it gave up and started).
 
     Example:
-        >>> hooks = [StartBarrierHook(parties=3, timeout=600)]  # doctest: +SKIP
+        ```python
+        hooks = [StartBarrierHook(parties=3, timeout=600), *other_hooks]
+        ```
     """
 
     def __init__(

@@ -48,7 +48,9 @@ class StartBarrierCallback(keras.callbacks.Callback):  # type: ignore[misc]
             under ``STEPBARRIER_ON_TIMEOUT=proceed``, when it gave up and started).
 
     Example:
-        >>> model.fit(x, y, callbacks=[StartBarrierCallback(parties=3)])  # doctest: +SKIP
+        ```python
+        model.fit(x, y, callbacks=[StartBarrierCallback(parties=3)])
+        ```
     """
 
     def __init__(

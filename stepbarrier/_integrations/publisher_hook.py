@@ -90,13 +90,15 @@ class GlobalStepPublisherHook(tf.compat.v1.train.SessionRunHook):  # type: ignor
             benchmarks).
 
     Example:
-        >>> with tf.compat.v1.train.MonitoredTrainingSession(  # doctest: +SKIP
-        ...     master=server.target,
-        ...     is_chief=True,
-        ...     chief_only_hooks=[GlobalStepPublisherHook(last_step=10_000)],
-        ... ) as sess:
-        ...     while not sess.should_stop():
-        ...         sess.run(train_op)
+        ```python
+        with tf.compat.v1.train.MonitoredTrainingSession(
+            master=server.target,
+            is_chief=True,
+            chief_only_hooks=[GlobalStepPublisherHook(last_step=10_000)],
+        ) as sess:
+            while not sess.should_stop():
+                sess.run(train_op)
+        ```
     """
 
     def __init__(self, config: BarrierConfig | None = None, *, last_step: int | None = None):

@@ -7,28 +7,39 @@ becomes a clear ``RedisRefused`` at once; the Lua code runs as the Functions
 library (loaded by the client if it may), or as ``EVALSHA`` scripts with
 ``use_eval``.
 
-Supported: a Redis named by URL (``redis://``, ``rediss://`` with the TLS
-settings, ``unix://``), with ACL users. Not yet: Redis Cluster and Sentinel,
-which raise ``ConfigurationError`` (``StepWaiter`` supports both).
+The client is made by the same builder as the blocking side's
+(``stepbarrier._redis.client.build_client`` with ``ASYNC``): a Redis named by
+URL (``redis://``, ``rediss://`` with the TLS settings, ``unix://``), with ACL
+users, a Redis Cluster, or the master that Sentinels name. On a Cluster, as on
+the blocking side, a job's calls go in one plain pipeline to the owner of its
+slot, and its channel is sharded (``SSUBSCRIBE`` on that owner):
+``SlotOwners`` keeps one plain client per master for that.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import redis.asyncio
 from redis import exceptions as rex
+from redis.asyncio.cluster import RedisCluster as AsyncCluster
 from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
+from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 from tenacity import AsyncRetrying
 
 from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._protocol import library as scripts
-from stepbarrier._redis.client import CONNECT_TIMEOUT, SOCKET_TIMEOUT, url_for_client
-from stepbarrier._redis.client import _tls_options as tls_options
+from stepbarrier._redis.client import (
+    SOCKET_TIMEOUT,
+    ClientKind,
+    build_client,
+    no_master,
+    sentinel_address,
+)
 from stepbarrier._redis.failures import REDIS_ERRORS, translate
 from stepbarrier._redis.functions import (
     Call,
@@ -39,59 +50,94 @@ from stepbarrier._redis.functions import (
     parse_versions,
 )
 from stepbarrier._redis.retries import retry_settings
-from stepbarrier.errors import ConfigurationError
 
 T = TypeVar("T")
 
-AsyncClient = redis.asyncio.Redis
-"""The client of an ``AsyncStepWaiter``."""
+AsyncClient = redis.asyncio.Redis | AsyncCluster
+"""The client of an ``AsyncStepWaiter``: one server (direct or through Sentinel) or a Cluster."""
 
 
-def check_async_support(config: BarrierConfig) -> None:
-    """Raise ``ConfigurationError`` for a deployment the asyncio waiter does not support yet.
+class _AsyncSentinels(AsyncSentinel):
+    """``redis.asyncio``'s ``Sentinel``, except when every Sentinel refused us (as
+    ``stepbarrier._redis.client._Sentinels``: the first refusal is raised, at once)."""
 
-    Raises:
-        ConfigurationError: ``config`` names a Redis Cluster or Sentinels.
-    """
-    unsupported = (
-        ("Redis Cluster", "STEPBARRIER_REDIS_CLUSTER")
-        if config.redis_cluster
-        else ("Sentinel", "STEPBARRIER_SENTINELS")
-        if config.sentinels
-        else None
-    )
-    if unsupported is not None:
-        what, variable = unsupported
-        raise ConfigurationError(
-            f"AsyncStepWaiter does not support {what} yet ({variable} is set); StepWaiter "
-            "does: run it in a thread, e.g. `await asyncio.to_thread(StepWaiter(config).wait, "
-            "step)`, or use a Redis named by STEPBARRIER_REDIS_URL",
-            variable=variable,
-            job=config.job,
-        )
+    async def discover_master(self, service_name: str) -> tuple[str, int]:
+        errors: list[tuple[str, rex.RedisError]] = []
+        for index, node in enumerate(self.sentinels):
+            try:
+                masters = cast(dict[str, dict[str, Any]], await node.sentinel_masters())
+            except (rex.ConnectionError, rex.TimeoutError) as exc:
+                errors.append((sentinel_address(node), exc))
+                continue
+            state = masters.get(service_name)
+            if state and self.check_master_state(state, service_name):
+                self.sentinels[0], self.sentinels[index] = node, self.sentinels[0]
+                return str(state["ip"]), int(state["port"])
+        raise no_master(service_name, errors)
+
+
+ASYNC = ClientKind(
+    redis=redis.asyncio.Redis, cluster=AsyncCluster, sentinels=_AsyncSentinels, retry=Retry
+)
+"""The asyncio side's classes."""
 
 
 def make_async_client(config: BarrierConfig) -> AsyncClient:
-    """A ``redis.asyncio`` client for ``config.redis_url`` (no I/O until first used).
+    """A ``redis.asyncio`` client for the job's Redis (no I/O until first used): as
+    ``make_client`` makes the blocking one, from the same settings.
 
     Raises:
-        ConfigurationError: A Redis Cluster or Sentinels (not supported yet).
+        ConfigurationError: Sentinels with a ``unix://`` URL.
     """
-    check_async_support(config)
-    options: dict[str, Any] = {
-        "socket_timeout": SOCKET_TIMEOUT,
-        "socket_connect_timeout": CONNECT_TIMEOUT,
-        "retry": Retry(NoBackoff(), 0),
-        "health_check_interval": 0,
-        "decode_responses": False,
-    }
-    if config.redis_username is not None:
-        options["username"] = config.redis_username
-    if config.redis_password is not None:
-        options["password"] = config.redis_password
-    if config.redis_url.startswith("rediss://"):
-        options.update(tls_options(config))
-    return redis.asyncio.Redis.from_url(url_for_client(config), **options)
+    client: AsyncClient = build_client(config, ASYNC, socket_timeout=SOCKET_TIMEOUT)
+    return client
+
+
+class SlotOwners:
+    """Plain clients of a cluster's masters, one per node, each made on first use.
+
+    A job's keys and its channel live in one slot: its calls go to that slot's
+    owner in a plain pipeline (a cluster pipeline would first ask a node for the
+    keys of each ``FCALL``), and its subscription is made there (``SSUBSCRIBE``).
+    A ``MOVED`` reply, or a lost connection, has the caller ``refresh`` the slot
+    map before it retries.
+
+    Args:
+        cluster: The waiter's cluster client (its slot map and its settings).
+    """
+
+    def __init__(self, cluster: AsyncCluster) -> None:
+        self.cluster = cluster
+        self._clients: dict[str, redis.asyncio.Redis] = {}
+
+    async def owner(self, key: str) -> redis.asyncio.Redis:
+        """The plain client of the master that owns ``key``'s slot (one try).
+
+        Raises:
+            redis.RedisError: The slot map could not be read.
+        """
+        await self.cluster.initialize()
+        node = self.cluster.get_node_from_key(key)
+        assert node is not None
+        client = self._clients.get(node.name)
+        if client is None:
+            pool = redis.asyncio.ConnectionPool(
+                connection_class=node.connection_class, **node.connection_kwargs
+            )
+            client = self._clients[node.name] = redis.asyncio.Redis(connection_pool=pool)
+        return client
+
+    async def refresh(self) -> None:
+        """Read the slot map again (best effort: the caller's retry then reaches the owner)."""
+        with contextlib.suppress(Exception):
+            await self.cluster.nodes_manager.initialize()
+
+    async def aclose(self) -> None:
+        """Close the plain clients (not the cluster client)."""
+        clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            with contextlib.suppress(Exception):
+                await client.aclose()
 
 
 async def call_with_retries(
@@ -130,9 +176,12 @@ class AsyncRedisCode:
         config: The job's settings (``use_eval``, and the URL for messages).
     """
 
-    def __init__(self, client: AsyncClient, config: BarrierConfig) -> None:
+    def __init__(
+        self, client: AsyncClient, config: BarrierConfig, owners: SlotOwners | None = None
+    ) -> None:
         self._client = client
         self._config = config
+        self._owners = owners
         self._load_lock = asyncio.Lock()
         self._sources = {
             name: scripts.HELPERS + body for name, (body, _read_only) in scripts.BODIES.items()
@@ -172,7 +221,24 @@ class AsyncRedisCode:
         return replies
 
     async def _run(self, calls: Sequence[Call]) -> list[Any]:
-        pipe = self._client.pipeline(transaction=False)
+        owners = self._owners
+        if owners is None:
+            return await self._send(self._client, calls)
+        # every call of one job touches one slot: straight to its owner (as
+        # RedisCode does on the blocking side)
+        try:
+            replies = await self._send(await owners.owner(calls[0][1][0]), calls)
+        except (rex.ConnectionError, rex.TimeoutError, rex.ClusterError, OSError):
+            await owners.refresh()  # the retry then reaches the current owner
+            raise
+        if any(
+            isinstance(r, (rex.ConnectionError, rex.TimeoutError, rex.AskError)) for r in replies
+        ):
+            await owners.refresh()  # AskError: MOVED too
+        return replies
+
+    async def _send(self, client: Any, calls: Sequence[Call]) -> list[Any]:
+        pipe = client.pipeline(transaction=False)
         for name, keys, args in calls:
             if self._config.use_eval:
                 pipe.execute_command("EVALSHA", self._shas[name], len(keys), *keys, *args)
@@ -182,7 +248,11 @@ class AsyncRedisCode:
 
     async def _load_scripts(self, calls: Sequence[Call]) -> None:
         for name in sorted({name for name, _keys, _args in calls}):
-            await self._client.script_load(self._sources[name])
+            if self._owners is not None:
+                owner = await self._owners.owner(calls[0][1][0])
+                await owner.script_load(self._sources[name])
+            else:
+                await self._client.script_load(self._sources[name])
 
     async def _load_or_explain(self, missing: BaseException) -> None:
         if "unknown command" in str(missing).lower():

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeAlias, TypeVar, cast
 from urllib.parse import urlsplit, urlunsplit
 
@@ -49,11 +50,23 @@ CONNECT_TIMEOUT = 3.0
 """Seconds to establish a TCP (and TLS) connection."""
 
 
+@dataclass(frozen=True)
+class ClientKind:
+    """The redis-py classes of one side: blocking (``SYNC``) or ``redis.asyncio``
+    (``stepbarrier._redis.aio_client.ASYNC``). ``build_client`` makes a client of
+    either from the same settings, so the two sides connect alike."""
+
+    redis: Any
+    cluster: Any
+    sentinels: Any
+    retry: Any
+
+
 def make_client(
     config: BarrierConfig, *, socket_timeout: float | None = SOCKET_TIMEOUT
 ) -> RedisClient:
     """A redis-py client for the job's Redis: ``config.redis_url``, or the master
-    that ``config.sentinels`` name.
+    that ``config.sentinels`` name (``build_client`` on the blocking side).
 
     With Sentinels the URL still gives the scheme (``rediss://`` means TLS), the
     username and password, and the database number, as in
@@ -75,18 +88,26 @@ def make_client(
             is raised here, not at the first command, where it would look like
             a Redis error and could be retried for ever.
     """
+    client: RedisClient = build_client(config, SYNC, socket_timeout=socket_timeout)
+    return client
+
+
+def build_client(config: BarrierConfig, kind: ClientKind, *, socket_timeout: float | None) -> Any:
+    """A client of ``kind`` for the job's Redis (see ``make_client``): direct, a
+    Cluster or the master the Sentinels name; no I/O, except a blocking cluster
+    client's first read of the slot map."""
     options: dict[str, Any] = {
         "socket_timeout": socket_timeout,
         # a caller with a short reply limit gets no longer a connect
         "socket_connect_timeout": CONNECT_TIMEOUT
         if socket_timeout is None
         else min(CONNECT_TIMEOUT, socket_timeout),
-        "retry": Retry(NoBackoff(), 0),
+        "retry": kind.retry(NoBackoff(), 0),
         "health_check_interval": 0,
         "decode_responses": False,
     }
     if config.sentinels:
-        return _master_through_sentinels(config, options)
+        return _master_through_sentinels(config, kind, options)
     if config.redis_username is not None:
         options["username"] = config.redis_username
     if config.redis_password is not None:
@@ -94,21 +115,17 @@ def make_client(
     if config.redis_url.startswith("rediss://"):
         options.update(_tls_options(config))
     if config.redis_cluster:
-        return _cluster(config, options)
-    client = redis.Redis.from_url(url_for_client(config), **options)
+        # The cluster client follows MOVED, ASK and TRYAGAIN itself (its own retry
+        # object, with backoff, re-reading the slot map): a migration or a failover
+        # is never shown to the caller as such. The seed node is only where the
+        # slot map is first read; the client connects to every master it lists.
+        # The blocking one reads the map at once: an unreachable seed is a
+        # ConnectionError here, which the callers retry like any other.
+        del options["retry"]  # RedisCluster takes its retry object apart from the nodes'
+        return kind.cluster.from_url(url_for_client(config), **options)
+    client = kind.redis.from_url(url_for_client(config), **options)
     _check_settings(client.connection_pool)
     return client
-
-
-def _cluster(config: BarrierConfig, options: dict[str, Any]) -> RedisCluster:
-    # The cluster client follows MOVED, ASK and TRYAGAIN itself (its own retry
-    # object, with backoff, re-reading the slot map): a migration or a failover
-    # is never shown to the caller as such. The seed node is only where the
-    # slot map is first read; the client connects to every master it lists.
-    # It reads the map at once: an unreachable seed is a ConnectionError here,
-    # which the callers retry like any other.
-    del options["retry"]  # RedisCluster takes its retry object apart from the nodes'
-    return RedisCluster.from_url(url_for_client(config), **options)
 
 
 def url_for_client(config: BarrierConfig) -> str:
@@ -203,7 +220,9 @@ def _described(weakened: dict[str, str | bool]) -> str:
     return ", ".join(f"{name}={str(value).lower()}" for name, value in sorted(weakened.items()))
 
 
-def _master_through_sentinels(config: BarrierConfig, options: dict[str, Any]) -> redis.Redis:
+def _master_through_sentinels(
+    config: BarrierConfig, kind: ClientKind, options: dict[str, Any]
+) -> Any:
     if config.redis_url.startswith("unix://"):
         raise ConfigurationError(
             "STEPBARRIER_SENTINELS needs a redis:// or rediss:// STEPBARRIER_REDIS_URL "
@@ -222,16 +241,16 @@ def _master_through_sentinels(config: BarrierConfig, options: dict[str, Any]) ->
         access["password"] = password
     if config.redis_url.startswith("rediss://"):
         access.update(ssl=True, **_tls_options(config))
-    sentinels = _Sentinels(  # type: ignore[no-untyped-call]
+    sentinels = kind.sentinels(
         list(config.sentinels),
         sentinel_kwargs={
             "socket_timeout": CONNECT_TIMEOUT,
             "socket_connect_timeout": CONNECT_TIMEOUT,
-            "retry": Retry(NoBackoff(), 0),
+            "retry": kind.retry(NoBackoff(), 0),
             **access,
         },
     )
-    client: redis.Redis = sentinels.master_for(  # type: ignore[no-untyped-call]
+    client = sentinels.master_for(
         config.sentinel_service, db=from_url.get("db", 0), **options, **access
     )
     for pool in [client.connection_pool, *(node.connection_pool for node in sentinels.sentinels)]:
@@ -239,7 +258,7 @@ def _master_through_sentinels(config: BarrierConfig, options: dict[str, Any]) ->
     return client
 
 
-def _check_settings(pool: redis.ConnectionPool) -> None:
+def _check_settings(pool: Any) -> None:
     # redis-py passes the settings to a connection class only when it first
     # connects, inside an operation that callers retry. Building one (no I/O)
     # makes a setting it does not take fail now, with a plain TypeError.
@@ -262,20 +281,37 @@ class _Sentinels(Sentinel):
             try:
                 masters = cast(dict[str, dict[str, Any]], node.sentinel_masters())
             except (rex.ConnectionError, rex.TimeoutError) as exc:
-                address = "{host}:{port}".format_map(node.connection_pool.connection_kwargs)
-                errors.append((address, exc))
+                errors.append((sentinel_address(node), exc))
                 continue
             state = masters.get(service_name)
             if state and self.check_master_state(state, service_name):  # type: ignore[no-untyped-call]
                 self.sentinels[0], self.sentinels[index] = node, self.sentinels[0]
                 return str(state["ip"]), int(state["port"])
-        if errors and not any(is_transient(exc) for _, exc in errors):
-            address, refusal = errors[0]
-            raise type(refusal)(f"Sentinel {address}: {one_line(refusal)}") from refusal
-        seen = "; ".join(f"Sentinel {address}: {one_line(exc)}" for address, exc in errors)
-        raise MasterNotFoundError(
-            f"no Sentinel names a healthy master {service_name!r}" + (f" ({seen})" if seen else "")
-        )
+        raise no_master(service_name, errors)
+
+
+def sentinel_address(node: Any) -> str:
+    """``host:port`` of a Sentinel's client (blocking or asyncio)."""
+    return "{host}:{port}".format_map(node.connection_pool.connection_kwargs)
+
+
+def no_master(service_name: str, errors: list[tuple[str, rex.RedisError]]) -> rex.RedisError:
+    """What to raise when no Sentinel named a healthy master (``errors``: the
+    Sentinels that failed): the first refusal if every one refused us, else a
+    ``MasterNotFoundError`` (transient) naming them."""
+    if errors and not any(is_transient(exc) for _, exc in errors):
+        address, refusal = errors[0]
+        error = type(refusal)(f"Sentinel {address}: {one_line(refusal)}")
+        error.__cause__ = refusal
+        return error
+    seen = "; ".join(f"Sentinel {address}: {one_line(exc)}" for address, exc in errors)
+    return MasterNotFoundError(
+        f"no Sentinel names a healthy master {service_name!r}" + (f" ({seen})" if seen else "")
+    )
+
+
+SYNC = ClientKind(redis=redis.Redis, cluster=RedisCluster, sentinels=_Sentinels, retry=Retry)
+"""The blocking side's classes."""
 
 
 def with_client(

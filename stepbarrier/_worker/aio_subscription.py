@@ -34,10 +34,9 @@ import redis
 from redis.asyncio.client import PubSub
 
 from stepbarrier._protocol.wire import StepAnnouncement, parse_announcement, preview
-from stepbarrier._redis.aio_client import AsyncClient
 from stepbarrier._redis.client import CONNECT_TIMEOUT
 from stepbarrier._redis.subscription import SubscriptionLost
-from stepbarrier._worker.links import Snapshot
+from stepbarrier._worker.snapshot import Snapshot
 
 log = logging.getLogger("stepbarrier.aio")
 
@@ -121,7 +120,10 @@ class SharedSubscription:
     """The job's subscription and the mailboxes it feeds.
 
     Args:
-        connect: Returns the waiter's client (made on first use).
+        connect: Returns the client to subscribe on and whether the channel is
+            sharded (a cluster: ``SSUBSCRIBE`` on its slot's owner). Its
+            argument is True when a subscription was lost before (a cluster's
+            slot map is then read again first).
         channel: The job's channel.
         run_id: The waits' run id (another run's announcements concern none).
         clock: The waits' monotonic clock.
@@ -130,7 +132,7 @@ class SharedSubscription:
 
     def __init__(
         self,
-        connect: Callable[[], AsyncClient],
+        connect: Callable[[bool], Awaitable[tuple[Any, bool]]],
         channel: str,
         run_id: str | None,
         clock: Callable[[], float],
@@ -216,10 +218,14 @@ class SharedSubscription:
 
     async def _open(self) -> int:
         try:
-            pubsub = self._connect().pubsub(ignore_subscribe_messages=False)
+            client, sharded = await self._connect(self.epoch > 0)
+            pubsub: PubSub = client.pubsub(ignore_subscribe_messages=False)
             try:
-                await pubsub.subscribe(self._channel)
-                await _confirmed(pubsub)
+                if sharded:
+                    await pubsub.ssubscribe(self._channel)
+                else:
+                    await pubsub.subscribe(self._channel)
+                await _confirmed(pubsub, "ssubscribe" if sharded else "subscribe")
             except BaseException:
                 with contextlib.suppress(Exception):
                     await pubsub.aclose()  # type: ignore[no-untyped-call]
@@ -240,9 +246,9 @@ class SharedSubscription:
                 if message is None:
                     continue
                 kind = _text(message.get("type"))
-                if kind == "message":
+                if kind == "message" or kind == "smessage":
                     self._dispatch(message.get("data"))
-                elif kind == "unsubscribe":
+                elif kind == "unsubscribe" or kind == "sunsubscribe":
                     raise SubscriptionLost(f"the server ended the subscription to {self._channel}")
         except asyncio.CancelledError:
             raise
@@ -316,11 +322,11 @@ class SharedSubscription:
             task.add_done_callback(self._closing.discard)
 
 
-async def _confirmed(pubsub: PubSub) -> None:
+async def _confirmed(pubsub: PubSub, expected: str) -> None:
     until = time.monotonic() + CONNECT_TIMEOUT
     while (remaining := until - time.monotonic()) > 0:
         message = await pubsub.get_message(timeout=max(0.001, remaining))
-        if message is not None and _text(message.get("type")) == "subscribe":
+        if message is not None and _text(message.get("type")) == expected:
             return
     raise redis.TimeoutError("no subscription confirmation from Redis")
 

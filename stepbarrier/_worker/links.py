@@ -10,40 +10,36 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import socket
-import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._protocol.keys import JobKeys
-from stepbarrier._protocol.library import MAX_FIELDS, MAX_VALUE
-from stepbarrier._protocol.wire import ChiefState, parse_int, parse_state
 from stepbarrier._redis.client import RedisClient
 from stepbarrier._redis.functions import Call, RedisCode, is_out_of_memory
 from stepbarrier._redis.subscription import Subscription
+from stepbarrier._worker.snapshot import Snapshot, oversized_state_problem, parse_snapshot
 
 log = logging.getLogger("stepbarrier._worker.waiter")
 
+__all__ = [
+    "REGISTRY_TTL",
+    "Snapshot",
+    "WaiterLink",
+    "leave_call",
+    "new_waiter_id",
+    "oversized_state_problem",
+    "parse_snapshot",
+    "read_call",
+    "register_call",
+    "registry_entry",
+    "warn_unregistered",
+]
+
 REGISTRY_TTL = 30
 """Seconds a waiter's registry entry outlives its last refresh (so dead ones go)."""
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """What one ``sync`` read.
-
-    Attributes:
-        now_ms: Redis's clock, in milliseconds (for operators' views only).
-        reset_marker: The job's reset marker (an opaque token), if one is there.
-        state: The chief's stored state (empty, possibly with a problem, if absent
-            or malformed).
-    """
-
-    now_ms: int
-    reset_marker: str | None
-    state: ChiefState
 
 
 class WaiterLink:
@@ -89,7 +85,10 @@ class WaiterLink:
         reads, so the worker role needs no write permission on the state.
         """
         registered, reply = self._code.replies(
-            [register_call(self._config, self.id, self.target, self._entry), read_call(self._keys)]
+            [
+                register_call(self._config, self.id, self.target, self._entry, self._keys),
+                read_call(self._keys),
+            ]
         )
         if isinstance(reply, Exception):
             raise reply
@@ -125,9 +124,9 @@ def warn_unregistered(job: str, error: Exception) -> None:
 
 
 def new_waiter_id(config: BarrierConfig) -> str:
-    """A new wait's id in the job's registry: its task id and a random part."""
+    """A new wait's id in the job's registry: its task id and a random part (32 bits)."""
     task = "x" if config.task_id is None else str(config.task_id)
-    return f"{task}-{uuid.uuid4().hex[:8]}"
+    return f"{task}-{secrets.token_hex(4)}"
 
 
 def registry_entry(config: BarrierConfig, target: int, since: float) -> dict[str, str]:
@@ -142,10 +141,15 @@ def registry_entry(config: BarrierConfig, target: int, since: float) -> dict[str
 
 
 def register_call(
-    config: BarrierConfig, waiter_id: str, target: int, entry: dict[str, str]
+    config: BarrierConfig,
+    waiter_id: str,
+    target: int,
+    entry: dict[str, str],
+    keys: JobKeys | None = None,
 ) -> Call:
-    """The call that registers a waiter (again, if its entry expired) or refreshes it."""
-    keys = config.keys
+    """The call that registers a waiter (again, if its entry expired) or refreshes it
+    (``keys``: ``config.keys``, if the caller has them at hand)."""
+    keys = config.keys if keys is None else keys
     args: list[Any] = [REGISTRY_TTL, config.key_ttl, waiter_id, target]
     for name, value in entry.items():
         args += [name, value]
@@ -160,39 +164,3 @@ def read_call(keys: JobKeys) -> Call:
 def leave_call(keys: JobKeys, waiter_id: str) -> Call:
     """The call that removes a waiter's registry entry and its target."""
     return ("waiter_leave", [keys.waiter(waiter_id), keys.targets], [waiter_id])
-
-
-def _marker(raw: object) -> str | None:
-    if raw is None or raw is False:
-        return None
-    if isinstance(raw, bytes):
-        return raw.decode("utf-8", "replace")
-    return str(raw)
-
-
-def oversized_state_problem() -> str:
-    """What ``waiter_read`` found when it refused to read the state (kind ``oversized``)."""
-    return (
-        f"state key is oversized (more than {MAX_FIELDS} fields, or a field longer than "
-        f"{MAX_VALUE} bytes): not read, treated as no state"
-    )
-
-
-def parse_snapshot(reply: Any) -> Snapshot:
-    """What the ``waiter_read`` call returned, parsed without trusting it."""
-    reply = list(reply)
-    kind = reply[2].decode() if isinstance(reply[2], bytes) else str(reply[2])
-    if kind == "hash":
-        flat = reply[3:]
-        state = parse_state(dict(zip(flat[0::2], flat[1::2], strict=False)))
-    elif kind == "none":
-        state = ChiefState.empty()
-    elif kind == "oversized":
-        state = ChiefState.empty(oversized_state_problem())
-    else:
-        state = ChiefState.empty(f"state key holds a {kind}, not a hash")
-    return Snapshot(
-        now_ms=parse_int(reply[0]) or 0,
-        reset_marker=_marker(reply[1]),
-        state=state,
-    )

@@ -27,18 +27,17 @@ import logging
 import math
 import operator
 from collections.abc import Callable
-from typing import Literal
 
 from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._protocol.wire import MAX_STEP, ChiefState, StepAnnouncement, preview
-from stepbarrier._worker.links import Snapshot
-from stepbarrier.errors import BarrierAborted, BarrierTimeout, RedisUnavailable
+from stepbarrier._worker.snapshot import Snapshot
+from stepbarrier.errors import BarrierAborted, BarrierTimeout, RedisUnavailable, TimeoutLimit
 
 PROGRESS_EVERY = 30.0
 """Seconds between progress lines while a wait goes on."""
 
-Limit = Literal["deadline", "stall", "progress"]
-"""Which limit of a wait has passed."""
+Limit = TimeoutLimit
+"""Which limit of a wait has passed (``BarrierTimeout.limit``)."""
 
 Mark = tuple[int, int]
 """Which write a state or announcement is: ``(generation, beat)``, in order."""
@@ -610,6 +609,7 @@ class WaitRules:
             last_step=self.last_step,
             heartbeat_age=self.heartbeat_age,
             stalled=stalled,
+            limit="progress" if progress else "stall" if stalled else "deadline",
         )
 
     def unreachable(self, exc: RedisUnavailable) -> BarrierTimeout | RedisUnavailable:
@@ -636,7 +636,13 @@ class WaitRules:
                 message, job=job, target=target, last_step=last, heartbeat_age=age
             )
         return BarrierTimeout(
-            message, job=job, target=target, last_step=last, heartbeat_age=age, stalled=not overall
+            message,
+            job=job,
+            target=target,
+            last_step=last,
+            heartbeat_age=age,
+            stalled=not overall,
+            limit="deadline" if overall else "stall",
         )
 
     def proceed_after(self, exc: BarrierTimeout | RedisUnavailable) -> int:

@@ -108,9 +108,10 @@ class StepWaiter:
             source's reads by no more.
 
     Example:
-        >>> waiter = StepWaiter(BarrierConfig(job="demo", task_id=2))  # doctest: +SKIP
-        >>> waiter.wait(until_step=13, timeout=600)  # doctest: +SKIP
-        13
+        ```python
+        with StepWaiter(BarrierConfig(job="demo", task_id=2)) as waiter:
+            step = waiter.wait(until_step=13, timeout=600)  # the step seen, >= 13
+        ```
     """
 
     def __init__(

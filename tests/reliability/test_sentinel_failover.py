@@ -82,7 +82,9 @@ def test_workers_are_released_through_the_new_master_after_a_failover(
             client.close()
         assert step is not None and int(step) >= 30, "the new master does not hold the step"
         assert writer is not None and writer.decode().endswith(f":{chief.pid}")
-        assert read_status(config).step == int(step)
+        # through Sentinel, the same master: its step, or a later one (the chief's
+        # writer may still be storing its last steps)
+        assert int(step) <= read_status(config).step <= 35
         assert old_master.port != new_master.port
         assert_chief_never_blocked(chief.close(done=True))
     finally:

@@ -1,0 +1,66 @@
+"""What a waiter's read of its job found (``waiter_read``), parsed without any I/O.
+
+The wait's decisions (``stepbarrier._worker.wait_state``) judge a ``Snapshot``;
+the drivers (``StepWaiter``, ``AsyncStepWaiter``) make it from a reply. Nothing
+here imports redis-py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from stepbarrier._protocol.library import MAX_FIELDS, MAX_VALUE
+from stepbarrier._protocol.wire import ChiefState, parse_int, parse_state
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What one ``sync`` read.
+
+    Attributes:
+        now_ms: Redis's clock, in milliseconds (for operators' views only).
+        reset_marker: The job's reset marker (an opaque token), if one is there.
+        state: The chief's stored state (empty, possibly with a problem, if absent
+            or malformed).
+    """
+
+    now_ms: int
+    reset_marker: str | None
+    state: ChiefState
+
+
+def _marker(raw: object) -> str | None:
+    if raw is None or raw is False:
+        return None
+    if isinstance(raw, bytes):
+        return raw.decode("utf-8", "replace")
+    return str(raw)
+
+
+def oversized_state_problem() -> str:
+    """What ``waiter_read`` found when it refused to read the state (kind ``oversized``)."""
+    return (
+        f"state key is oversized (more than {MAX_FIELDS} fields, or a field longer than "
+        f"{MAX_VALUE} bytes): not read, treated as no state"
+    )
+
+
+def parse_snapshot(reply: Any) -> Snapshot:
+    """What the ``waiter_read`` call returned, parsed without trusting it."""
+    reply = list(reply)
+    kind = reply[2].decode() if isinstance(reply[2], bytes) else str(reply[2])
+    if kind == "hash":
+        flat = reply[3:]
+        state = parse_state(dict(zip(flat[0::2], flat[1::2], strict=False)))
+    elif kind == "none":
+        state = ChiefState.empty()
+    elif kind == "oversized":
+        state = ChiefState.empty(oversized_state_problem())
+    else:
+        state = ChiefState.empty(f"state key holds a {kind}, not a hash")
+    return Snapshot(
+        now_ms=parse_int(reply[0]) or 0,
+        reset_marker=_marker(reply[1]),
+        state=state,
+    )

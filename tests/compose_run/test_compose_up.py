@@ -1,0 +1,97 @@
+"""docker-compose.yml run for real, exactly as docs/operations.md says.
+
+``STEPBARRIER_RUN_ID=$(date +%s) docker compose up --build --exit-code-from chief``
+in the repository, and from the host, while the workers wait, `stepbarrier
+status` and `stepbarrier watch` as the monitor user and the exporter's
+/metrics. `up` returns the chief's exit status: the chief's container is the
+first to exit (a worker's prints "worker exit status: N" and stays, as the
+file's header says), and each worker's status is read from that line. The
+base images are LOCAL STAND-INS built from debootstrap (ops/compose-standins/;
+tests/compose_run/conftest.py), not the official ones.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+import urllib.request
+
+from tests.compose_run.harness import (
+    COMPOSE_FILE,
+    JOB,
+    JUST_PAST,
+    MONITOR,
+    REPO,
+    STEPBARRIER,
+    TARGETS,
+    WORKERS,
+    Project,
+    exit_line_times,
+    exit_statuses,
+    first_exits,
+    interrupt,
+    problems,
+    releases,
+    wait_for,
+    waiting_at,
+)
+
+
+def test_the_job_runs_and_the_host_sees_the_waiting_workers(cleanup: list[Project]) -> None:
+    project = Project([COMPOSE_FILE])  # no -p, no override: the user's command
+    cleanup.append(project)
+    started = time.monotonic()
+    up = project.popen("up", "--build", "--exit-code-from", "chief")
+    try:
+        # the chief trains once all three wait: the host sees them before the first release
+        status = wait_for("three waiting workers", waiting_at(0), timeout=600)
+        assert {w["task_id"]: w["wait_until_step"] for w in status["waiters"]} == {
+            1: TARGETS["worker-1"], 2: TARGETS["worker-2"], 3: TARGETS["worker-3"]
+        }  # fmt: skip
+        assert status["job"] == JOB and not status["done"]
+        text = subprocess.run(
+            [STEPBARRIER, "status", *MONITOR],
+            cwd=REPO, capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+        assert text.returncode == 0, text.stderr
+        assert JOB in text.stdout and "waiting" in text.stdout
+        assert str(TARGETS["worker-3"]) in text.stdout, text.stdout  # the last to go
+        with urllib.request.urlopen("http://127.0.0.1:9464/metrics", timeout=10) as reply:
+            metrics = reply.read().decode()
+        waiting = re.search(
+            rf'^stepbarrier_waiting_workers{{job_name="{JOB}"}} (\S+)$', metrics, re.MULTILINE
+        )
+        assert waiting is not None and float(waiting.group(1)) >= 1, metrics
+        assert "stepbarrier_up 1.0" in metrics
+        watch = subprocess.Popen(
+            [STEPBARRIER, "watch", *MONITOR], cwd=REPO,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        )  # fmt: skip
+        time.sleep(3)
+        code, output = interrupt(watch)
+        assert code == 0, output  # Ctrl-C ends watch with 0
+        assert JOB in output and str(TARGETS["worker-3"]) in output, output
+        up_output, _ = up.communicate(timeout=600)
+    finally:
+        if up.poll() is None:
+            interrupt(up, timeout=60)
+    print(f"docker compose up took {time.monotonic() - started:.0f} s")
+    assert up.returncode == 0, up_output[-5000:]  # --exit-code-from chief: the chief's 0
+    exits = first_exits(up_output)
+    print("containers exited in this order:", exits)
+    assert exits[:1] == ["chief"], (exits, up_output[-5000:])  # the first to exit: no race
+    logs = project.logs()
+    statuses = exit_statuses(logs)
+    assert statuses == {"chief": 0, **{worker: 0 for worker in WORKERS}}, logs[-5000:]
+    times = exit_line_times(project)
+    print(
+        "exit status lines after the chief's (s; it exits 5 s after its own):",
+        {worker: round(times[worker] - times["chief"], 2) for worker in WORKERS},
+    )
+    released = releases(logs)
+    assert set(released) == set(TARGETS), logs[-5000:]
+    for worker, (step, target) in released.items():
+        assert target == TARGETS[worker]
+        assert target <= step <= target + JUST_PAST, (worker, step, target)
+    assert problems(logs) == []
