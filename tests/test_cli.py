@@ -251,7 +251,9 @@ def test_publish_done_aborts_a_waiting_wait_with_exit_4(
     code, _, err = finish(waiting)
     assert code == 4
     assert "finished before step 50" in err
-    assert err.count("\n") == 1
+    # the progress lines, then the one error line
+    others = [line for line in err.splitlines() if not line.startswith("waiting for job")]
+    assert others == [err.splitlines()[-1]] and others[0].startswith("Error: ")
 
 
 def test_reset_aborts_a_waiting_wait_with_exit_4(
@@ -329,4 +331,4 @@ def test_in_process_status_matches_the_library(
     env = {"STEPBARRIER_REDIS_URL": redis_server.url, "STEPBARRIER_JOB": job}
     result = CliRunner().invoke(cli, ["status", "--json"], env=env)
     assert result.exit_code == 0, result.output
-    assert json.loads(result.output) == read_status(job_config).to_dict()
+    assert json.loads(result.stdout) == read_status(job_config).to_dict()

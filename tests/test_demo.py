@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
 import sys
 import time
 import uuid
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,8 @@ from stepbarrier import BarrierConfig, StepPublisher, StepWaiter, read_status
 from stepbarrier._config.schedule import schedule_wait_until_step
 from stepbarrier.cli._demo.demo import default_schedule, default_step_sleep
 from stepbarrier.cli._demo.local_processes import EmbeddedRedis
+from stepbarrier.cli._views.demo_live import DemoFrame, WorkerRow, demo_view, progress_line
+from stepbarrier.cli._views.output import plain_text
 from tests.conftest import subprocess_env
 from tests.redis_harness import pid_alive
 
@@ -146,4 +150,126 @@ def test_ctrl_c_stops_every_process_and_exits_0() -> None:
             demo.kill()
     assert demo.returncode == 0, out + err
     assert "interrupted" in out
+    assert "the summary so far" in out  # what ran until Ctrl-C
+    assert processes_of(job) == []
+
+
+def frame(**changes: object) -> DemoFrame:
+    settings: dict[str, object] = {
+        "phase": "training",
+        "job": "demo-x",
+        "steps": 200,
+        "step": 60,
+        "heartbeat_age": 0.2,
+        "ps": "running",
+        "chief": "running",
+        "workers": (
+            WorkerRow(1, 22, "training", released_at=22, latency="1.9 ms"),
+            WorkerRow(2, 35, "finished", released_at=36, latency="2.4 ms"),
+            WorkerRow(3, 87, "waiting"),
+        ),
+    }
+    settings.update(changes)
+    return DemoFrame(**settings)  # type: ignore[arg-type]
+
+
+def test_the_live_view_keeps_released_workers_and_shows_no_internals() -> None:
+    text = plain_text(demo_view(frame()), width=120)
+    assert "generation" not in text
+    assert "step 60 of 200" in text
+    rows = [line.split() for line in text.splitlines() if line.split()[:1] in (["1"], ["2"], ["3"])]
+    assert [(row[0], row[1]) for row in rows] == [("1", "22"), ("2", "35"), ("3", "87")]
+    assert "1.9 ms" in text and "2.4 ms" in text  # released workers stay, with their latency
+    assert "finished" in text and "waiting" in text
+
+
+def test_the_finished_frame_shows_no_running_ps() -> None:
+    text = plain_text(demo_view(frame(phase="finished", ps="stopped", chief="finished")))
+    assert "ps stopped, chief finished" in text
+    assert "running" not in text
+
+
+def test_the_piped_progress_line_names_each_worker() -> None:
+    line = progress_line(frame())
+    assert line.startswith("training: chief at step 60/200; ")
+    assert "worker 1 released at 22, 1.9 ms" in line
+    assert "worker 3 waiting for 87" in line
+
+
+def test_the_examples_file_runs_the_shipped_program() -> None:
+    example = Path(__file__).resolve().parents[1] / "examples" / "tf1_parameter_server.py"
+    assert "from stepbarrier.cli._demo.job import main" in example.read_text()
+
+
+def installed_copy(tmp_path: Path) -> Path:
+    """The wheel, built and unpacked into a directory of its own (what pip installs)."""
+    from tests.test_packaging import build
+
+    wheel = build("wheel", tmp_path / "dist")
+    target = tmp_path / "site"
+    with zipfile.ZipFile(wheel) as archive:
+        assert "stepbarrier/cli/_demo/job.py" in archive.namelist()
+        archive.extractall(target)
+    return target
+
+
+def installed_env(target: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPBARRIER_")}
+    env["PYTHONPATH"] = str(target)  # the unpacked wheel, not this checkout
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    env.update(extra)
+    return env
+
+
+def test_the_installed_wheel_holds_what_the_demo_runs(tmp_path: Path) -> None:
+    target = installed_copy(tmp_path)
+    code = (
+        "import importlib.util, stepbarrier\n"
+        "from stepbarrier.cli._demo.demo import JOB_MODULE\n"
+        "print(stepbarrier.__file__)\n"
+        "print(importlib.util.find_spec(JOB_MODULE).origin)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        env=installed_env(target),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    package, program = result.stdout.split()
+    assert package.startswith(str(target)) and program.startswith(str(target))
+
+
+@pytest.mark.tensorflow
+def test_the_demo_runs_from_an_installed_wheel(tmp_path: Path) -> None:
+    target = installed_copy(tmp_path)
+    job = demo_job()
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "stepbarrier",
+            "demo",
+            "--workers",
+            "1",
+            "--steps",
+            "20",
+            "--job",
+            job,
+        ],
+        env=installed_env(target),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=280,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "│ worker 1 " in result.stdout
+    # piped: progress lines, not a live view
+    assert "training: chief at step" in result.stdout
+    assert "\x1b[" not in result.stdout
     assert processes_of(job) == []

@@ -126,7 +126,7 @@ FAKE_TRAINING = textwrap.dedent(
         write_hostile(redis.Redis.from_url(config.redis_url), config, done=False)
         print("chief ready at global step 0", flush=True)
         deadline = time.monotonic() + 60
-        while not record.with_name("worker-0.json").exists() and time.monotonic() < deadline:
+        while not record.with_name("worker-1.json").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
     else:
         record.write_text(json.dumps({"task_id": task["index"] + 1}))

@@ -359,3 +359,21 @@ def check_seconds(value: object, name: str, *, high: float = 1e9) -> None:
             f"{name} must be a number of seconds above 0 and at most {high:g}, got {value!r}",
             variable=name,
         )
+
+
+_DURATION = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(ms|s|sec|m|min|h)?\s*", re.IGNORECASE)
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+DURATION_EXAMPLES = "seconds, e.g. 600, or with a unit: 90s, 10m, 1h"
+"""How a duration is written, for messages and help texts."""
+
+
+def parse_duration(text: str) -> float | None:
+    """Seconds in ``text``: plain seconds (``600``, ``0.5``) or with a unit (``90s``,
+    ``10m``, ``1h``, ``250ms``); ``None`` if it is neither (or not finite)."""
+    if len(text) > 40:
+        return None
+    match = _DURATION.fullmatch(text)
+    if match is None:
+        return None
+    value = float(match.group(1)) * _DURATION_UNITS[(match.group(2) or "s").lower()]
+    return value if math.isfinite(value) else None

@@ -10,11 +10,16 @@ turns it into a clear ``RedisRefused`` at once.
 
 from __future__ import annotations
 
+import re
+import socket
 import ssl
+import time
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from redis import exceptions as rex
 
+from stepbarrier._config.defaults import DEFAULT_REDIS_URL
 from stepbarrier._config.settings import BarrierConfig
 from stepbarrier.errors import RedisRefused, RedisUnavailable, StepBarrierError
 
@@ -35,6 +40,10 @@ def is_transient(exc: BaseException) -> bool:
         return False
     if isinstance(exc, rex.ConnectionError) and _is_tls_failure(exc):
         return False
+    if isinstance(exc, (rex.ConnectionError, rex.TimeoutError)) and (
+        (UNKNOWN_HOST_IS_FINAL and unknown_host(exc)) or tls_mismatch(exc) is not None
+    ):
+        return False  # a host name that does not resolve, or TLS on one side only
     if isinstance(exc, (rex.ReadOnlyError, rex.TryAgainError, rex.ClusterDownError)):
         return True  # a failover is in progress; the new master will answer
     if isinstance(exc, rex.ResponseError):
@@ -62,6 +71,117 @@ def _is_tls_failure(exc: BaseException) -> bool:
             return True
         seen = seen.__cause__ or seen.__context__
     return False
+
+
+UNKNOWN_HOST_IS_FINAL = False
+"""Whether a host name that does not resolve fails at once instead of being retried
+within the caller's deadline. The ``stepbarrier`` command sets it (a typo in a
+URL should not cost a shell user the retries); the library leaves it off, for a
+worker may start before its Redis's DNS name exists (a Kubernetes Service, a
+headless one until its pod is ready), and its wait's deadline still holds."""
+_UNKNOWN_HOST_ERRNOS = frozenset(
+    code
+    for code in (getattr(socket, "EAI_NONAME", None), getattr(socket, "EAI_NODATA", None))
+    if code is not None
+)
+"""getaddrinfo's answers for a name that does not exist (``EAI_AGAIN``, a DNS
+server that did not answer, stays transient)."""
+_HANDSHAKE_TIMEOUT = "handshake operation timed out"
+_PLAIN_RESET = re.compile(r"Error while reading from (\S+):(\d+) : \(104,")
+_TLS_PROBE_SECONDS = 1.0
+_TLS_PROBES: dict[tuple[str, str, int], tuple[float, bool]] = {}
+"""(probe, host, port) -> (when probed, its answer): one probe of each kind per
+address every ``_TLS_PROBE_CACHE`` seconds."""
+_TLS_PROBE_CACHE = 30.0
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    found: list[BaseException] = []
+    seen: BaseException | None = exc
+    while seen is not None and len(found) < 6:
+        found.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    return found
+
+
+def unknown_host(exc: BaseException) -> bool:
+    """True if ``exc`` comes from a host name that does not resolve (not a DNS outage)."""
+    return any(
+        isinstance(seen, socket.gaierror) and seen.errno in _UNKNOWN_HOST_ERRNOS
+        for seen in _chain(exc)
+    )
+
+
+def tls_mismatch(exc: BaseException, address: tuple[str, int] | None = None) -> str | None:
+    """``"tls-to-plain"`` or ``"plain-to-tls"`` if ``exc`` shows TLS on one side only.
+
+    A TLS client (``rediss://``) at a plain server waits for a handshake that
+    never comes: its handshake times out. A plain client at a TLS-only server is
+    reset as soon as it speaks, like a client of a server going down; so the
+    address is asked for a TLS handshake (once per ``_TLS_PROBE_CACHE`` seconds,
+    within ``_TLS_PROBE_SECONDS``), and only a server that completes one counts.
+    """
+    chain = _chain(exc)
+    if any(_HANDSHAKE_TIMEOUT in str(seen) for seen in chain):
+        # a TLS server that is paused or overloaded times the handshake out too:
+        # only a server that answers a plain PING is plain Redis
+        address = _address_of(chain) or address
+        if address is not None and _probed(address, _speaks_plain_redis):
+            return "tls-to-plain"
+        return None
+    match = _PLAIN_RESET.search(str(exc))
+    if match is None or not isinstance(exc, rex.ConnectionError):
+        return None
+    address = (match.group(1), int(match.group(2)))
+    return "plain-to-tls" if _probed(address, _speaks_tls) else None
+
+
+_ADDRESS = re.compile(r"(?:connecting to|reading from|writing to) ([^\s:]+):(\d+)")
+
+
+def _address_of(chain: list[BaseException]) -> tuple[str, int] | None:
+    for seen in chain:
+        match = _ADDRESS.search(str(seen))
+        if match is not None:
+            return match.group(1), int(match.group(2))
+    return None
+
+
+def _probed(address: tuple[str, int], probe: Callable[[str, int], bool]) -> bool:
+    """``probe``'s answer for ``address``, asked at most once per ``_TLS_PROBE_CACHE`` s."""
+    key = (probe.__name__, *address)
+    now = time.monotonic()
+    probed = _TLS_PROBES.get(key)
+    if probed is None or now - probed[0] > _TLS_PROBE_CACHE:
+        probed = (now, probe(*address))
+        _TLS_PROBES[key] = probed
+    return probed[1]
+
+
+def _speaks_plain_redis(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=_TLS_PROBE_SECONDS) as raw:
+            raw.settimeout(_TLS_PROBE_SECONDS)
+            raw.sendall(b"PING\r\n")
+            answer = raw.recv(64)
+    except OSError:
+        return False
+    # +PONG, or -NOAUTH / -ERR from a server that wants a password first
+    return answer[:1] in (b"+", b"-")
+
+
+def _speaks_tls(host: str, port: int) -> bool:
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE  # a probe only: nothing is sent but a handshake
+    try:
+        with (
+            socket.create_connection((host, port), timeout=_TLS_PROBE_SECONDS) as raw,
+            context.wrap_socket(raw, server_hostname=host),
+        ):
+            return True
+    except (OSError, ValueError):
+        return False
 
 
 def translate(exc: BaseException, config: BarrierConfig, *, action: str) -> StepBarrierError:
@@ -95,6 +215,25 @@ def translate(exc: BaseException, config: BarrierConfig, *, action: str) -> Step
     if isinstance(exc, (rex.AuthenticationError, rex.AuthorizationError)) or (
         isinstance(exc, rex.ResponseError) and str(exc).startswith(("NOAUTH", "WRONGPASS"))
     ):
+        sentinels = " (the Sentinels get the same user and password)" if config.sentinels else ""
+        if config.redis_password is None and _asks_for_a_password(exc):
+            return RedisRefused(
+                f"{where} requires a password and none was configured (authentication "
+                f"needed while trying to {action}): give it with --password-file PATH or "
+                "STEPBARRIER_REDIS_PASSWORD_FILE (or STEPBARRIER_REDIS_PASSWORD), and "
+                f"the user with --username or STEPBARRIER_REDIS_USERNAME{sentinels}",
+                kind="authentication",
+                job=config.job,
+            )
+        if "invalid username-password pair" in str(exc):
+            return RedisRefused(
+                f"{where} refused authentication as user {user!r} while trying to "
+                f"{action}: wrong password, or no such user, or the user is disabled. "
+                "Check STEPBARRIER_REDIS_USERNAME and STEPBARRIER_REDIS_PASSWORD(_FILE)"
+                + (sentinels + "." if sentinels else "."),
+                kind="authentication",
+                job=config.job,
+            )
         return RedisRefused(
             f"{where} refused authentication as user {user!r} while trying to "
             f"{action}: {detail}. Check STEPBARRIER_REDIS_USERNAME and "
@@ -135,9 +274,46 @@ def translate(exc: BaseException, config: BarrierConfig, *, action: str) -> Step
             kind="tls",
             job=config.job,
         )
+    if isinstance(exc, (rex.ConnectionError, rex.TimeoutError)) and unknown_host(exc):
+        host = _url_host(config.redis_url) or "?"
+        message = (
+            f"the host name {host!r} is unknown (it does not resolve) while trying to "
+            f"{action} on {where}: check the host in STEPBARRIER_REDIS_URL or --redis-url"
+        )
+        if not UNKNOWN_HOST_IS_FINAL:
+            return RedisUnavailable(message, job=config.job)  # retried until the deadline
+        return RedisRefused(message, kind="response", job=config.job)
+    mismatch = (
+        tls_mismatch(exc, _url_address(config.redis_url))
+        if isinstance(exc, (rex.ConnectionError, rex.TimeoutError))
+        else None
+    )
+    if mismatch is not None:
+        if mismatch == "tls-to-plain":
+            hint = (
+                "the URL asks for TLS (rediss://) but the server never completed a TLS "
+                "handshake: it serves plain Redis on that port. Use redis:// (or enable "
+                "TLS on the server)"
+            )
+        else:
+            hint = (
+                "the URL asks for plain Redis (redis://) but the server speaks only TLS on "
+                "that port. Use rediss:// with STEPBARRIER_TLS_CA_FILE"
+            )
+        return RedisRefused(
+            f"TLS mismatch with {where} while trying to {action}: {hint}",
+            kind="tls",
+            job=config.job,
+        )
     if is_transient(exc):
+        hint = ""
+        if config.redis_url == DEFAULT_REDIS_URL and not config.sentinels and _refused(exc):
+            hint = (
+                f". Nothing listens at {DEFAULT_REDIS_URL}, the default URL: set "
+                "STEPBARRIER_REDIS_URL or --redis-url to your Redis"
+            )
         return RedisUnavailable(
-            f"{where} is unreachable (while trying to {action}): {detail}",
+            f"{where} is unreachable (while trying to {action}): {detail}{hint}",
             job=config.job,
         )
     return RedisRefused(
@@ -155,6 +331,35 @@ def describe_redis(config: BarrierConfig) -> str:
         return f"Redis at {config.safe_url}"
     nodes = ",".join(f"{host}:{port}" for host, port in config.sentinels)
     return f"Redis master {config.sentinel_service!r} of Sentinels {nodes}"
+
+
+def _asks_for_a_password(exc: BaseException) -> bool:
+    text = str(exc)
+    return text.startswith("NOAUTH") or any(
+        phrase in text
+        for phrase in ("Authentication required", "HELLO must be called with the client already")
+    )
+
+
+def _refused(exc: BaseException) -> bool:
+    return any(isinstance(seen, ConnectionRefusedError) for seen in _chain(exc)) or (
+        "Connection refused" in str(exc)
+    )
+
+
+def _url_host(url: str) -> str | None:
+    try:
+        return urlsplit(url).hostname or None
+    except ValueError:
+        return None
+
+
+def _url_address(url: str) -> tuple[str, int] | None:
+    try:
+        parts = urlsplit(url)
+        return (parts.hostname, parts.port or 6379) if parts.hostname else None
+    except ValueError:
+        return None
 
 
 def _url_username(url: str) -> str | None:

@@ -22,7 +22,7 @@ from urllib.parse import unquote
 
 import click
 
-from stepbarrier._config.checks import mask_url
+from stepbarrier._config.checks import DURATION_EXAMPLES, mask_url, parse_duration
 from stepbarrier._config.settings import BarrierConfig
 from stepbarrier.errors import (
     BarrierAborted,
@@ -40,24 +40,73 @@ EXIT_USAGE = 2
 EXIT_TIMEOUT = 3
 EXIT_ABORTED = 4
 EXIT_UNAVAILABLE = 5
+EXIT_NO_JOB = 6
+EXIT_DEAD = 7
 EXIT_INTERRUPTED = 130
 
+_EXIT_TEXT = {
+    EXIT_OK: "success",
+    EXIT_USAGE: "usage, configuration, authentication or permission error",
+    EXIT_TIMEOUT: "timeout (the overall timeout, or no chief heartbeat for the stall timeout)",
+    EXIT_ABORTED: "aborted: the job finished or was reset before the step came",
+    EXIT_UNAVAILABLE: "Redis unreachable after retries",
+    EXIT_NO_JOB: "no such job on this Redis (the message lists a few that exist)",
+    EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
+    EXIT_FAILED: "anything else (a bug: please report it with the --debug output)",
+}
+
+
+def exit_codes(*entries: int | tuple[int, str]) -> str:
+    """The "Exit codes:" epilog of one command: only the codes it can end with.
+
+    Each entry is a code (with its usual words) or ``(code, words)``; 130
+    (Ctrl-C) and 1 (a bug) end every list unless given.
+    """
+    rows = [entry if isinstance(entry, tuple) else (entry, _EXIT_TEXT[entry]) for entry in entries]
+    given = {code for code, _ in rows}
+    rows += [
+        (code, _EXIT_TEXT[code]) for code in (EXIT_INTERRUPTED, EXIT_FAILED) if code not in given
+    ]
+    lines = []
+    for code, words in rows:
+        first, *rest = _wrap(words, 72)
+        lines.append(f"  {code:<3} {first}")
+        lines += [f"      {more}" for more in rest]
+    return "\b\nExit codes:\n" + "\n".join(lines) + "\n"
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    lines: list[str] = []
+    for word in text.split():
+        if lines and len(lines[-1]) + 1 + len(word) <= width:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return lines or [""]
+
+
 EXIT_CODES = f"""\b
-Exit codes:
+Exit codes (each command's --help lists its own):
   {EXIT_OK}  success
   {EXIT_USAGE}  usage, configuration, authentication or permission error (also: publish
      refused because a chief still heartbeats; --force overrides)
   {EXIT_TIMEOUT}  timeout (the overall timeout, or no chief heartbeat for the stall timeout)
   {EXIT_ABORTED}  aborted: the job finished or was reset before the step came
   {EXIT_UNAVAILABLE}  Redis unreachable after retries
-  {EXIT_FAILED}  anything else (a bug: please report it with the --debug output)
+  {EXIT_NO_JOB}  no such job (reset; status --check)
+  {EXIT_DEAD}  status --check: the job is dead (no chief heartbeat within the stall timeout)
+  {EXIT_FAILED}  anything else (a bug: please report it with the --debug output); doctor:
+     a check failed
+  {EXIT_INTERRUPTED}  interrupted (Ctrl-C)
 """
+"""The group's epilog: every code any command ends with."""
 
 DEMO_EXIT_CODES = f"""\b
 Exit codes:
-  {EXIT_OK}  the job ran to its end, or Ctrl-C stopped it (nothing is left running)
-  {EXIT_FAILED}  a task failed (its last log lines are shown)
-  {EXIT_USAGE}  usage or configuration error (e.g. TensorFlow is not installed)
+  {EXIT_OK}    the job ran to its end, or Ctrl-C stopped it (the partial summary is
+        shown; nothing is left running)
+  {EXIT_FAILED}    a task failed (its last log lines are shown)
+  {EXIT_USAGE}    usage or configuration error (e.g. TensorFlow is not installed)
 """
 
 #: Options that stand for a variable, for hints in configuration errors.
@@ -118,6 +167,40 @@ def url_password(url: str) -> str | None:
     return secret or None
 
 
+class Duration(click.ParamType):  # type: ignore[type-arg]
+    """A duration as people type it: plain seconds (``600``) or ``90s``, ``10m``, ``1h``.
+
+    Converts to seconds (a float) within ``[low, high]`` (``low`` excluded
+    with ``low_open``); anything else is a usage error (exit 2) that says how
+    to write one.
+    """
+
+    name = "duration"
+
+    def __init__(self, low: float = 0.0, high: float = 1e9, *, low_open: bool = True) -> None:
+        self.low, self.high, self.low_open = low, high, low_open
+
+    def get_metavar(self, param: click.Parameter, *args: Any) -> str:
+        return "DURATION"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            seconds: float | None = float(value)
+        else:
+            seconds = parse_duration(str(value))
+        if seconds is None:
+            self.fail(f"{str(value)[:40]!r} is no duration: give {DURATION_EXAMPLES}", param, ctx)
+        too_low = seconds <= self.low if self.low_open else seconds < self.low
+        if too_low or seconds > self.high:
+            low = f"above {self.low:g}" if self.low_open else f"at least {self.low:g}"
+            self.fail(
+                f"{str(value)[:40]!r} is out of range: {low} and at most {self.high:g} seconds",
+                param,
+                ctx,
+            )
+        return seconds
+
+
 class FiniteFloatRange(click.FloatRange):
     """click's ``FloatRange``, which also refuses ``nan`` and infinities.
 
@@ -135,6 +218,10 @@ class FiniteFloatRange(click.FloatRange):
                 ctx,
             )
         return number
+
+
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
+"""Every command's context: ``-h`` is ``--help`` too (subcommands inherit it)."""
 
 
 def exit_code_for(exc: BaseException) -> int:

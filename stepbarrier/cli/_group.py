@@ -10,36 +10,80 @@ masked in every message and log line.
 from __future__ import annotations
 
 import sys
+from importlib import metadata
 from typing import Any
 
 import click
 
 from stepbarrier import __version__
 from stepbarrier._config.checks import validate_job
+from stepbarrier._redis import failures
 from stepbarrier.cli._commands.acl import acl
 from stepbarrier.cli._commands.arrive import arrive
+from stepbarrier.cli._commands.doctor import doctor
 from stepbarrier.cli._commands.functions import functions
 from stepbarrier.cli._commands.jobs import exporter, jobs
 from stepbarrier.cli._commands.status import status, watch
 from stepbarrier.cli._commands.step import publish, reset, wait
-from stepbarrier.cli._context import DEMO_EXIT_CODES, EXIT_CODES, FiniteFloatRange, reporting
+from stepbarrier.cli._context import (
+    CONTEXT_SETTINGS,
+    DEMO_EXIT_CODES,
+    EXIT_CODES,
+    FiniteFloatRange,
+    reporting,
+)
 from stepbarrier.errors import ConfigurationError
 
 
+class _Group(click.Group):
+    """A group whose command list shows each command's whole first sentence
+    (click cuts it at 45 characters)."""
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            command = self.get_command(ctx, name)
+            if command is not None and not command.hidden:
+                rows.append((name, command.get_short_help_str(limit=1000)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+def _versions() -> str:
+    try:
+        redis_py = metadata.version("redis")
+    except metadata.PackageNotFoundError:  # pragma: no cover - redis-py is a dependency
+        redis_py = "?"
+    return f"stepbarrier {__version__} (redis-py {redis_py}, Python {sys.version.split()[0]})"
+
+
 @click.group(
+    cls=_Group,
+    context_settings=CONTEXT_SETTINGS,
     epilog=EXIT_CODES
     + """
 \b
 Every option also comes from its STEPBARRIER_* variable, e.g.:
   export STEPBARRIER_REDIS_URL=redis://redis:6379/0 STEPBARRIER_JOB=mnist-42
+  stepbarrier doctor
   stepbarrier status
-  stepbarrier wait --until 500 --timeout 600 && ./train.sh
+  stepbarrier wait --until 500 --timeout 10m && ./train.sh
   stepbarrier demo --workers 3
-"""
+\b
+Each command's --help (or -h) lists its own exit codes. Shell completion:
+  eval "$(_STEPBARRIER_COMPLETE=bash_source stepbarrier)"   # zsh_source, fish_source
+""",
 )
-@click.version_option(__version__, prog_name="stepbarrier")
+@click.version_option(__version__, prog_name="stepbarrier", message=_versions())
 def cli() -> None:
     """Hold distributed-training workers until the chief reaches a global step."""
+    # a shell user's typo in a host name fails at once (the library retries it:
+    # a worker may start before its Redis's DNS name exists)
+    before, failures.UNKNOWN_HOST_IS_FINAL = failures.UNKNOWN_HOST_IS_FINAL, True
+    click.get_current_context().call_on_close(
+        lambda: setattr(failures, "UNKNOWN_HOST_IS_FINAL", before)
+    )
 
 
 def _demo_job(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
@@ -116,6 +160,7 @@ cli.add_command(functions)
 cli.add_command(acl)
 cli.add_command(jobs)
 cli.add_command(exporter)
+cli.add_command(doctor)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import click
 
-from stepbarrier.cli._context import EXIT_TIMEOUT, FiniteFloatRange, variable_option
+from stepbarrier.cli._context import EXIT_TIMEOUT, Duration, variable_option
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -28,16 +28,17 @@ def timeout_options(stall: str) -> Callable[[F], F]:
     timeout = variable_option(
         "--timeout",
         variable="STEPBARRIER_TIMEOUT",
-        type=FiniteFloatRange(0, min_open=True),
-        metavar="SECONDS",
-        help=f"Give up (exit {EXIT_TIMEOUT}) after this long; no limit by default.",
+        type=Duration(),
+        metavar="DURATION",
+        help=f"Give up (exit {EXIT_TIMEOUT}) after this long (seconds, or 90s, 10m, 1h); "
+        "no limit by default.",
     )
     stall_timeout = variable_option(
         "--stall-timeout",
         variable="STEPBARRIER_STALL_TIMEOUT",
-        type=FiniteFloatRange(0, min_open=True),
-        metavar="SECONDS",
-        help=f"Give up (exit {EXIT_TIMEOUT}) after this long without {stall} (default 600).",
+        type=Duration(),
+        metavar="DURATION",
+        help=f"Give up (exit {EXIT_TIMEOUT}) after this long without {stall} (default 600 s).",
     )
 
     def decorate(command: F) -> F:

@@ -13,7 +13,6 @@ import pytest
 from stepbarrier import (
     BarrierConfig,
     RedisRefused,
-    RedisUnavailable,
     StepPublisher,
     StepWaiter,
     read_status,
@@ -130,5 +129,7 @@ def test_a_plain_connection_to_a_tls_only_server_does_not_downgrade(
     tls: TlsSetup, job: str
 ) -> None:
     config = BarrierConfig(job=job, redis_url=f"redis://127.0.0.1:{tls.server.port}/0")
-    with pytest.raises(RedisUnavailable):  # the TLS-only server drops plain text
+    # the TLS-only server drops plain text: named as a TLS mismatch, never downgraded
+    with pytest.raises(RedisRefused) as info:
         StepWaiter(config).wait(5, timeout=2)
+    assert info.value.kind == "tls" and "TLS" in str(info.value)

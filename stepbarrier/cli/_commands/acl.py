@@ -12,12 +12,12 @@ import click
 
 from stepbarrier._config.environment import read_password_file
 from stepbarrier._protocol.roles import ROLES, acl_line, password_hash, rules_for, validate_user
-from stepbarrier.cli._context import EXIT_CODES, current_session, reporting
+from stepbarrier.cli._context import EXIT_OK, EXIT_USAGE, current_session, exit_codes, reporting
 from stepbarrier.errors import ConfigurationError
 
 
 @click.command(
-    epilog=EXIT_CODES
+    epilog=exit_codes((EXIT_OK, "the line is printed"), EXIT_USAGE)
     + """
 \b
 Then, as an administrator, either append the line to users.acl and run ACL LOAD

@@ -21,20 +21,26 @@ from stepbarrier.cli._context import (
     EXIT_USAGE,
     connection_options,
     current_session,
+    exit_codes,
     reporting_warnings,
 )
 from stepbarrier.cli._wait_options import task_id_option, timeout_options
 
-ARRIVE_EXIT_CODES = f"""\b
-Exit codes:
-  {EXIT_OK}  every party arrived (with --no-wait: this task's arrival is recorded)
-  {EXIT_USAGE}  usage, configuration, authentication or permission error (a bad name, a
-     task id outside 0..N-1, another N than the barrier was begun with)
-  {EXIT_TIMEOUT}  timeout (the overall timeout, or no arrival for the stall timeout); the
-     message names the tasks that did not arrive
-  {EXIT_ABORTED}  aborted: the job was reset while this task waited
-  {EXIT_UNAVAILABLE}  Redis unreachable after retries
-"""
+ARRIVE_EXIT_CODES = exit_codes(
+    (EXIT_OK, "every party arrived (with --no-wait: this task's arrival is recorded)"),
+    (
+        EXIT_USAGE,
+        "usage, configuration, authentication or permission error (a bad name, a task id "
+        "outside 0..N-1, another N than the barrier was begun with)",
+    ),
+    (
+        EXIT_TIMEOUT,
+        "timeout (the overall timeout, or no arrival for the stall timeout); the message "
+        "names the tasks that did not arrive",
+    ),
+    (EXIT_ABORTED, "aborted: the job was reset while this task waited"),
+    EXIT_UNAVAILABLE,
+)
 
 
 @click.command(epilog=ARRIVE_EXIT_CODES)

@@ -21,7 +21,15 @@ from stepbarrier._redis.functions import (
     library_source,
     loaded_versions,
 )
-from stepbarrier.cli._context import EXIT_CODES, connection_options, current_session, reporting
+from stepbarrier.cli._context import (
+    EXIT_OK,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    connection_options,
+    current_session,
+    exit_codes,
+    reporting,
+)
 
 RETRY_SECONDS = 5.0
 """How long the commands retry an unreachable Redis."""
@@ -40,7 +48,7 @@ def functions() -> None:
     """Manage the stepbarrier Functions library in Redis (Redis 7)."""
 
 
-@functions.command(epilog=EXIT_CODES)
+@functions.command(epilog=exit_codes((EXIT_OK, "loaded"), EXIT_USAGE, EXIT_UNAVAILABLE))
 @connection_options
 @reporting
 def install() -> None:
@@ -65,7 +73,16 @@ def install() -> None:
     click.echo(f"loaded {name} on Redis at {config.safe_url}")
 
 
-@functions.command(epilog=EXIT_CODES)
+@functions.command(
+    epilog=exit_codes(
+        (EXIT_OK, "the needed version is loaded"),
+        (
+            EXIT_USAGE,
+            "it is not loaded; or a usage, configuration, authentication or permission error",
+        ),
+        EXIT_UNAVAILABLE,
+    )
+)
 @connection_options
 @reporting
 def status() -> None:

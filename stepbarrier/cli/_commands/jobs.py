@@ -26,9 +26,12 @@ from stepbarrier._inspect.listing import list_jobs
 from stepbarrier._protocol.roles import validate_jobs_pattern
 from stepbarrier._redis.failures import describe_redis
 from stepbarrier.cli._context import (
-    EXIT_CODES,
-    FiniteFloatRange,
+    EXIT_OK,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    Duration,
     current_session,
+    exit_codes,
     reporting,
     reporting_warnings,
     server_options,
@@ -99,7 +102,7 @@ def _pattern_option(metavar: str, help: str) -> Callable[[F], F]:
     )
 
 
-@click.command(epilog=EXIT_CODES)
+@click.command(epilog=exit_codes(EXIT_OK, EXIT_USAGE, EXIT_UNAVAILABLE))
 @server_options
 @_pattern_option(
     "PATTERN", "Only the jobs whose names match: a name, or a glob such as 'team-a-*'."
@@ -130,7 +133,12 @@ def jobs(pattern: str, as_json: bool) -> None:
         click.echo(f"Warning: more jobs match {pattern!r}: only some are listed", err=True)
 
 
-@click.command(epilog=EXIT_CODES)
+@click.command(
+    epilog=exit_codes(
+        (EXIT_OK, "stopped by Ctrl-C or SIGTERM"),
+        (EXIT_USAGE, "usage or configuration error, or the port is taken"),
+    )
+)
 @server_options
 @click.option(
     "--port",
@@ -150,10 +158,10 @@ def jobs(pattern: str, as_json: bool) -> None:
 @_pattern_option("NAME", "Export only this job, or the jobs a glob such as 'team-a-*' matches.")
 @click.option(
     "--min-interval",
-    type=FiniteFloatRange(0, 300),
+    type=Duration(0, 300, low_open=False),
     default=MIN_READ_INTERVAL,
     show_default=True,
-    metavar="SECONDS",
+    metavar="DURATION",
     help="Serve a reading of Redis again to scrapes this soon after it.",
 )
 @reporting_warnings  # Redis outages are logged

@@ -7,57 +7,151 @@ A thin click layer over ``stepbarrier._inspect.status`` and ``stepbarrier._inspe
 from __future__ import annotations
 
 import json
+import signal
+import sys
 import time
+from types import FrameType
 
 import click
 from rich.console import Console
 from rich.live import Live
 
+from stepbarrier._config.settings import BarrierConfig
+from stepbarrier._inspect.missing import is_missing
 from stepbarrier._inspect.status import read_status
 from stepbarrier._inspect.summary import read_overview
 from stepbarrier.cli._context import (
-    EXIT_CODES,
-    FiniteFloatRange,
+    EXIT_DEAD,
+    EXIT_NO_JOB,
+    EXIT_OK,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    Duration,
     connection_options,
     current_session,
+    exit_codes,
     reporting,
+    variable_option,
 )
-from stepbarrier.cli._views.status import live_view, status_view
+from stepbarrier.cli._guidance import is_stale, missing_job_message
+from stepbarrier.cli._views.output import plain_text, show
+from stepbarrier.cli._views.status import describe_age, live_view, status_view
 from stepbarrier.errors import RedisUnavailable
 
 
-@click.command(epilog=EXIT_CODES)
+@click.command(
+    epilog=exit_codes(
+        (EXIT_OK, "success (with --check: the job is live, or done)"),
+        EXIT_USAGE,
+        EXIT_UNAVAILABLE,
+        (EXIT_NO_JOB, "with --check: no such job on this Redis"),
+        (EXIT_DEAD, "with --check: the job is dead (no chief heartbeat within the stall timeout)"),
+    )
+)
 @connection_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option(
+    "--check",
+    is_flag=True,
+    help=f"Only say whether the job is live and exit 0 (live or done), {EXIT_NO_JOB} (no "
+    f"such job) or {EXIT_DEAD} (dead: no chief heartbeat within the stall timeout); for scripts.",
+)
+@variable_option(
+    "--stall-timeout",
+    variable="STEPBARRIER_STALL_TIMEOUT",
+    type=Duration(),
+    metavar="DURATION",
+    help="With --check: a chief silent for longer is dead (default 600 s).",
+)
 @reporting
-def status(as_json: bool) -> None:
+def status(as_json: bool, check: bool) -> None:
     """Show the chief's step, heartbeat and the waiting workers.
 
     More than 20 waiting workers are summarised (counts, the nearest targets, a
-    histogram); --json lists each of them.
+    histogram); --json lists each of them. A chief whose heartbeat is older
+    than three of its periods is marked STALE. A job with no keys on this Redis
+    is said so on stderr, with a few jobs that exist.
 
     \b
     Example:
       stepbarrier status --job mnist-42 --redis-url redis://redis:6379/0
+      stepbarrier status --check --job mnist-42 || echo "job mnist-42 is dead"
     """
     config = current_session().config()
-    if as_json:
+    if check:
+        _check(config, as_json)
+    elif as_json:
         # allow_nan=False: whatever sits in the keys, the output stays valid JSON
-        data = read_status(config).to_dict()
+        job_status = read_status(config)
+        data = job_status.to_dict()
+        if is_missing(job_status):
+            click.echo(f"Note: {missing_job_message(config)}", err=True)
         click.echo(json.dumps(data, indent=2, sort_keys=True, allow_nan=False))
     else:
         job_status, summary = read_overview(config)
-        Console(highlight=False).print(status_view(job_status, summary=summary))
+        if is_missing(job_status):
+            click.echo(f"Note: {missing_job_message(config)}", err=True)
+        show(status_view(job_status, summary=summary))
 
 
-@click.command(epilog=EXIT_CODES)
+def _check(config: BarrierConfig, as_json: bool) -> None:
+    """``status --check``: one verdict, as a line (or a JSON object) and an exit code."""
+    # one waiter is enough to tell a job only workers wait on from no job at all
+    job_status = read_status(config, max_waiters=1, barriers=False)
+    age = job_status.heartbeat_age
+    if is_missing(job_status):
+        verdict, code, why = "missing", EXIT_NO_JOB, missing_job_message(config)
+    elif job_status.done:
+        verdict, code, why = "done", EXIT_OK, "the chief marked the job done"
+    elif age is None:
+        verdict, code = "dead", EXIT_DEAD
+        why = "no chief has written a heartbeat (only waiters or a reset marker are there)"
+    elif age > config.stall_timeout:
+        verdict, code = "dead", EXIT_DEAD
+        why = (
+            f"no chief heartbeat for {describe_age(age).removesuffix(' ago')} (over the stall "
+            f"timeout of {config.stall_timeout:g} s)"
+        )
+    else:
+        verdict, code = "live", EXIT_OK
+        why = f"chief heartbeat {describe_age(age)}, step {job_status.step}"
+        if is_stale(job_status):
+            why += " (stale: the chief may be gone)"
+    if as_json:
+        data = {"job": config.job, "verdict": verdict, "reason": why, "exit_code": code}
+        click.echo(json.dumps(data, sort_keys=True))
+    else:
+        click.echo(f"job {config.job}: {verdict}: {why}")
+    sys.exit(code)
+
+
+PIPED_EVERY = 30.0
+"""Piped, ``watch`` prints a frame when the job changes, and at least this often."""
+
+
+class _Stopped(Exception):
+    """SIGTERM or SIGHUP: stop like Ctrl-C, leaving the last frame."""
+
+
+def _stop(signum: int, frame: FrameType | None) -> None:
+    raise _Stopped(signal.Signals(signum).name)
+
+
+@click.command(
+    epilog=exit_codes(
+        (EXIT_OK, "stopped by Ctrl-C, SIGTERM or SIGHUP, or (--until-done) the job is done"),
+        EXIT_USAGE,
+        (EXIT_UNAVAILABLE, "Redis unreachable at the first read (later outages are shown)"),
+    )
+)
 @connection_options
 @click.option("--until-done", is_flag=True, help="Stop (exit 0) once the chief marks the job done.")
 @click.option(
     "--interval",
-    type=FiniteFloatRange(0.05, 60),
+    type=Duration(0.05, 60, low_open=False),
     default=0.5,
     show_default=True,
+    metavar="DURATION",
     help="Seconds between refreshes.",
 )
 @reporting
@@ -66,20 +160,53 @@ def watch(until_done: bool, interval: float) -> None:
 
     More than 20 waiting workers are summarised: counts, the nearest targets and
     a histogram, read from the job's index in a few commands. Runs until Ctrl-C
-    (exit 0). Redis outages are shown and ridden out.
+    or SIGTERM (exit 0; the last frame stays). Redis outages are shown and
+    ridden out. Piped (a CI log), it prints a plain frame whenever the job
+    changes and at least every 30 s, each flushed at once, and a last frame
+    when it stops.
     """
     config = current_session().config()
     current, summary = read_overview(config)  # the first read fails loudly, with its exit code
     note: str | None = None
-    view = live_view(current, summary=summary)
+    console = Console(highlight=False)
+    previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    printed: dict[str, object] = {"key": None, "at": 0.0}  # piped: the last frame, and when
+
+    def piped_frame(last: bool = False) -> None:
+        key: tuple[object, ...] = (current.step, current.done, current.generation, note)
+        key += (len(current.waiters), None if summary is None else summary.waiting)
+        key += (is_stale(current),)
+        now = time.monotonic()
+        at = printed["at"]
+        if last or key != printed["key"] or (isinstance(at, float) and now - at >= PIPED_EVERY):
+            view = live_view(current, note=note, summary=summary)
+            sys.stdout.write(plain_text(view, console.width) + "\n\n")
+            sys.stdout.flush()
+            printed.update(key=key, at=now)
+
     try:
-        with Live(view, console=Console(highlight=False), auto_refresh=False) as live:
+        if console.is_terminal:
+            view = live_view(current, summary=summary)
+            with Live(view, console=console, auto_refresh=False) as live:
+                while not (until_done and current.done):
+                    time.sleep(interval)
+                    try:
+                        (current, summary), note = read_overview(config), None
+                    except RedisUnavailable as exc:
+                        note = f"Redis unreachable, retrying: {exc}"
+                    live.update(live_view(current, note=note, summary=summary), refresh=True)
+        else:
+            piped_frame()
             while not (until_done and current.done):
                 time.sleep(interval)
                 try:
                     (current, summary), note = read_overview(config), None
                 except RedisUnavailable as exc:
                     note = f"Redis unreachable, retrying: {exc}"
-                live.update(live_view(current, note=note, summary=summary), refresh=True)
-    except KeyboardInterrupt:
-        pass
+                piped_frame()
+    except (KeyboardInterrupt, _Stopped):
+        if not console.is_terminal:
+            piped_frame(last=True)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -6,9 +6,11 @@ a script waits like a worker, sets the step like a chief, or clears the job.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sys
+import time
 from typing import Any
 
 import click
@@ -16,23 +18,40 @@ import click
 from stepbarrier._chief.publisher import StepPublisher
 from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._inspect.live_chief import HAND_PUBLISHED, find_live_chief
+from stepbarrier._inspect.missing import is_missing
 from stepbarrier._inspect.reset import reset_job
+from stepbarrier._inspect.status import read_status
 from stepbarrier._worker.waiter import StepWaiter
 from stepbarrier.cli._context import (
-    EXIT_CODES,
+    EXIT_ABORTED,
+    EXIT_NO_JOB,
+    EXIT_OK,
+    EXIT_TIMEOUT,
+    EXIT_UNAVAILABLE,
     EXIT_USAGE,
     connection_options,
     current_session,
+    exit_codes,
     reporting,
     reporting_warnings,
     variable_option,
 )
+from stepbarrier.cli._guidance import NoSuchJob, missing_job_message
 from stepbarrier.cli._views.status import describe_age
 from stepbarrier.cli._wait_options import task_id_option, timeout_options
+from stepbarrier.cli._wait_progress import WaitProgress
 from stepbarrier.errors import RedisUnavailable
 
 
-@click.command(epilog=EXIT_CODES)
+@click.command(
+    epilog=exit_codes(
+        (EXIT_OK, "the step came (it is printed on stdout)"),
+        EXIT_USAGE,
+        EXIT_TIMEOUT,
+        EXIT_ABORTED,
+        EXIT_UNAVAILABLE,
+    )
+)
 @connection_options
 @variable_option(
     "--until",
@@ -43,22 +62,62 @@ from stepbarrier.errors import RedisUnavailable
 )
 @timeout_options("a chief heartbeat")
 @task_id_option("Task id shown in `status` (the chief is 0).")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print one JSON object instead of the step: job, wait_until_step, step, "
+    "waited_seconds, released_by.",
+)
+@click.option("--quiet", "-q", is_flag=True, help="Show no progress on stderr.")
 @reporting_warnings
-def wait(**_: Any) -> None:
+def wait(as_json: bool, quiet: bool, **_: Any) -> None:
     """Wait like a worker until the chief's step reaches N; print the step seen.
+
+    While it waits, stderr shows what for: on a terminal a live block (the job,
+    the step, the chief's step, its heartbeat's age, the time left), piped one
+    line every 10 s. stdout gets only the step (or, with --json, one object).
+    A job that no chief has written yet is said so, with a few jobs that exist.
 
     \b
     Example:
-      stepbarrier wait --until 500 --timeout 3600 && python train.py
+      stepbarrier wait --until 500 --timeout 1h && python train.py
+      step=$(stepbarrier wait --until 500 2>>wait.log)
     """
     config = current_session().config()
     target = config.resolved_wait_until_step()
-    with StepWaiter(config) as waiter:
-        step = waiter.wait(target)
-    click.echo(step)
+    started = time.monotonic()
+    progress = None if quiet or target <= 0 else WaitProgress(config, target).start()
+    try:
+        with StepWaiter(config) as waiter:
+            step = waiter.wait(target)
+    finally:
+        if progress is not None:
+            progress.stop()
+    if as_json:
+        data = {
+            "job": config.job,
+            "wait_until_step": target,
+            "step": step,
+            "waited_seconds": round(time.monotonic() - started, 3),
+            "released_by": waiter.last_released_by,
+        }
+        click.echo(json.dumps(data, sort_keys=True))
+    else:
+        click.echo(step)
 
 
-@click.command(epilog=EXIT_CODES)
+@click.command(
+    epilog=exit_codes(
+        (EXIT_OK, "published"),
+        (
+            EXIT_USAGE,
+            "usage, configuration, authentication or permission error; also "
+            "refused because a chief still heartbeats (--force overrides)",
+        ),
+        EXIT_UNAVAILABLE,
+    )
+)
 @connection_options
 @click.argument("step", type=click.IntRange(0, 2**53))
 @click.option(
@@ -122,13 +181,26 @@ def _refuse_if_a_chief_is_live(config: BarrierConfig) -> None:
     )
 
 
-@click.command(epilog=EXIT_CODES)
+@click.command(
+    epilog=exit_codes(
+        (EXIT_OK, "reset"),
+        EXIT_USAGE,
+        EXIT_UNAVAILABLE,
+        (EXIT_NO_JOB, "no such job on this Redis: nothing was reset"),
+    )
+)
 @connection_options
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @reporting
 def reset(yes: bool) -> None:
-    """Delete the job's keys; workers still waiting are aborted (exit 4), not left hanging."""
+    """Delete the job's keys; workers still waiting are aborted (exit 4), not left hanging.
+
+    A job with no keys on this Redis is not reset (exit 6): the message names a
+    few jobs that exist.
+    """
     config = current_session().config()
+    if is_missing(read_status(config, barriers=False)):
+        raise NoSuchJob(f"{missing_job_message(config)}: nothing reset")
     if not yes:
         if not sys.stdin.isatty():
             raise click.UsageError("reset needs --yes when not run from a terminal")

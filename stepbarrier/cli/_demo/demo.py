@@ -1,10 +1,13 @@
 """``stepbarrier demo``: a real local parameter-server job held back by the barrier.
 
-It starts an embedded Redis, then ``examples/tf1_parameter_server.py`` as
-separate processes: one ps, the chief and N workers (task ids 1..N) whose
+It starts an embedded Redis, then ``stepbarrier.cli._demo.job`` (shipped in
+the package; ``examples/tf1_parameter_server.py`` runs the same code) as
+separate processes: one ps, the chief and N workers (task ids 1..N, the
+numbering everywhere: process names, the live view, the summary) whose
 ``wait_until_step`` comes from a ``log:K`` schedule. Workers start once the
 chief's session is up (a non-chief session that starts earlier re-checks only
-every 30 s). It shows the live view, then a summary of each worker's release.
+every 30 s). It shows the live view (progress lines when piped), then a
+summary of each worker's release; Ctrl-C shows the summary so far.
 
 This module never imports TensorFlow: the training runs in the child processes.
 """
@@ -12,6 +15,7 @@ This module never imports TensorFlow: the training runs in the child processes.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib.util
 import json
 import math
@@ -26,21 +30,25 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from rich.console import Console, Group, RenderableType
+from rich.console import Console, RenderableType
 from rich.live import Live
-from rich.text import Text
 
 from stepbarrier._config.checks import validate_job
 from stepbarrier._config.schedule import schedule_wait_until_step, validate_schedule
 from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._inspect.status import JobStatus, read_status
 from stepbarrier.cli._demo.local_processes import LOOPBACK, EmbeddedRedis, ProcessGroup, free_port
-from stepbarrier.cli._views.demo_summary import release_summary
-from stepbarrier.cli._views.status import status_view
+from stepbarrier.cli._views.demo_live import DemoFrame, WorkerRow, demo_view, progress_line
+from stepbarrier.cli._views.demo_summary import release_summary, wake_latency
+from stepbarrier.cli._views.output import plain_text
 from stepbarrier.errors import ConfigurationError, StepBarrierError
 
-EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "tf1_parameter_server.py"
-"""The training script the demo runs (in a source checkout)."""
+JOB_MODULE = "stepbarrier.cli._demo.job"
+"""The training program the demo runs (``python -m``): part of the package."""
+PIPED_EVERY = 5.0
+"""Seconds between progress lines when the output is not a terminal."""
+OTHER_WAITERS = 20
+"""Most registered waiters the live view lists that are none of the demo's workers."""
 RAMP_SECONDS = 10.0
 """About how long the chief alone takes to reach the first worker's step."""
 CHIEF_READY_TIMEOUT = 180.0
@@ -76,12 +84,14 @@ def run_demo(
     example: str | None = None,
     redis_kind: str = "auto",
 ) -> int:
-    """Run the demo; returns the exit code (0 when every task finished well)."""
-    script = Path(example) if example else EXAMPLE
-    if not script.is_file():
-        raise ConfigurationError(
-            f"the demo runs {script}, which is missing: run it from a source checkout (`make demo`)"
-        )
+    """Run the demo; returns the exit code (0 when every task finished well).
+
+    ``example`` runs another training script (a path) instead of ``JOB_MODULE``.
+    """
+    if example is not None and not Path(example).is_file():
+        raise ConfigurationError(f"--example {example} is not a file")
+    if example is None and importlib.util.find_spec(JOB_MODULE) is None:  # pragma: no cover
+        raise ConfigurationError(f"{JOB_MODULE} is missing from this installation")
     if example is None and importlib.util.find_spec("tensorflow") is None:
         raise ConfigurationError(
             "the demo needs TensorFlow: pip install 'stepbarrier[tensorflow]' (or `make demo`)"
@@ -90,7 +100,8 @@ def run_demo(
     targets = [schedule_wait_until_step(task, spec) for task in range(1, workers + 1)]
     sleep = default_step_sleep(targets) if step_sleep is None else step_sleep
     name = validate_job(job, variable="--job") if job else f"demo-{uuid.uuid4().hex[:8]}"
-    return _Demo(name, workers, spec, targets, steps, sleep, script, redis_kind).run()
+    command = [sys.executable, example] if example else [sys.executable, "-m", JOB_MODULE]
+    return _Demo(name, workers, spec, targets, steps, sleep, command, redis_kind).run()
 
 
 class _Demo:
@@ -102,12 +113,15 @@ class _Demo:
         targets: list[int],
         steps: int,
         step_sleep: float,
-        script: Path,
+        command: list[str],
         redis_kind: str,
     ) -> None:
         self.job, self.workers, self.schedule, self.targets = job, workers, schedule, targets
-        self.steps, self.step_sleep, self.script = steps, step_sleep, script
+        self.steps, self.step_sleep, self.command = steps, step_sleep, command
         self.console = Console(highlight=False)
+        self.live: Live | None = None
+        self.printed_at = 0.0  # piped: when the last progress line was printed
+        self.ps_stopped = False
         self.workdir = Path(tempfile.mkdtemp(prefix="stepbarrier-demo-"))
         self.env = self._base_env()
         self.redis = EmbeddedRedis(self.workdir, self.env, kind=redis_kind)
@@ -142,7 +156,12 @@ class _Demo:
         try:
             return self._run()
         except (KeyboardInterrupt, _Stopped):
+            if self.live is not None:
+                with contextlib.suppress(Exception):
+                    self.live.stop()
             self.console.print("[yellow]interrupted: stopping every process of the demo[/]")
+            with contextlib.suppress(Exception):  # the summary so far, from the records
+                self.console.print(self._summary(partial=True))
             return 0
         finally:
             signal.signal(
@@ -184,19 +203,25 @@ class _Demo:
         # The chief trains once every worker that has a step to wait for waits.
         waiting = sum(1 for t in self.targets if t > 0)
         self._start_task("chief", 0, cluster, WAIT_FOR_WAITERS=str(waiting))
-        with Live(self._view("starting the ps and the chief"), console=self.console) as live:
-            if not self._wait_for_chief(live):
+        with self._live():
+            self._show("starting the ps and the chief")
+            if not self._wait_for_chief():
                 return self._failed()
             for index in range(self.workers):
                 self._start_task("worker", index, cluster)
             deadline = time.monotonic() + 300 + self.steps * self.step_sleep * 2
             while self._running(exclude="ps-0"):
                 if time.monotonic() > deadline:
-                    live.update(self._view("the demo took too long"))
+                    self._show("the demo took too long", force=True)
                     return self._failed()
-                self._poll(live, "training")
-            self._poll(live, "finished")
-        self.group.stop("ps-0")
+                self._poll("training")
+            self.group.stop("ps-0")  # the job is over: the ps is not left "running"
+            self.ps_stopped = True
+            self._poll("finished", force=True)
+            if self.live is None:  # piped: the whole last frame, as a terminal keeps it
+                self.console.file.write(
+                    plain_text(demo_view(self._frame("finished")), self.console.width) + "\n"
+                )
         if any(self.group.returncode(n) for n in self.group.processes if n != "ps-0"):
             return self._failed()
         self.console.print(self._summary())
@@ -205,18 +230,41 @@ class _Demo:
     def _start_task(
         self, kind: str, index: int, cluster: dict[str, list[str]], **extra: str
     ) -> None:
-        name = f"{kind}-{index}"
+        # workers are named by task id (worker i of TF_CONFIG is task i + 1), as
+        # everywhere else the demo shows them
+        name = f"worker-{index + 1}" if kind == "worker" else f"{kind}-{index}"
         env = dict(self.env, **extra)
         env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": kind, "index": index}})
         env["RECORD_FILE"] = str(self.workdir / f"{name}.json")
-        self.group.start(name, [sys.executable, str(self.script)], env)
+        self.group.start(name, list(self.command), env)
 
-    def _wait_for_chief(self, live: Live) -> bool:
+    @contextlib.contextmanager
+    def _live(self) -> Any:
+        if not self.console.is_terminal:
+            yield
+            return
+        with Live(console=self.console, auto_refresh=False) as live:
+            self.live = live
+            try:
+                yield
+            finally:
+                self.live = None
+
+    def _show(self, phase: str, *, force: bool = False) -> None:
+        frame = self._frame(phase)
+        if self.live is not None:
+            self.live.update(demo_view(frame), refresh=True)
+        elif force or time.monotonic() - self.printed_at >= PIPED_EVERY:
+            self.console.file.write(progress_line(frame) + "\n")
+            self.console.file.flush()
+            self.printed_at = time.monotonic()
+
+    def _wait_for_chief(self) -> bool:
         deadline = time.monotonic() + CHIEF_READY_TIMEOUT
         while time.monotonic() < deadline:
             if not self._running(only=("ps-0", "chief-0"), all_of=True):
                 return False
-            self._poll(live, "waiting for the chief's session (TensorFlow starts slowly)")
+            self._poll("waiting for the chief's session (TensorFlow starts slowly)")
             if CHIEF_READY in self.group.log_tail("chief-0", lines=1000):
                 return True
         return False
@@ -228,29 +276,90 @@ class _Demo:
         alive = [self.group.returncode(n) is None for n in names]
         return all(alive) if all_of else any(alive)
 
-    def _poll(self, live: Live, phase: str) -> None:
+    def _poll(self, phase: str, *, force: bool = False) -> None:
         time.sleep(0.25)
         assert self.config is not None
         try:
-            self.status = read_status(self.config)
+            self.status = read_status(self.config, barriers=False)
         except StepBarrierError as exc:
             phase = f"{phase}; status unavailable: {exc}"
         else:
             for waiter in self.status.waiters:
                 if waiter.task_id is not None and waiter.since is not None:
                     self.first_wait.setdefault(waiter.task_id, waiter.since)
-        live.update(self._view(phase))
+        self._show(phase, force=force)
 
-    def _view(self, phase: str) -> RenderableType:
-        tasks = Text()
-        for name in self.group.processes:
-            code = self.group.returncode(name)
-            state = "running" if code is None else f"exited {code}"
-            tasks.append(f"{name}: {state}  ", style="green" if code in (None, 0) else "red")
-        parts: list[RenderableType] = [Text(phase, style="bold"), tasks]
-        if self.status is not None:
-            parts.append(status_view(self.status, progress=True))
-        return Group(*parts)
+    def _process_state(self, name: str) -> str:
+        if name not in self.group.processes:
+            return "not started"
+        code = self.group.returncode(name)
+        if name == "ps-0" and self.ps_stopped:
+            return "stopped"
+        return "running" if code is None else "finished" if code == 0 else f"exited {code}"
+
+    def _frame(self, phase: str) -> DemoFrame:
+        status = self.status
+        waiting = {w.task_id for w in status.waiters} if status is not None else set()
+        step_times = self._step_times()
+        rows = []
+        for index, target in enumerate(self.targets):
+            task_id = index + 1
+            name = f"worker-{task_id}"
+            record = self._record(name)
+            released = record.get("released_at_step")
+            code = self.group.returncode(name) if name in self.group.processes else None
+            if name not in self.group.processes:
+                state = "not started"
+            elif code is not None:
+                state = "finished" if code == 0 else f"exited {code}"
+            elif isinstance(released, int) or (target <= 0 and record):
+                state = "training"
+            elif task_id in waiting:
+                state = "waiting"
+            else:
+                state = "starting"
+            latency, note = ("-", "")
+            if isinstance(released, int):
+                latency, note = wake_latency(record, target, step_times, task_id, self.first_wait)
+            rows.append(
+                WorkerRow(
+                    task_id,
+                    target,
+                    state,
+                    released if isinstance(released, int) else None,
+                    latency,
+                    note,
+                )
+            )
+        return DemoFrame(
+            phase=phase,
+            job=self.job,
+            steps=self.steps,
+            step=None if status is None else status.step,
+            heartbeat_age=None if status is None else status.heartbeat_age,
+            ps=self._process_state("ps-0"),
+            chief=self._process_state("chief-0"),
+            workers=tuple(rows),
+            chief_name=None if status is None else status.chief,
+            others=self._others(),
+        )
+
+    def _others(self) -> tuple[tuple[str, int], ...]:
+        if self.status is None:
+            return ()
+        ours = range(1, self.workers + 1)
+        return tuple(
+            (w.host if w.pid is None else f"{w.host}:{w.pid}", w.wait_until_step)
+            for w in self.status.waiters
+            if w.task_id not in ours
+        )[:OTHER_WAITERS]
+
+    def _step_times(self) -> list[tuple[int, float]]:
+        pairs = self._record("chief-0").get("step_times") or []
+        try:
+            return [(int(s), float(t)) for s, t in pairs]
+        except (TypeError, ValueError):
+            return []
 
     def _failed(self) -> int:
         for name in self.group.processes:
@@ -269,11 +378,12 @@ class _Demo:
             return {}
         return data if isinstance(data, dict) else {}
 
-    def _summary(self) -> RenderableType:
+    def _summary(self, *, partial: bool = False) -> RenderableType:
+        title = f"job {self.job}: {self.schedule}, {self.steps} steps"
         return release_summary(
-            f"job {self.job}: {self.schedule}, {self.steps} steps",
+            f"{title} (interrupted: the summary so far)" if partial else title,
             chief=self._record("chief-0"),
-            workers=[self._record(f"worker-{index}") for index in range(self.workers)],
+            workers=[self._record(f"worker-{task}") for task in range(1, self.workers + 1)],
             targets=self.targets,
             first_wait=self.first_wait,
         )

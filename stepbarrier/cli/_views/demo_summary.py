@@ -36,7 +36,7 @@ def release_summary(
     for index, record in enumerate(workers):
         task_id = record.get("task_id", index + 1)
         target = record.get("wait_until_step", targets[index])
-        latency, note = _latency(record, target, step_times, task_id, first_wait)
+        latency, note = wake_latency(record, target, step_times, task_id, first_wait)
         released = _text(record.get("released_at_step"))
         trained = _text(record.get("steps_trained"))
         rows.append((f"worker {task_id}", str(target), released, latency, trained, note))
@@ -60,7 +60,7 @@ def release_summary(
     )
 
 
-def _latency(
+def wake_latency(
     record: dict[str, Any],
     target: int,
     step_times: list[tuple[int, float]],

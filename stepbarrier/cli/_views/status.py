@@ -20,6 +20,7 @@ from rich.text import Text
 from stepbarrier._inspect.registry import WaiterInfo
 from stepbarrier._inspect.status import JobStatus
 from stepbarrier._inspect.summary import WaiterSummary
+from stepbarrier.cli._guidance import is_stale, stale_limit
 from stepbarrier.cli._views.barriers import barriers_table
 from stepbarrier.cli._views.waiter_summary import summary_view
 
@@ -59,6 +60,11 @@ def _summary(status: JobStatus, waiting: int) -> Table:
     heartbeat = Text(describe_age(status.heartbeat_age))
     if status.chief:
         heartbeat.append(f" (chief {status.chief})")
+    if is_stale(status):
+        heartbeat.append(
+            f" STALE: no heartbeat for over {stale_limit(status) or 0:g} s; is the chief running?",
+            style="bold red",
+        )
     grid.add_row("heartbeat", heartbeat)
     if status.step is not None:
         if status.pinned:

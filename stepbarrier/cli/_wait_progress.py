@@ -1,0 +1,169 @@
+"""What ``stepbarrier wait`` shows on stderr while it waits.
+
+On a terminal, a live block: the job, the step waited for, the chief's step
+(with a bar), its heartbeat's age, how long the wait has lasted and how long
+it may still last; piped (a CI log), one line of the same every
+``PIPED_EVERY`` seconds. stdout keeps only the step (or ``--json``'s object).
+
+A thread of its own reads the job's state with its own client (the read every
+role may run: ``read_status`` without waiters or barriers), once a second on a
+terminal; it never touches the wait itself, and a failed read is shown, not
+raised.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+from stepbarrier._config.settings import BarrierConfig
+from stepbarrier._inspect.missing import is_missing
+from stepbarrier._inspect.status import JobStatus, read_status
+from stepbarrier._redis.client import RedisClient, make_client
+from stepbarrier.cli._guidance import is_stale, missing_job_message
+from stepbarrier.cli._views.status import describe_age
+from stepbarrier.errors import StepBarrierError
+
+TERMINAL_EVERY = 1.0
+"""Seconds between reads on a terminal."""
+PIPED_EVERY = 10.0
+"""Seconds between progress lines when stderr is not a terminal."""
+READ_SOCKET_TIMEOUT = 5.0
+
+
+def describe_duration(seconds: float) -> str:
+    """``"42 s"``, ``"3 min 5 s"``, ``"1 h 4 min"``."""
+    whole = max(0, int(seconds))
+    if whole < 60:
+        return f"{seconds:.0f} s" if seconds >= 10 else f"{max(0.0, seconds):.1f} s"
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60} s"
+    return f"{whole // 3600} h {whole % 3600 // 60} min"
+
+
+class WaitProgress:
+    """Shows a wait's progress on stderr from a thread, between ``start`` and ``stop``.
+
+    Args:
+        config: The job's settings (its ``timeout`` bounds the time left).
+        target: The step waited for.
+        console: Where to show it (stderr by default).
+    """
+
+    def __init__(self, config: BarrierConfig, target: int, console: Console | None = None) -> None:
+        self.config, self.target = config, target
+        self.console = console or Console(stderr=True, highlight=False)
+        self.started = time.monotonic()
+        self.status: JobStatus | None = None
+        self.note: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="stepbarrier-progress", daemon=True)
+        self._client: RedisClient | None = None
+
+    def start(self) -> WaitProgress:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=READ_SOCKET_TIMEOUT + 1)
+
+    def _run(self) -> None:
+        try:
+            if self.console.is_terminal:
+                with Live(
+                    self.view(), console=self.console, transient=True, auto_refresh=False
+                ) as live:
+                    while not self._stop.is_set():
+                        self._read()
+                        live.update(self.view(), refresh=True)
+                        self._stop.wait(TERMINAL_EVERY)
+            else:
+                while not self._stop.is_set():
+                    self._read()
+                    if self._stop.is_set():
+                        break
+                    self.console.file.write(self.line() + "\n")
+                    self.console.file.flush()
+                    self._stop.wait(PIPED_EVERY)
+        finally:
+            if self._client is not None:
+                self._client.close()
+
+    def _read(self) -> None:
+        first = self.status is None and self.note is None
+        try:
+            if self._client is None:
+                self._client = make_client(self.config, socket_timeout=READ_SOCKET_TIMEOUT)
+            self.status = read_status(self.config, self._client, waiters=False, barriers=False)
+        except StepBarrierError as exc:
+            self.note = f"status unavailable: {' '.join(str(exc).split())[:200]}"
+            return
+        except Exception as exc:  # the progress must never end the wait
+            self.note = f"status unavailable: {type(exc).__name__}"
+            return
+        if is_missing(self.status):
+            if first or self.note is None or not self.note.startswith("no job"):
+                self.note = missing_job_message(self.config, yet=True)
+        else:
+            self.note = None
+
+    def _facts(self) -> dict[str, Any]:
+        waited = time.monotonic() - self.started
+        status = self.status
+        left = None if self.config.timeout is None else max(0.0, self.config.timeout - waited)
+        return {
+            "step": None if status is None else status.step,
+            "heartbeat": None if status is None else status.heartbeat_age,
+            "stale": status is not None and is_stale(status),
+            "waited": waited,
+            "left": left,
+        }
+
+    def line(self) -> str:
+        """One progress line (piped output)."""
+        facts = self._facts()
+        step = "no step yet" if facts["step"] is None else f"step {facts['step']}"
+        parts = [
+            f"waiting for job {self.config.job} to reach step {self.target}: chief at {step}",
+            f"heartbeat {describe_age(facts['heartbeat'])}"
+            + (" (stale)" if facts["stale"] else ""),
+            f"waited {describe_duration(facts['waited'])}",
+            "no timeout" if facts["left"] is None else f"{describe_duration(facts['left'])} left",
+        ]
+        line = ", ".join(parts)
+        return line if self.note is None else f"{line}; {self.note}"
+
+    def view(self) -> RenderableType:
+        """The live block (terminal)."""
+        facts = self._facts()
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(style="bold")
+        grid.add_column()
+        grid.add_row("job", Text(self.config.job))
+        grid.add_row("waiting for", f"step {self.target}")
+        step = facts["step"]
+        if step is None:
+            grid.add_row("chief's step", "none yet")
+        else:
+            bar = ProgressBar(total=max(1, self.target), completed=min(step, self.target), width=30)
+            grid.add_row("chief's step", Group(Text(f"{step} of {self.target}"), bar))
+        heartbeat = Text(describe_age(facts["heartbeat"]))
+        if facts["stale"]:
+            heartbeat.append(" (stale: is the chief running?)", style="red")
+        grid.add_row("heartbeat", heartbeat)
+        grid.add_row("waited", describe_duration(facts["waited"]))
+        left = facts["left"]
+        grid.add_row("time left", "no timeout" if left is None else describe_duration(left))
+        parts: list[RenderableType] = [grid]
+        if self.note:
+            parts.append(Text(self.note, style="yellow"))
+        parts.append(Text("Ctrl-C to stop waiting", style="dim"))
+        return Group(*parts)
