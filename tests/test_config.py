@@ -491,3 +491,20 @@ def test_repr_never_shows_a_password() -> None:
 def test_a_password_with_question_mark_and_at_is_not_read_as_a_query() -> None:
     with pytest.raises(ConfigurationError, match="percent-encode"):
         BarrierConfig(job="j", redis_url="redis://u:@0?@h:99999/0")
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("600", 600.0), ("1.5", 1.5), ("90s", 90.0), ("10m", 600.0), ("1h", 3600.0), ("2500ms", 2.5)],
+)
+def test_duration_variables_take_what_the_options_take(text: str, seconds: float) -> None:
+    cfg = BarrierConfig.from_env({**BASE, "STEPBARRIER_STALL_TIMEOUT": text})
+    assert cfg.stall_timeout == seconds
+
+
+@pytest.mark.parametrize("text", ["nan", "inf", "-1", "0", "10 parsecs", "m", "1e999"])
+def test_a_duration_variable_that_is_none_names_what_is_expected(text: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        BarrierConfig.from_env({**BASE, "STEPBARRIER_STALL_TIMEOUT": text})
+    assert info.value.variable == "STEPBARRIER_STALL_TIMEOUT"
+    assert "e.g. 600" in str(info.value) and "10m" in str(info.value)

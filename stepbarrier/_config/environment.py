@@ -17,7 +17,14 @@ import stat
 from collections.abc import Mapping
 from typing import TypedDict
 
-from stepbarrier._config.checks import check_url, mask_url, validate_job, validate_run_id
+from stepbarrier._config.checks import (
+    DURATION_EXAMPLES,
+    check_url,
+    mask_url,
+    parse_duration,
+    validate_job,
+    validate_run_id,
+)
 from stepbarrier._config.defaults import (
     DEFAULT_DONE_TTL,
     DEFAULT_HEARTBEAT,
@@ -302,13 +309,13 @@ def _env_seconds(env: Mapping[str, str], name: str, *, high: float = 1e9) -> flo
     text = _get(env, name)
     if text is None:
         return None
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
+    # what the command's options take: 600, 0.5, 90s, 10m, 1h, 250ms
+    parsed = parse_duration(text)
+    value = math.nan if parsed is None else parsed
     if not (math.isfinite(value) and 0 < value <= high):
         raise ConfigurationError(
-            f"{name} must be a number of seconds above 0 and at most {high:g}, got {text[:80]!r}",
+            f"{name} must be a duration above 0 and at most {high:g} s ({DURATION_EXAMPLES}), "
+            f"got {text[:80]!r}",
             variable=name,
         )
     return value
