@@ -30,6 +30,16 @@ SHARE_OF_CORE = 0.5
 DEFAULT_MAXCLIENTS = 10_000
 
 
+
+def _plain(value: object) -> str:
+    """A mapping or a list as a reader reads it (``fcall 24, blpop 6``; ``0.48 / 2.7``),
+    not as Python's repr."""
+    if isinstance(value, dict):
+        return ", ".join(f"{key} {_plain(item)}" for key, item in value.items()) or "none"
+    if isinstance(value, (list, tuple)):
+        return " / ".join(_plain(item) for item in value)
+    return str(value)
+
 def load(name: str) -> dict[str, Any] | None:
     path = RESULTS_DIR / f"{name}.json"
     return json.loads(path.read_text()) if path.exists() else None
@@ -92,7 +102,9 @@ def wake_section(
             {f"{k}, chief untouched": v for k, v in untouched.get("dropped", {}).items() if v}
         )
         if dropped:
-            lines.append(f"Trials dropped (the wait began after step K was reached): {dropped}.")
+            lines.append(
+                f"Trials dropped (the wait began after step K was reached): {_plain(dropped)}."
+            )
         for period in ("10ms", "200ms"):
             t = tf["latency_ms"].get(f"tensorflow@{period}", {})
             s = tf["latency_ms"].get(f"stepbarrier@{period}", {})
@@ -279,8 +291,9 @@ def tf_run_lines(tf: dict[str, Any], run: dict[str, Any] | None) -> list[str]:
         f"The TF job (sections 1-2 and 4): `python bench/tf_job.py"
         f"{' --quick' if tf['quick'] else ''}`, commit {tf['commit']}"
         + (" with uncommitted changes in stepbarrier/" if tf.get("dirty") else "")
-        + f", {tf['seconds']:.0f} s, load average before {tf['load_before']}, after "
-        f"{tf['load_after']}; {tf['trials_per_hook_and_period']} trials per hook and period, "
+        + f", {tf['seconds']:.0f} s, load average before {_plain(tf['load_before'])}, after "
+        f"{_plain(tf['load_after'])}; {tf['trials_per_hook_and_period']} trials per hook and "
+        "period, "
         f"{tf.get('untouched_trials_per_hook')} per hook with the chief untouched."
         + (
             f" It ran on its own, not in the `{run['command']}` run of the other sections "
@@ -393,9 +406,10 @@ def load_section(load_result: dict[str, Any] | None) -> list[str]:
         "|---|---|---|---|---|---|---|---|",
     ]
     for run in load_result["chief"]:
+        sent = _plain(run["sent"]).replace("|", "\\|")  # a table cell: FUNCTION|LOAD
         lines.append(
             f"| {run['target_rate']:,} ({run['achieved_rate']:,.0f}) | {run['seconds']:.1f} | "
-            f"{run['script_calls_per_s']:.2f} | {run['sent_per_s']:.2f} | {run['sent']} | "
+            f"{run['script_calls_per_s']:.2f} | {run['sent_per_s']:.2f} | {sent} | "
             f"{run['in_script_per_s']:.1f} | {run['script_calls_allowed']} | "
             f"{verdict(run['pass'])} |"
         )
@@ -404,7 +418,7 @@ def load_section(load_result: dict[str, Any] | None) -> list[str]:
         "",
         f"Idle waiter over {idle['seconds']:.0f} s: {idle['waiter_round_trips_per_s']:.3f} "
         f"round trips/s ({idle['waiter_commands_per_s']:.3f} commands/s: "
-        f"{idle['waiter_sent']}), target <= 0.2 round trips/s: {verdict(idle['pass'])}.",
+        f"{_plain(idle['waiter_sent'])}), target <= 0.2 round trips/s: {verdict(idle['pass'])}.",
         "",
     ]
     return lines
@@ -528,12 +542,12 @@ def lateness_section(late: dict[str, Any] | None) -> list[str]:
         f"- extra global-step reads: previous {verifications['previous']}, current "
         f"{verifications['current']} (for {late['targets']} targets, {late['chief_runs']} "
         f"chief runs).",
-        f"- dropped trials (registered too late): {late['dropped']}; releases below the "
-        f"target: {late['released_early']}.",
+        f"- dropped trials (registered too late): {_plain(late['dropped'])}; releases below the "
+        f"target: {_plain(late['released_early'])}.",
         f"- run: commit {late['commit']}"
         + (" with uncommitted changes in stepbarrier/" if late.get("dirty") else "")
-        + f", {late['seconds']:.0f} s, load average before {late['load_before']}, after "
-        f"{late['load_after']}.",
+        + f", {late['seconds']:.0f} s, load average before {_plain(late['load_before'])}, after "
+        f"{_plain(late['load_after'])}.",
         "",
     ]
     return lines
@@ -671,8 +685,8 @@ def cluster_section(result: dict[str, Any] | None) -> list[str]:
         f"- run: commit {result['commit']}"
         + (" with uncommitted changes in stepbarrier/" if result.get("dirty") else "")
         + f", {'quick' if result['quick'] else 'full'} run, {result['seconds']:.0f} s, load "
-        f"average before {result['load_before']}, after {result['load_after']}"
-        + (f", at the start of each part: {result['load']}" if result.get("load") else "")
+        f"average before {_plain(result['load_before'])}, after {_plain(result['load_after'])}"
+        + (f", at the start of each part: {_plain(result['load'])}" if result.get("load") else "")
         + ".",
         "",
     ]
@@ -848,8 +862,8 @@ def machine_section(run: dict[str, Any] | None) -> list[str]:
         f"- command: `{run['command']}` ({'quick' if run['quick'] else 'full'} run, "
         f"{run['seconds']:.0f} s), commit {run['commit']}"
         + (" with uncommitted changes" if run.get("dirty") else ""),
-        f"- load average (1, 5, 15 min) before: {run['load_before']}, after: "
-        f"{run['load_after']}; per benchmark: {run['load']}",
+        f"- load average (1, 5, 15 min) before: {_plain(run['load_before'])}, after: "
+        f"{_plain(run['load_after'])}; per benchmark: {_plain(run['load'])}",
         "",
     ]
     if run.get("failed"):
