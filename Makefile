@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 EXTRAS ?= dev,docs,tensorflow,jax,fast,exporter
 PYTEST_ARGS ?=
 
-.PHONY: all demo test test-core test-compose docker-engine soak lint docs dist venv redis-server prometheus bench bench-quick clean
+.PHONY: all demo test test-unit test-core test-compose docker-engine soak lint docs dist venv redis-server prometheus bench bench-quick clean
 
 all: lint test
 
@@ -74,6 +74,11 @@ chromium:
 
 test: venv redis-server prometheus chromium
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The unit tests alone: no server, no process, no network (tests/unit/conftest.py
+# refuses them); seconds.
+test-unit: venv
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
 test-core: venv redis-server prometheus
 	$(PY) -m pytest -m "not tensorflow and not reliability" $(PYTEST_ARGS)

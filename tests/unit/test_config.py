@@ -13,6 +13,7 @@ from stepbarrier._chief.publish_call import finished_ttl
 from stepbarrier._config.checks import mask_url
 from stepbarrier._config.defaults import ENVIRONMENT_VARIABLES
 from stepbarrier._config.environment import barrier_role_from_env
+from tests.conftest import ROOT
 
 BASE = {"STEPBARRIER_JOB": "mnist-42"}
 
@@ -417,7 +418,7 @@ def test_barrier_role_from_env_refuses_a_bad_role() -> None:
 
 def test_every_variable_read_is_documented() -> None:
     """docs/configuration.md's table lists every name in ENVIRONMENT_VARIABLES."""
-    page = (Path(__file__).parent.parent / "docs" / "configuration.md").read_text()
+    page = (Path(ROOT) / "docs" / "configuration.md").read_text()
     for name in ENVIRONMENT_VARIABLES:
         assert f"| `{name}` |" in page, f"{name} missing from docs/configuration.md's table"
     documented = re.findall(r"^\| `(STEPBARRIER_\w+)` \|", page, flags=re.MULTILINE)
@@ -425,7 +426,7 @@ def test_every_variable_read_is_documented() -> None:
 
 
 def test_the_readme_links_to_the_configuration_page() -> None:
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    readme = (Path(ROOT) / "README.md").read_text()
     assert "](docs/configuration.md)" in readme
 
 
