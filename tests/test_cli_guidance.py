@@ -364,3 +364,22 @@ def test_the_library_retries_it_within_the_deadline(job: str) -> None:
     assert time.monotonic() - started >= 2.0  # retried, not refused at once
     assert "no-such-host.invalid" in str(info.value)
     waiter.close()
+
+
+def test_wait_retries_a_host_name_that_does_not_resolve_until_its_timeout(job: str) -> None:
+    """`stepbarrier wait --until N && ./train.sh` in a launcher that starts before its
+    Redis's DNS name exists: it waits on, as the library does."""
+    started = time.monotonic()
+    result = run(
+        {"STEPBARRIER_JOB": job},
+        "wait",
+        "--until",
+        "5",
+        "--timeout",
+        "3",
+        "--redis-url",
+        UNRESOLVABLE,
+    )
+    assert time.monotonic() - started >= 2.5  # retried until its timeout
+    assert result.returncode == 5, result.stderr  # unavailable, not refused
+    assert "no-such-host.invalid" in result.stderr

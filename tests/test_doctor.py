@@ -298,3 +298,15 @@ def test_a_handshake_timeout_is_a_mismatch_only_at_a_server_that_answers_plain_r
         assert failures.tls_mismatch(exc, ("127.0.0.1", ready.port)) == "tls-to-plain"
     finally:
         silent.close()
+
+
+def test_a_reset_of_a_tls_client_is_no_mismatch_and_stays_a_retry() -> None:
+    """A healthy TLS connection reset (a load balancer, an output-buffer limit) is
+    an outage to retry, whatever a probe of the server would say."""
+    from stepbarrier._redis import failures
+
+    reset = redis.exceptions.ConnectionError(
+        "Error while reading from 127.0.0.1:6380 : (104, 'Connection reset by peer')"
+    )
+    assert failures.is_transient(reset)  # no probe on the retry path
+    assert failures.tls_mismatch(reset, tls=True) is None  # judged without a probe

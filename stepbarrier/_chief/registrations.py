@@ -110,7 +110,7 @@ class RegistrationListener:
                         refresh_topology(self._client)
                     if time.monotonic() - last_log >= LOG_EVERY:
                         last_log = time.monotonic()
-                        error = translate(exc, self._config, action="hear new waiters")
+                        error = translate(exc, self._config, action="hear new waiters", probe=False)
                         log.warning(
                             "%s; new waiters are heard at the chief's next write instead",
                             str(error).rstrip("."),

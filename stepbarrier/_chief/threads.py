@@ -266,7 +266,7 @@ class PublisherLoop:
             self._last_error = f"internal error: {type(exc).__name__}: {exc}"
             transient = False
         else:
-            error = translate(exc, self.config, action="publish the step")
+            error = translate(exc, self.config, action="publish the step", probe=False)
             self.last_failure, self._last_error = error, str(error)
             transient = is_transient(exc) or isinstance(exc, RedisUnavailable)
         if not transient:

@@ -163,9 +163,10 @@ async def call_with_retries(
     try:
         return await AsyncRetrying(sleep=sleep, **settings)(operation)
     except REDIS_ERRORS as exc:
-        raise translate(exc, config, action=action) from exc
+        # no probe of the server: it would block the event loop
+        raise translate(exc, config, action=action, probe=False) from exc
     except OSError as exc:  # a raw socket error (or a timeout) that redis-py did not wrap
-        raise translate(rex.ConnectionError(str(exc)), config, action=action) from exc
+        raise translate(rex.ConnectionError(str(exc)), config, action=action, probe=False) from exc
 
 
 class AsyncRedisCode:

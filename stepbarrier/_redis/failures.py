@@ -40,10 +40,14 @@ def is_transient(exc: BaseException) -> bool:
         return False
     if isinstance(exc, rex.ConnectionError) and _is_tls_failure(exc):
         return False
-    if isinstance(exc, (rex.ConnectionError, rex.TimeoutError)) and (
-        (UNKNOWN_HOST_IS_FINAL and unknown_host(exc)) or tls_mismatch(exc) is not None
+    # (a TLS mismatch is not judged here: that takes a probe of the server, too
+    # slow for a retry's predicate; ``translate`` names it once a failure is final)
+    if (
+        UNKNOWN_HOST_IS_FINAL
+        and isinstance(exc, (rex.ConnectionError, rex.TimeoutError))
+        and unknown_host(exc)
     ):
-        return False  # a host name that does not resolve, or TLS on one side only
+        return False  # a host name that does not resolve
     if isinstance(exc, (rex.ReadOnlyError, rex.TryAgainError, rex.ClusterDownError)):
         return True  # a failover is in progress; the new master will answer
     if isinstance(exc, rex.ResponseError):
@@ -112,17 +116,23 @@ def unknown_host(exc: BaseException) -> bool:
     )
 
 
-def tls_mismatch(exc: BaseException, address: tuple[str, int] | None = None) -> str | None:
+def tls_mismatch(
+    exc: BaseException, address: tuple[str, int] | None = None, *, tls: bool | None = None
+) -> str | None:
     """``"tls-to-plain"`` or ``"plain-to-tls"`` if ``exc`` shows TLS on one side only.
 
-    A TLS client (``rediss://``) at a plain server waits for a handshake that
+    ``tls``: whether the client spoke TLS (``rediss://``); ``None`` (unknown)
+    judges both ways. A TLS client at a plain server waits for a handshake that
     never comes: its handshake times out. A plain client at a TLS-only server is
     reset as soon as it speaks, like a client of a server going down; so the
     address is asked for a TLS handshake (once per ``_TLS_PROBE_CACHE`` seconds,
     within ``_TLS_PROBE_SECONDS``), and only a server that completes one counts.
+    A TLS client reset by a TLS server is no mismatch: a reset of a healthy TLS
+    connection (a load balancer, an output-buffer limit) must stay a retry.
+    Probes block: only ``translate`` calls this, once a failure is final.
     """
     chain = _chain(exc)
-    if any(_HANDSHAKE_TIMEOUT in str(seen) for seen in chain):
+    if tls is not False and any(_HANDSHAKE_TIMEOUT in str(seen) for seen in chain):
         # a TLS server that is paused or overloaded times the handshake out too:
         # only a server that answers a plain PING is plain Redis
         address = _address_of(chain) or address
@@ -130,7 +140,7 @@ def tls_mismatch(exc: BaseException, address: tuple[str, int] | None = None) -> 
             return "tls-to-plain"
         return None
     match = _PLAIN_RESET.search(str(exc))
-    if match is None or not isinstance(exc, rex.ConnectionError):
+    if tls is True or match is None or not isinstance(exc, rex.ConnectionError):
         return None
     address = (match.group(1), int(match.group(2)))
     return "plain-to-tls" if _probed(address, _speaks_tls) else None
@@ -184,7 +194,9 @@ def _speaks_tls(host: str, port: int) -> bool:
         return False
 
 
-def translate(exc: BaseException, config: BarrierConfig, *, action: str) -> StepBarrierError:
+def translate(
+    exc: BaseException, config: BarrierConfig, *, action: str, probe: bool = True
+) -> StepBarrierError:
     """The stepbarrier error that explains ``exc`` (a redis-py error) to a user.
 
     Anything that is neither a redis-py nor an OS error is a bug, not a Redis
@@ -192,7 +204,7 @@ def translate(exc: BaseException, config: BarrierConfig, *, action: str) -> Step
     """
     cause = _cluster_cause(exc)
     if cause is not None:
-        return translate(cause, config, action=action)
+        return translate(cause, config, action=action, probe=probe)
     where = describe_redis(config)
     user = config.redis_username or _url_username(config.redis_url) or "default"
     detail = one_line(exc)
@@ -284,8 +296,10 @@ def translate(exc: BaseException, config: BarrierConfig, *, action: str) -> Step
             return RedisUnavailable(message, job=config.job)  # retried until the deadline
         return RedisRefused(message, kind="response", job=config.job)
     mismatch = (
-        tls_mismatch(exc, _url_address(config.redis_url))
-        if isinstance(exc, (rex.ConnectionError, rex.TimeoutError))
+        tls_mismatch(
+            exc, _url_address(config.redis_url), tls=config.redis_url.startswith("rediss://")
+        )
+        if probe and isinstance(exc, (rex.ConnectionError, rex.TimeoutError))
         else None
     )
     if mismatch is not None:

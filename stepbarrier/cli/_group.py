@@ -78,12 +78,18 @@ Each command's --help (or -h) lists its own exit codes. Shell completion:
 @click.version_option(__version__, prog_name="stepbarrier", message=_versions())
 def cli() -> None:
     """Hold distributed-training workers until the chief reaches a global step."""
-    # a shell user's typo in a host name fails at once (the library retries it:
-    # a worker may start before its Redis's DNS name exists)
-    before, failures.UNKNOWN_HOST_IS_FINAL = failures.UNKNOWN_HOST_IS_FINAL, True
-    click.get_current_context().call_on_close(
-        lambda: setattr(failures, "UNKNOWN_HOST_IS_FINAL", before)
-    )
+    # a shell user's typo in a host name fails an interactive command at once;
+    # the commands that wait (wait, arrive, watch, exporter) retry it, as the
+    # library does: a launcher's `stepbarrier wait ... && ./train.sh` may start
+    # before its Redis's DNS name exists
+    context = click.get_current_context()
+    if context.invoked_subcommand in INTERACTIVE:
+        before, failures.UNKNOWN_HOST_IS_FINAL = failures.UNKNOWN_HOST_IS_FINAL, True
+        context.call_on_close(lambda: setattr(failures, "UNKNOWN_HOST_IS_FINAL", before))
+
+
+INTERACTIVE = frozenset({"status", "doctor", "jobs", "reset", "publish", "functions", "acl"})
+"""The commands a user runs and reads at once (an unknown host name fails them)."""
 
 
 def _demo_job(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
