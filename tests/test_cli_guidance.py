@@ -294,7 +294,7 @@ def test_durations_as_people_type_them(text: str, seconds: float) -> None:
     assert parse_duration(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["", "ten", "10x", "-5", "inf", "nan", "1e3", "5" * 50])
+@pytest.mark.parametrize("text", ["", "ten", "10x", "-5", "inf", "nan", "1e", "1e999", "5" * 50])
 def test_what_is_no_duration(text: str) -> None:
     assert parse_duration(text) is None
 

@@ -361,7 +361,11 @@ def check_seconds(value: object, name: str, *, high: float = 1e9) -> None:
         )
 
 
-_DURATION = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(ms|s|sec|m|min|h)?\s*", re.IGNORECASE)
+_DURATION = re.compile(
+    # a number as float() reads one (600, 0.5, 1e3, +5), then an optional unit
+    r"\s*(\+?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:e[+-]?[0-9]{1,3})?)\s*(ms|s|sec|m|min|h)?\s*",
+    re.IGNORECASE,
+)
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 DURATION_EXAMPLES = "seconds, e.g. 600, or with a unit: 90s, 10m, 1h"
 """How a duration is written, for messages and help texts."""

@@ -496,7 +496,16 @@ def test_a_password_with_question_mark_and_at_is_not_read_as_a_query() -> None:
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
-    [("600", 600.0), ("1.5", 1.5), ("90s", 90.0), ("10m", 600.0), ("1h", 3600.0), ("2500ms", 2.5)],
+    [
+        ("600", 600.0),
+        ("1.5", 1.5),
+        ("90s", 90.0),
+        ("10m", 600.0),
+        ("1h", 3600.0),
+        ("2500ms", 2.5),
+        ("1e3", 1000.0),
+        ("+5", 5.0),  # what float() read before
+    ],
 )
 def test_duration_variables_take_what_the_options_take(text: str, seconds: float) -> None:
     cfg = BarrierConfig.from_env({**BASE, "STEPBARRIER_STALL_TIMEOUT": text})
