@@ -47,6 +47,9 @@ _READS = "+fcall_ro +function|list +time +type +get +strlen +hlen +hstrlen +hmge
 # then ZRANGEBYSCORE (always with LIMIT) of the targets and barrier indexes,
 # then HLEN, HSTRLEN and HMGET of the waiter entries they name.
 _LISTING = "+zrangebyscore"
+# What a worker writes and listens to, each of bounded cost (WORKER_BOUNDED).
+_WORKER_OWN = "+hset +expire +zadd +zrem +rpush +ltrim +subscribe +ssubscribe +hget +unlink +llen"
+_PUBLISH = "+publish +spublish"
 
 _COMMANDS = {
     # +fcall: begin_generation, publish_step, reset_job, may_write (the declared
@@ -79,8 +82,7 @@ _COMMANDS = {
     # barrier index is the chief's, refused and skipped for a worker) on the
     # barrier keys only, and its announcement (below: _BARRIER_NEWS). `status`
     # and `watch` take the monitor user.
-    "worker": f"{_CONNECT} +fcall {_READS} +hset +expire +zadd +zrem +rpush +ltrim "
-    "+subscribe +ssubscribe +hget +unlink +llen",
+    "worker": f"{_CONNECT} +fcall {_READS} {_WORKER_OWN}",
     # The status reads only (no FCALL: nothing that may write); PING for health
     # checks and ZRANGE for redis-cli (docs/operations.md#through-the-redis-keys).
     # SCAN: `stepbarrier jobs` and the exporter find the jobs by their state keys
@@ -91,39 +93,13 @@ _COMMANDS = {
 }
 
 WORKER_BOUNDED = frozenset(
-    [
-        "select",
-        "cluster|slots",
-        "command",
-        "fcall",
-        "fcall_ro",
-        "function|list",
-        "time",
-        "type",
-        "get",
-        "strlen",
-        "hlen",
-        "hstrlen",
-        "hmget",
-        "zcard",
-        "hset",
-        "expire",
-        "zadd",
-        "zrem",
-        "rpush",
-        "ltrim",
-        "subscribe",
-        "ssubscribe",
-        "hget",
-        "unlink",
-        "llen",
-        "publish",
-        "spublish",
-    ]
+    rule.removeprefix("+") for rule in f"{_COMMANDS['worker']} {_PUBLISH}".split()
 )
-"""The commands a worker may run, each of bounded cost whatever the worker wrote
-before: O(1), O(log N) or O(its arguments), or (LTRIM, UNLINK) freeing memory
-without touching each element on Redis's main thread."""
+"""The commands a worker may run (its rules and its barrier selector), each of
+bounded cost whatever the worker wrote before: O(1), O(log N) or O(its
+arguments), or (LTRIM, UNLINK) freeing memory without touching each element on
+Redis's main thread. ``tests/security/test_shared_redis.py`` checks that Redis
+grants exactly these, and refuses the costly ones."""
 
 _BARRIER_NEWS = "({publish} &{channel})"
 """A worker's ACL selector: the last arrival at a barrier announces it (PUBLISH, or
@@ -221,7 +197,7 @@ def role_rules(role: str, jobs_pattern: str) -> str:
         access = [f"%R~{keys.state}", f"%R~{keys.reset}", f"%RW~{keys.waiter_pattern}"]
         access += [f"%RW~{keys.targets}", f"%RW~{keys.registrations}"]
         access += [f"%RW~{key}" for key in barriers]
-        news = [_BARRIER_NEWS.format(publish="+publish +spublish", channel=keys.barrier_channel)]
+        news = [_BARRIER_NEWS.format(publish=_PUBLISH, channel=keys.barrier_channel)]
     else:
         access = [f"%R~{key}" for key in (keys.state, keys.reset, keys.targets)]
         access += [f"%R~{key}" for key in (keys.waiter_pattern, *barriers)]

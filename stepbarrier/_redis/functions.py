@@ -28,6 +28,7 @@ from redis.commands.core import Script
 
 from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._protocol import library as scripts
+from stepbarrier._protocol.calls import Call
 from stepbarrier._redis.client import RedisClient, refresh_topology
 from stepbarrier.errors import RedisRefused
 
@@ -36,9 +37,6 @@ LIBRARY_VERSION = 2
 (a test compares ``LIBRARY_SHA256`` with the code)."""
 LIBRARY_NAME = f"stepbarrier_v{LIBRARY_VERSION}"
 """Name of the library in Redis (``FUNCTION LIST LIBRARYNAME stepbarrier``)."""
-
-Call = tuple[str, Sequence[Any], Sequence[Any]]
-"""One call: the code's name in ``scripts.BODIES``, its keys and its arguments."""
 
 
 def publish_command(config: BarrierConfig) -> str:
@@ -137,20 +135,77 @@ class RedisCode:
     Args:
         client: The redis-py client to run it on.
         config: The job's settings (``use_eval``, and the URL for messages).
+        own_connection: Hold one connection of ``client``'s pool for every
+            single ``call`` (not on a Redis Cluster, nor with ``use_eval``), and
+            send on it directly: for code that one thread alone runs (the
+            chief's writer thread), whose releasing write then goes out without
+            redis-py's pool and client machinery in between. ``close`` gives
+            it back. What redis-py does when a connection goes back to its
+            pool (re-authenticating with a streaming credential provider,
+            maintenance notifications) does not happen to it, and the client's
+            ``Retry`` is not used (stepbarrier's clients make no retries).
     """
 
-    def __init__(self, client: RedisClient, config: BarrierConfig) -> None:
+    def __init__(
+        self, client: RedisClient, config: BarrierConfig, *, own_connection: bool = False
+    ) -> None:
         self._client = client
         self._config = config
         self._scripts: dict[str, Script] = {}
         self._lock = threading.Lock()
+        self._own = own_connection and not config.use_eval and not isinstance(client, RedisCluster)
+        self._connection: Any = None  # a redis-py Connection (untyped)
         if config.use_eval:
             for name, (body, _read_only) in scripts.BODIES.items():
                 self._scripts[name] = client.register_script(scripts.HELPERS + body)
 
     def call(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        """Run one piece of code (one try; the caller retries transient errors)."""
-        return self.pipeline([(name, keys, args)])[0]
+        """Run one piece of code (one try; the caller retries transient errors).
+
+        Raises:
+            RedisRefused: As ``pipeline``.
+            redis.RedisError: What the call raised.
+        """
+        if self._config.use_eval or isinstance(self._client, RedisCluster):
+            return self.pipeline([(name, keys, args)])[0]
+        # One call is one plain command, not a pipeline of one: the chief's write
+        # to release workers runs on this path, and a pipeline runs about twice
+        # the code of redis-py between the call and the socket (bench/wake_path.py)
+        command = function_command(name, keys, args)
+        execute: Any = self._on_own_connection if self._own else self._client.execute_command
+        try:
+            return execute(*command)
+        except rex.ResponseError as exc:
+            if not is_missing_function(exc):
+                raise
+            self._load_or_explain(exc)
+            return execute(*command)
+
+    def _on_own_connection(self, *command: Any) -> Any:
+        connection = self._connection
+        if connection is None:
+            assert not isinstance(self._client, RedisCluster)
+            connection = self._connection = self._client.connection_pool.get_connection()
+        try:
+            _ready(connection)
+            connection.send_command(*command)
+            return connection.read_response()
+        except rex.ReadOnlyError:
+            # a replica now (a failover behind one name): the next call reconnects
+            connection.disconnect()
+            raise
+        except rex.ResponseError:
+            raise  # the reply was read whole: the connection is fine
+        except BaseException:
+            # a reply half read (or never) must not be taken for the next call's
+            connection.disconnect()
+            raise
+
+    def close(self) -> None:
+        """Give the connection held for ``own_connection`` back to the pool."""
+        connection, self._connection = self._connection, None
+        if connection is not None and not isinstance(self._client, RedisCluster):
+            self._client.connection_pool.release(connection)
 
     def pipeline(self, calls: Sequence[Call]) -> list[Any]:
         """Run several pieces in one round trip, in order (not as a transaction).
@@ -232,6 +287,23 @@ class RedisCode:
         if "unknown command" not in str(missing).lower():
             versions = loaded_versions(self._client)
         return explain_refusal(self._config, missing, versions)
+
+
+def _ready(connection: Any) -> None:
+    """What redis-py's pool checks before it hands a connection out: one that Redis
+    dropped meanwhile (a restart, its ``timeout``, a proxy's idle cut) is made
+    again, so that the write after a long pause does not fail on it.
+
+    ``connect()`` is also where a Sentinel's connection asks for the master
+    (``send_command`` would reconnect to the address it had).
+    """
+    try:
+        connection.connect()
+        if connection.can_read():  # a closed socket reads as ready (EOF)
+            raise rex.ConnectionError("the connection has unread data")
+    except (rex.ConnectionError, rex.TimeoutError, OSError):
+        connection.disconnect()
+        connection.connect()
 
 
 def function_command(name: str, keys: Sequence[Any], args: Sequence[Any]) -> tuple[Any, ...]:

@@ -1,0 +1,52 @@
+
+-- KEYS[1] state hash, KEYS[2] reset marker; ARGV[1] the caller's run id ('' for none)
+-- Returns a generation number above every one this job's state shows (the
+-- Redis clock in microseconds, or the stored generation (or fence) + 1 if that
+-- is higher: the clock went back, or two chiefs began in the same microsecond),
+-- and records it as the state's fence, so that an older generation's writes are
+-- refused from the begin on (docs/protocol.md#generations),
+-- and what the new chief must know before its first write:
+--   {generation, reset marker ('' for none), stored run id, stored beat,
+--    stored done (0/1), stored chief, stored generation ('0' for none)}
+-- The reset marker is a token: the chief's writes carry it, and a write under
+-- another marker is refused (docs/protocol.md#reset). A marker longer than
+-- MAX_MARKER reads as 'oversized', and an oversized state (see read_hash) as
+-- another type's key: no state, left alone (the next write replaces it).
+local now = redis.call('TIME')
+local generation = tonumber(now[1]) * 1000000 + tonumber(now[2])
+local run, beat, done, chief, stored = '', '0', '0', '', nil
+local kind, state = read_hash(KEYS[1], STATE_FIELDS, MAX_FIELDS)
+if kind == 'hash' then
+  stored = whole(state.generation)
+  if stored and whole(state.step) then
+    if stored >= generation then generation = stored + 1 end
+    -- the new generation fences the older ones from now on, not only from its
+    -- first write: a write of a generation below the fence is superseded
+    local fence = whole(state.fence)
+    if fence and fence >= generation then generation = fence + 1 end
+    run = state.run_id or ''
+    -- only its own run's state: another run's chief is watched, not fenced
+    -- (docs/protocol.md#runs)
+    if run == (ARGV[1] or '') then
+      redis.call('HSET', KEYS[1], 'fence', string.format('%.0f', generation))
+    end
+    beat = state.beat or '0'
+    done = state.done or '0'
+    chief = state.chief or ''
+  else
+    stored = nil
+  end
+end
+if stored == nil and (kind == 'none' or kind == 'hash') then
+  -- no state: leave the fence alone, so that an older generation's first write
+  -- (a chief that paused between its begin and it) is refused all the same
+  local fence = whole(state.fence)
+  if fence and fence >= generation then generation = fence + 1 end
+  redis.call('HSET', KEYS[1], 'fence', string.format('%.0f', generation))
+  redis.call('EXPIRE', KEYS[1], 86400)
+end
+local marker = short_string(KEYS[2], MAX_MARKER)
+if marker == false then marker = 'oversized' elseif marker == nil then marker = '' end
+return {string.format('%.0f', generation), marker, string.sub(run, 1, 64),
+        string.sub(beat, 1, 16), string.sub(done, 1, 1), string.sub(chief, 1, 200),
+        stored and string.format('%.0f', stored) or '0'}

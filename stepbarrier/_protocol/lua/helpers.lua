@@ -1,0 +1,54 @@
+
+local function whole(text)
+  -- One definition of a stored number, the same as Python's protocol.parse_int:
+  -- 1 to 16 ASCII digits (no sign, space, exponent or hex), at most 2^53.
+  if type(text) ~= 'string' or #text > 16 or not string.match(text, '^%d+$') then return nil end
+  local n = tonumber(text)
+  if n and n <= MAX_STEP then return n end
+  return nil
+end
+local function publish_command(name)
+  -- announcements go out plain, or sharded on a Redis Cluster; nothing else
+  if name == 'SPUBLISH' then return 'SPUBLISH' end
+  return 'PUBLISH'
+end
+local function now_ms()
+  local now = redis.call('TIME')
+  return tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+end
+local function short_string(key, limit)
+  -- a string key's value if it has at most `limit` bytes; nil: no string there;
+  -- false: a longer one (never read: STRLEN is O(1), GET copies)
+  if redis.call('TYPE', key).ok ~= 'string' then return nil end
+  if redis.call('STRLEN', key) > limit then return false end
+  return redis.call('GET', key)
+end
+local function field_values(key, names, limit)
+  -- HMGET of `names` (false: absent), or nil if one of them is longer than `limit`
+  -- bytes: O(#names), whatever else the hash holds
+  for i = 1, #names do
+    if redis.call('HSTRLEN', key, names[i]) > limit then return nil end
+  end
+  return redis.call('HMGET', key, unpack(names))
+end
+local function read_hash(key, names, max_fields)
+  -- kind, fields (name -> value), length. kind: the key's type, or 'oversized'
+  -- (more than max_fields fields, or a value of `names` over MAX_VALUE bytes):
+  -- then nothing of it is read
+  local kind = redis.call('TYPE', key).ok
+  if kind ~= 'hash' then return kind, {}, 0 end
+  local length = redis.call('HLEN', key)
+  if length > max_fields then return 'oversized', {}, length end
+  local values = field_values(key, names, MAX_VALUE)
+  if values == nil then return 'oversized', {}, length end
+  local fields = {}
+  for i = 1, #names do
+    if values[i] then fields[names[i]] = values[i] end
+  end
+  return 'hash', fields, length
+end
+local function barrier_parties(fields)
+  local parties = whole(fields.parties)
+  if parties and parties >= 1 and parties <= MAX_PARTIES then return parties end
+  return nil
+end

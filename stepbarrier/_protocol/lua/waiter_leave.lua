@@ -1,0 +1,5 @@
+
+-- KEYS[1] this waiter's registry hash, KEYS[2] targets zset; ARGV[1] waiter id
+redis.call('UNLINK', KEYS[1])
+if redis.call('TYPE', KEYS[2]).ok == 'zset' then redis.call('ZREM', KEYS[2], ARGV[1]) end
+return 1
