@@ -58,6 +58,7 @@ from stepbarrier._worker.links import (
     register_call,
     registry_entry,
 )
+from stepbarrier._worker.timing import READ, LastChance, Receive
 from stepbarrier._worker.wait_state import ReadNow, WaitRules, wait_target
 from stepbarrier.errors import BarrierTimeout, RedisUnavailable, StepBarrierError
 
@@ -175,7 +176,7 @@ class AsyncStepWaiter:
             self._client = client  # the caller's: it stays theirs, and ours to use
 
     async def _read_once(self) -> Snapshot:
-        return await self._batcher.sync(None)
+        return await self._batcher.register_and_read(None)
 
     def _connected(self) -> AsyncClient:
         if self._client is None:
@@ -224,8 +225,8 @@ class _AsyncWait:
         self.registered = False
         self.registered_at: float | None = None
         self.mailbox = Mailbox(target, self._judge)
-        self.epoch = 0
-        self.heard = 0  # the subscription's messages this wait has taken in
+        self.subscription = 0  # the number of the subscription it listens on
+        self.messages = 0  # the subscription's messages this wait has taken in
 
     async def run(self) -> int:
         subscription = self.waiter._subscription
@@ -238,46 +239,36 @@ class _AsyncWait:
             subscription.remove(self.mailbox)
 
     async def _loop(self) -> int:
-        rules, interval = self.rules, self.config.fallback_interval
+        rules = self.rules
         rules.begin()
         released = await self._reconnect()  # the step may have come before we did
-        if released is not None:
-            return released
-        next_read = self.clock() + interval
-        while True:
+        while released is None:
             self._catch_up()
-            now = self.clock()
-            if now >= next_read:
+            action = rules.next_action(self.clock())
+            if isinstance(action, Receive):
+                released = await self._receive(action.timeout)
+            elif action is READ:
                 released = await self._read(refresh=True)
-                if released is not None:
-                    return released
-                next_read = self.clock() + interval
-                now = self.clock()
-            released = await self._check_limits(now)
-            if released is not None:
-                return released
-            if rules.resubscribe:
-                self.waiter._subscription.restart(self.epoch, "the step moved, no announcement")
-            if now >= rules.next_progress:
-                rules.log_progress()
-            stop = rules.next_stop(next_read)
-            item = await self.mailbox.get(max(0.001, min(stop - now, interval)))
-            if isinstance(item, Lost):
-                if item.epoch < self.epoch:
-                    continue  # an earlier subscription's end: this wait has moved on
-                released = await self._reconnect()
-                if released is not None:
-                    return released
-                next_read = self.clock() + interval
-            elif isinstance(item, Ended):
-                if item.error is not None:
-                    raise item.error
-                assert item.step is not None
-                return item.step
-            elif item is not None:
-                released = await self._on_announcement(item)
-                if released is not None:
-                    return released
+            elif isinstance(action, LastChance):
+                released = rules.after_last_chance(action.limit, await self._last_chance())
+            else:  # RESUBSCRIBE (an asyncio wait has no outside witness)
+                why = "the step moved, no announcement"
+                self.waiter._subscription.restart(self.subscription, why)
+        return released
+
+    async def _receive(self, timeout: float) -> int | None:
+        """Take the next item of the wait's mailbox, if one comes within ``timeout``
+        seconds, and act on it."""
+        item = await self.mailbox.get(timeout)
+        if isinstance(item, Lost):
+            if item.number < self.subscription:
+                return None  # an earlier subscription's end: this wait has moved on
+            return await self._reconnect()
+        if isinstance(item, Ended):
+            if item.error is not None:
+                raise item.error
+            return item.step
+        return None if item is None else await self._on_announcement(item)
 
     async def _on_announcement(self, item: Announcement) -> int | None:
         outcome = self.rules.on_announcement(item.parsed, item.raw)
@@ -301,19 +292,23 @@ class _AsyncWait:
                 self.config, self.id, self.rules.target, self.entry, self.waiter._keys
             )
 
-        async def sync() -> Snapshot:
+        async def register_and_read() -> Snapshot:
             if call is not None:
                 self.registered, self.registered_at = True, self.clock()
-            return await self.waiter._batcher.sync(call)
+            return await self.waiter._batcher.register_and_read(call)
 
         snapshot = await call_with_retries(
-            sync,
+            register_and_read,
             self.config,
             action="read the job's state",
             deadline=self.rules.retry_deadline(),
             clock=self.clock,
             sleep=self.waiter._sleep,
         )
+        if call is not None:
+            # the fallback read is due one interval after the last registering
+            # one (a read made for every wait, _judge, refreshes no entry)
+            self.rules.read_done()
         self._catch_up()
         try:
             return self.rules.on_snapshot(snapshot, after)
@@ -336,17 +331,17 @@ class _AsyncWait:
         """Take in the announcements that were not this wait's to act on (steps below
         its target): the chief's liveness and step."""
         subscription = self.waiter._subscription
-        if subscription.heard != self.heard:
-            self.heard = subscription.heard
+        if subscription.messages != self.messages:
+            self.messages = subscription.messages
             latest = subscription.latest
             if latest is None:
-                self.rules.heard(None, 0.0)
+                self.rules.on_passing_announcement(None, 0.0)
             else:
-                self.rules.heard(*latest)
+                self.rules.on_passing_announcement(*latest)
 
     async def _reconnect(self) -> int | None:
         """Subscribe (or join the subscription), then read the state (in that order)."""
-        self.epoch = await call_with_retries(
+        self.subscription = await call_with_retries(
             self.waiter._subscription.ensure,
             self.config,
             action=f"subscribe to {self.waiter._keys.channel}",
@@ -357,19 +352,15 @@ class _AsyncWait:
         self.rules.subscribed()
         # what came before the read is older than it: the read is the truth
         self.mailbox.clear()
-        self.heard = self.waiter._subscription.heard
+        self.messages = self.waiter._subscription.messages
         return await self._read(refresh=True)  # Redis may have restarted empty
 
-    async def _check_limits(self, now: float) -> int | None:
-        """Raise at a passed deadline, after one last read (a release may have come)."""
-        limit = self.rules.passed(now)
-        if limit is None:
-            return None
+    async def _last_chance(self) -> int | None:
+        """One last read at a passed limit (a release may have come)."""
         try:
-            released = await self._read()
+            return await self._read()
         except RedisUnavailable:
-            released = None
-        return self.rules.after_last_chance(limit, released)
+            return None
 
     async def leave(self) -> None:
         """Unregister, even while being cancelled (one try; an entry left behind expires)."""

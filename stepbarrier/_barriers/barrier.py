@@ -9,14 +9,13 @@ everyone within milliseconds; nobody polls (a read every ``fallback_interval``
 covers a lost message). A reset of the job (``stepbarrier reset``) aborts a
 waiting arrival.
 
-.. warning::
-    A barrier has no idea whether a task that has not arrived is still alive:
-    the stall timeout ends a wait after ``stall_timeout`` seconds without a new
-    arrival, the overall timeout after ``timeout``. Both raise ``BarrierTimeout``
-    naming the missing tasks. A task that arrived and then died still counts.
-    A barrier's keys live ``key_ttl`` after its latest arrival: a task that
-    arrives again after that (a worker restarted a week into training, with
-    the default TTL) finds no barrier and waits at a new one.
+Limits: A barrier has no idea whether a task that has not arrived is still alive:
+the stall timeout ends a wait after ``stall_timeout`` seconds without a new
+arrival, the overall timeout after ``timeout``. Both raise ``BarrierTimeout``
+naming the missing tasks. A task that arrived and then died still counts.
+A barrier's keys live ``key_ttl`` after its latest arrival: a task that
+arrives again after that (a worker restarted a week into training, with
+the default TTL) finds no barrier and waits at a new one.
 """
 
 from __future__ import annotations

@@ -40,11 +40,13 @@ from stepbarrier._protocol.barrier_record import (
     parse_barrier_notice,
     state_from_read,
 )
+from stepbarrier._protocol.calls import Call, barrier_arrive_call
 from stepbarrier._protocol.wire import parse_int
 from stepbarrier._redis.client import RedisClient
-from stepbarrier._redis.functions import Call, RedisCode, publish_command
+from stepbarrier._redis.functions import RedisCode, publish_command
 from stepbarrier._redis.retries import call_with_retries
 from stepbarrier._redis.subscription import Subscription
+from stepbarrier._worker.timing import READ, LastChance, Limit, Receive, WaitTiming
 from stepbarrier.errors import BarrierAborted, BarrierTimeout, ConfigurationError, RedisUnavailable
 
 log = logging.getLogger("stepbarrier._barriers.barrier")
@@ -53,8 +55,6 @@ MAX_INDEXED_BARRIERS = 1000
 """Most barriers a job's index keeps (the newest; ``status`` shows them). Nothing
 else depends on the index: older barriers expire, and are stale after a reset
 or the job's finish whatever it holds."""
-PROGRESS_EVERY = 30.0
-"""Seconds between progress lines while a wait goes on."""
 _UNREAD = object()
 """The reset marker before the wait has read it."""
 
@@ -88,6 +88,27 @@ class Party:
     sleep: Callable[[float], None]
 
 
+class _BarrierTiming(WaitTiming):
+    """A barrier wait's timing: the stall limit counts from the last arrival seen."""
+
+    def __init__(self, wait: BarrierWait, timeout: float | None) -> None:
+        config = wait.config
+        super().__init__(
+            wait.clock,
+            timeout,
+            stall_timeout=config.stall_timeout,
+            fallback_interval=config.fallback_interval,
+        )
+        self.wait = wait
+
+    def log_progress(self) -> None:
+        super().log_progress()
+        self.wait.log_progress()
+
+    def timed_out(self, limit: Limit) -> BarrierTimeout:
+        return self.wait.timeout(stalled=limit != "deadline")
+
+
 class BarrierWait:
     """One ``Barrier.arrive`` call: arrive, subscribe, read, then wait for the news."""
 
@@ -95,9 +116,8 @@ class BarrierWait:
         self.barrier = barrier
         self.config = barrier.config
         self.clock = barrier.clock
-        self.started = self.clock()
-        self.deadline = None if timeout is None else self.started + timeout
-        self.last_alive = self.started
+        self.timing = _BarrierTiming(self, timeout)
+        self.started = self.timing.started
         self.start_ms: int | None = None
         self.state: BarrierState | None = None  # the latest read of this task's epoch
         self.epoch = ""  # the epoch token this task's arrival was recorded under
@@ -107,7 +127,6 @@ class BarrierWait:
         self.seen_last_ms: int | None = None
         self.pubsub: Subscription | None = None
         self.subscriptions = 0
-        self.next_progress = self.started + PROGRESS_EVERY
 
     def run(self, *, wait: bool) -> bool:
         try:
@@ -123,13 +142,11 @@ class BarrierWait:
             self._close_pubsub()
 
     def _retry(self, operation: Callable[[], Any], action: str) -> Any:
-        stall = self.last_alive + self.config.stall_timeout
-        deadline = stall if self.deadline is None else min(stall, self.deadline)
         return call_with_retries(
             operation,
             self.config,
             action=action,
-            deadline=deadline,
+            deadline=self.timing.retry_deadline(),
             clock=self.clock,
             sleep=self.barrier.sleep,
         )
@@ -141,13 +158,23 @@ class BarrierWait:
         ``read_marker``: read the reset marker first, in the same round trip.
         """
         b, keys = self.barrier, self.config.keys
-        args: list[object] = [b.member, b.task_id, b.parties, self.config.key_ttl]
-        args += [keys.barrier_channel, publish_command(self.config), self.config.run_id or ""]
-        args += [MAX_INDEXED_BARRIERS, self.epoch]
-        for task in restore:
-            args += [task, self.seen[task]]
         calls: list[Call] = [("waiter_read", [b.key, keys.reset], [])] if read_marker else []
-        calls.append(("barrier_arrive", [b.key, keys.barrier_index, keys.barrier_epoch], args))
+        arrive = barrier_arrive_call(
+            barrier=b.key,
+            index=keys.barrier_index,
+            epoch=keys.barrier_epoch,
+            member=b.member,
+            task_id=b.task_id,
+            parties=b.parties,
+            key_ttl=self.config.key_ttl,
+            channel=keys.barrier_channel,
+            publish_command=publish_command(self.config),
+            run_id=self.config.run_id or "",
+            max_indexed=MAX_INDEXED_BARRIERS,
+            arrived_under=self.epoch,
+            restore=[(task, self.seen[task]) for task in restore],
+        )
+        calls.append(arrive)
         replies = self._retry(lambda: b.code().pipeline(calls), f"arrive at barrier {b.name!r}")
         if read_marker:
             self._check_reset(replies[0][1])
@@ -185,39 +212,34 @@ class BarrierWait:
         return False
 
     def _wait(self) -> bool:
-        if self._reconnect():
-            return True
-        next_read = self.clock() + self.config.fallback_interval
-        while True:
-            now = self.clock()
-            if now >= next_read:
-                if self._read():
-                    return True
-                next_read = self.clock() + self.config.fallback_interval
-                now = self.clock()
-            if self._limits_passed(now):
-                return True
-            if now >= self.next_progress:
-                self._log_progress()
-            stall = self.last_alive + self.config.stall_timeout
-            stops = [next_read, self.next_progress, stall]
-            stop = min([*stops, self.deadline] if self.deadline is not None else stops)
-            assert self.pubsub is not None
-            try:
-                message = self.pubsub.get_message(timeout=max(0.001, stop - now))
-            except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-                log.info("job %s: barrier subscription lost (%s)", self.config.job, exc)
-                if self._reconnect():
-                    return True
-                next_read = self.clock() + self.config.fallback_interval
-                continue
-            notice = None if message is None else parse_barrier_notice(message)
-            if notice == "reset" or notice == self.barrier.member:
-                # a hint (anyone who may arrive may announce): the stored barrier
-                # and reset marker, read after it, decide
-                if self._read():
-                    return True
-                next_read = self.clock() + self.config.fallback_interval
+        timing = self.timing
+        released = self._reconnect()
+        while not released:
+            action = timing.next_action(self.clock())
+            if isinstance(action, Receive):
+                released = self._receive(action.timeout)
+            elif action is READ:
+                released = self._read()
+            elif isinstance(action, LastChance):
+                released = self._last_chance()
+                if not released:
+                    timing.raise_if_passed(action.limit)
+            else:  # a barrier wait has no outside witness and resubscribes itself
+                released = self._reconnect()
+        return True
+
+    def _receive(self, timeout: float) -> bool:
+        """Take the next notice, if one comes within ``timeout`` seconds; True once complete."""
+        assert self.pubsub is not None
+        try:
+            message = self.pubsub.get_message(timeout=timeout)
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            log.info("job %s: barrier subscription lost (%s)", self.config.job, exc)
+            return self._reconnect()
+        notice = None if message is None else parse_barrier_notice(message)
+        # a hint (anyone who may arrive may announce): the stored barrier and
+        # reset marker, read after it, decide
+        return (notice == "reset" or notice == self.barrier.member) and self._read()
 
     def _reconnect(self) -> bool:
         """Subscribe, read the confirmation, then read the barrier (in that order)."""
@@ -241,6 +263,7 @@ class BarrierWait:
             lambda: list(b.code().call("waiter_read", [b.key, self.config.keys.reset], [])),
             f"read barrier {b.name!r}",
         )
+        self.timing.read_done()
         self._check_reset(reply[1])
         state = state_from_read(b.member, reply)
         if state is not None and state.epoch == self.epoch:
@@ -270,22 +293,15 @@ class BarrierWait:
         if state.last_ms is not None and state.last_ms != self.seen_last_ms:
             self.seen_last_ms = state.last_ms
             age = max(0.0, ((parse_int(reply[0]) or 0) - state.last_ms) / 1000)
-            self.last_alive = max(self.last_alive, self.clock() - age)
+            self.timing.last_alive = max(self.timing.last_alive, self.clock() - age)
         return False
 
-    def _limits_passed(self, now: float) -> bool:
-        """Raise at a passed deadline, after one last read (the release may have come)."""
-        overall = self.deadline is not None and now >= self.deadline
-        if not overall and now < self.last_alive + self.config.stall_timeout:
-            return False
+    def _last_chance(self) -> bool:
+        """One last read at a passed limit (the release may have come)."""
         try:
-            if self._read():
-                return True
+            return self._read()
         except RedisUnavailable:
-            pass
-        if overall or self.clock() >= self.last_alive + self.config.stall_timeout:
-            raise self._timeout(stalled=not overall)
-        return False
+            return False
 
     def _check_reset(self, marker: object) -> None:
         """Abort if the stored reset marker is another than the one read first.
@@ -303,15 +319,16 @@ class BarrierWait:
         arrived = set(self.seen) | set(self.state.arrived if self.state is not None else ())
         return tuple(task for task in range(self.barrier.parties) if task not in arrived)
 
-    def _timeout(self, *, stalled: bool, cause: str | None = None) -> BarrierTimeout:
+    def timeout(self, *, stalled: bool, cause: str | None = None) -> BarrierTimeout:
+        """The error of a passed limit, with the barrier's missing tasks."""
         b, missing = self.barrier, self._missing()
         if cause is not None:
             why = cause
         elif stalled:
             why = f"no task arrived for {self.config.stall_timeout:g} s (stall timeout)"
         else:
-            assert self.deadline is not None
-            why = f"overall timeout of {self.deadline - self.started:g} s passed"
+            assert self.timing.deadline is not None
+            why = f"overall timeout of {self.timing.deadline - self.started:g} s passed"
         lost = ""
         if self.lost:
             lost = (
@@ -333,10 +350,9 @@ class BarrierWait:
     def _unreachable(self, exc: RedisUnavailable) -> BarrierTimeout | RedisUnavailable:
         if self.start_ms is None:  # never reached Redis at all
             return exc
-        overall = self.deadline is not None and self.deadline <= (
-            self.last_alive + self.config.stall_timeout
-        )
-        return self._timeout(stalled=not overall, cause=f"{exc}; retried until the timeout")
+        deadline = self.timing.deadline
+        overall = deadline is not None and deadline <= self.timing.stall_at()
+        return self.timeout(stalled=not overall, cause=f"{exc}; retried until the timeout")
 
     def _aborted(self, reason: str = "reset") -> BarrierAborted:
         what = "finished" if reason == "done" else "was reset"
@@ -357,8 +373,8 @@ class BarrierWait:
             by,
         )
 
-    def _log_progress(self) -> None:
-        self.next_progress = self.clock() + PROGRESS_EVERY
+    def log_progress(self) -> None:
+        """The progress line: how long, and who is missing."""
         log.info(
             "job %s: still waiting at barrier %r after %.0f s; missing task(s) %s",
             self.config.job,

@@ -4,13 +4,17 @@ Instead of sleeping and hoping (TensorFlow issues #21492, #32549, #51892):
 ``StartBarrierHook`` holds every task before its first step until the chief
 and every worker are there, and ``EndBarrierHook`` holds the chief in ``end()``
 until every worker has finished, so that the chief (whose exit often ends the
-whole job) never leaves first. ``hooks_from_env`` adds both::
+whole job) never leaves first. ``hooks_from_env`` adds both:
 
-    hooks = stepbarrier.tf_hooks.hooks_from_env(start_barrier=True, end_barrier=True)
+```python
+hooks = stepbarrier.tf_hooks.hooks_from_env(start_barrier=True, end_barrier=True)
+```
 
-or, by hand, on every task (the parties are the chief and the workers)::
+or, by hand, on every task (the parties are the chief and the workers):
 
-    hooks = [StartBarrierHook(parties=3), ..., EndBarrierHook(parties=3, timeout=600)]
+```python
+hooks = [StartBarrierHook(parties=3), ..., EndBarrierHook(parties=3, timeout=600)]
+```
 
 A worker arrives at the end barrier without waiting; the chief waits, and
 once every worker has arrived it marks the job done (``finish_job``; see

@@ -4,9 +4,11 @@
 and every worker are there; ``EndBarrierCallback`` holds the chief at the end
 of ``fit`` until every worker has finished (a worker arrives and goes), then
 marks the job done (see ``stepbarrier._barriers.finish``). ``callbacks_from_env``
-adds both::
+adds both:
 
-    model.fit(x, y, callbacks=callbacks_from_env(start_barrier=True, end_barrier=True))
+```python
+model.fit(x, y, callbacks=callbacks_from_env(start_barrier=True, end_barrier=True))
+```
 
 Both act once per callback object: for a loop of ``fit`` calls, give the end
 callback to the last one only.

@@ -20,9 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from stepbarrier._protocol.calls import Call
 from stepbarrier._protocol.keys import JobKeys
 from stepbarrier._redis.aio_client import AsyncRedisCode
-from stepbarrier._redis.functions import Call, is_out_of_memory
+from stepbarrier._redis.functions import is_out_of_memory
 from stepbarrier._worker.links import Snapshot, parse_snapshot, read_call, warn_unregistered
 
 MAX_BATCH = 500
@@ -52,7 +53,7 @@ class CallBatcher:
         self.round_trips = 0
         """Pipelines sent so far (for tests and benchmarks)."""
 
-    def sync(self, register: Call | None) -> asyncio.Future[Snapshot]:
+    def register_and_read(self, register: Call | None) -> asyncio.Future[Snapshot]:
         """Queue a read of the state, after ``register`` (a wait's registration) if
         given; the future gives the state."""
         return self._submit(register, reads=True)

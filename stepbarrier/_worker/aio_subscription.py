@@ -51,9 +51,9 @@ class Announcement:
 
 @dataclass(frozen=True)
 class Lost:
-    """The subscription of ``epoch`` ended; subscribe again, then read the state."""
+    """Subscription ``number`` ended; subscribe again, then read the state."""
 
-    epoch: int
+    number: int
     error: BaseException
 
 
@@ -152,9 +152,9 @@ class SharedSubscription:
         self._reader: asyncio.Task[None] | None = None
         self._opening: asyncio.Task[int] | None = None
         self._closing: set[asyncio.Task[None]] = set()
-        self.epoch = 0
+        self.number = 0
         """Number of subscriptions opened so far; the current one's number."""
-        self.heard = 0
+        self.messages = 0
         """Messages received so far (a wait that has seen fewer missed some)."""
         self.latest: tuple[StepAnnouncement, float] | None = None
         """This run's latest step announcement and its ``clock()`` time of arrival."""
@@ -186,7 +186,7 @@ class SharedSubscription:
             self._shut()
 
     async def ensure(self) -> int:
-        """The epoch of a confirmed subscription, opened now if there is none (one try).
+        """The number of a confirmed subscription, opened now if there is none (one try).
 
         Concurrent callers share one attempt; a caller that is cancelled does
         not cancel it for the others.
@@ -196,15 +196,15 @@ class SharedSubscription:
             redis.RedisError: The subscription failed.
         """
         if self._pubsub is not None:
-            return self.epoch
+            return self.number
         if self._opening is None:
             self._opening = asyncio.create_task(self._open())
             self._opening.add_done_callback(_consume)
         return await asyncio.shield(self._opening)
 
-    def restart(self, epoch: int, why: str) -> None:
-        """End subscription ``epoch`` (if it is still the current one): it seems dead."""
-        if epoch == self.epoch and self._pubsub is not None:
+    def restart(self, number: int, why: str) -> None:
+        """End subscription ``number`` (if it is still the current one): it seems dead."""
+        if number == self.number and self._pubsub is not None:
             self._drop(SubscriptionLost(why))
 
     async def aclose(self) -> None:
@@ -218,7 +218,7 @@ class SharedSubscription:
 
     async def _open(self) -> int:
         try:
-            client, sharded = await self._connect(self.epoch > 0)
+            client, sharded = await self._connect(self.number > 0)
             pubsub: PubSub = client.pubsub(ignore_subscribe_messages=False)
             try:
                 if sharded:
@@ -230,16 +230,16 @@ class SharedSubscription:
                 with contextlib.suppress(Exception):
                     await pubsub.aclose()  # type: ignore[no-untyped-call]
                 raise
-            self.epoch += 1
+            self.number += 1
             self._pubsub = pubsub
-            self._reader = asyncio.create_task(self._read(pubsub, self.epoch))
+            self._reader = asyncio.create_task(self._read(pubsub, self.number))
             if not self._listeners:
                 self._shut()  # every wait left while it opened
-            return self.epoch
+            return self.number
         finally:
             self._opening = None
 
-    async def _read(self, pubsub: PubSub, epoch: int) -> None:
+    async def _read(self, pubsub: PubSub, number: int) -> None:
         try:
             while True:
                 message = await pubsub.get_message(timeout=None)
@@ -258,7 +258,7 @@ class SharedSubscription:
                 self._drop(exc)
 
     def _dispatch(self, raw: Any) -> None:
-        self.heard += 1
+        self.messages += 1
         parsed = parse_announcement(raw)
         if parsed is None:
             log.warning("ignored a malformed message on %s: %s", self._channel, preview(raw))
@@ -304,10 +304,10 @@ class SharedSubscription:
 
     def _drop(self, exc: BaseException) -> None:
         """Close the current subscription and tell every listener."""
-        epoch = self.epoch
+        number = self.number
         self._shut()
         for mailbox in list(self._listeners):
-            mailbox.put(Lost(epoch, exc))
+            mailbox.put(Lost(number, exc))
 
     def _shut(self) -> None:
         for task in list(self._rereads):

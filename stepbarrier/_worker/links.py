@@ -1,7 +1,7 @@
 """A waiter's links to its job in Redis: its subscription and its registry entry.
 
 ``StepWaiter`` decides; this module only talks to Redis, one try per call (the
-waiter retries within its deadlines). ``sync`` is a waiter's one command per
+waiter retries within its deadlines). ``register_and_read`` is a waiter's one command per
 fallback interval: it registers the waiter (again, if its entry expired or
 Redis restarted empty) and returns the stored state with Redis's clock.
 """
@@ -16,9 +16,10 @@ from collections.abc import Callable
 from typing import Any
 
 from stepbarrier._config.settings import BarrierConfig
+from stepbarrier._protocol.calls import Call
 from stepbarrier._protocol.keys import JobKeys
 from stepbarrier._redis.client import RedisClient
-from stepbarrier._redis.functions import Call, RedisCode, is_out_of_memory
+from stepbarrier._redis.functions import RedisCode, is_out_of_memory
 from stepbarrier._redis.subscription import Subscription
 from stepbarrier._worker.snapshot import Snapshot, oversized_state_problem, parse_snapshot
 
@@ -77,7 +78,7 @@ class WaiterLink:
             self._connect(), self._keys.channel, refresh_topology=refresh_topology
         )
 
-    def sync(self) -> Snapshot:
+    def register_and_read(self) -> Snapshot:
         """Register (or refresh the entry), then read the state: one round trip.
 
         Two calls in one pipeline, in this order: the registering one declares
@@ -103,7 +104,7 @@ class WaiterLink:
     def leave(self) -> None:
         """Remove the registry entry and its target (one try; raises on failure)."""
         if self.registered:
-            self._code.pipeline([leave_call(self._keys, self.id)])
+            self._code.call(*leave_call(self._keys, self.id))
 
 
 _unregistered_warned: set[str] = set()

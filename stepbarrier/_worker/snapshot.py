@@ -16,7 +16,7 @@ from stepbarrier._protocol.wire import ChiefState, parse_int, parse_state
 
 @dataclass(frozen=True)
 class Snapshot:
-    """What one ``sync`` read.
+    """What one ``register_and_read`` read.
 
     Attributes:
         now_ms: Redis's clock, in milliseconds (for operators' views only).

@@ -31,13 +31,8 @@ from collections.abc import Callable
 from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._protocol.wire import MAX_STEP, ChiefState, StepAnnouncement, preview
 from stepbarrier._worker.snapshot import Snapshot
-from stepbarrier.errors import BarrierAborted, BarrierTimeout, RedisUnavailable, TimeoutLimit
-
-PROGRESS_EVERY = 30.0
-"""Seconds between progress lines while a wait goes on."""
-
-Limit = TimeoutLimit
-"""Which limit of a wait has passed (``BarrierTimeout.limit``)."""
+from stepbarrier._worker.timing import PROGRESS_EVERY, Limit, WaitTiming
+from stepbarrier.errors import BarrierAborted, BarrierTimeout, RedisUnavailable
 
 Mark = tuple[int, int]
 """Which write a state or announcement is: ``(generation, beat)``, in order."""
@@ -74,8 +69,8 @@ READ_NOW = ReadNow()
 _UNSET = object()
 
 
-class WaitRules:
-    """The decisions of one wait for ``target``.
+class WaitRules(WaitTiming):
+    """The decisions of one wait for ``target`` (its timing: ``WaitTiming``).
 
     Args:
         config: The job's settings.
@@ -88,6 +83,8 @@ class WaitRules:
             step), or ``None``. With one, the wait is at least as patient as
             that witness alone: the stall timeout holds only once a write of
             this run's chief was seen and while Redis answers.
+        outside_every: Seconds between reads of the outside witness: while no
+            write of the chief was seen, and once one was.
     """
 
     def __init__(
@@ -99,20 +96,26 @@ class WaitRules:
         log: logging.Logger,
         *,
         outside: str | None = None,
+        outside_every: tuple[float, float] = (0.5, 5.0),
     ) -> None:
+        super().__init__(
+            clock,
+            timeout,
+            stall_timeout=config.stall_timeout,
+            fallback_interval=config.fallback_interval,
+        )
         self.config = config
         self.outside = outside
+        self.outside_every = outside_every
+        if outside is not None:
+            self.source_at = self.started  # at once: before Redis is touched
         self.outside_step: int | None = None  # the witness's last step read
         self.redis_lost = False  # the driver cannot reach Redis (it waits on the witness)
         self.target = target
-        self.clock = clock
         self.log = log
-        self.started = clock()
-        self.deadline = None if timeout is None else self.started + timeout
         self.last_step: int | None = None
         self.generation = 0
         self.heartbeat_age: float | None = None
-        self.last_alive = self.started
         self.reset_marker: object = _UNSET  # the marker the first read found
         self.read_mark: Mark | None = None  # the write the last read found
         self.live_mark: Mark | None = None  # the newest write observed while watching
@@ -121,12 +124,10 @@ class WaitRules:
         self.holding: str | None = None  # why the last step seen did not release
         self.reads_without_message = 0
         self.read_step: int | None = None
-        self.resubscribe = False
         self.progress_line_at = self.started + PROGRESS_EVERY
         self.no_chief_at = self.started + config.no_chief_warning
         self.next_progress = min(self.progress_line_at, self.no_chief_at)
-        """When the driver calls ``log_progress`` next (a progress line, or the
-        warning that no chief was seen)."""
+        # (a progress line, or the warning that no chief was seen)
         self.last_progress = self.started
         self.warned: set[str] = set()
         self.released_by: str | None = None  # what released the wait, once it was
@@ -330,7 +331,7 @@ class WaitRules:
             return False
         return True
 
-    def heard(self, announcement: StepAnnouncement | None, at: float) -> None:
+    def on_passing_announcement(self, announcement: StepAnnouncement | None, at: float) -> None:
         """Take in an announcement judged elsewhere not to concern this wait (a step
         below its target; ``AsyncStepWaiter`` shares one subscription among many
         waits and wakes only those an announcement concerns): the subscription
@@ -364,6 +365,7 @@ class WaitRules:
             )
         step = operator.index(step)
         now = self.clock()
+        self.source_at = now + self.outside_every[1 if self.chief_seen else 0]
         if self.outside_step is not None and step != self.outside_step:
             self.last_alive = max(self.last_alive, now)
             self.last_progress = max(self.last_progress, now)
@@ -434,40 +436,12 @@ class WaitRules:
         """
         if self.outside is not None and (not self.chief_seen or self.redis_lost):
             return math.inf
-        return self.last_alive + self.config.stall_timeout
-
-    def retry_deadline(self) -> float:
-        """How long Redis may stay unreachable: the stall or the overall timeout."""
-        stall = self.stall_at()
-        return stall if self.deadline is None else min(stall, self.deadline)
+        return self.last_alive + self.stall_timeout
 
     def progress_at(self) -> float | None:
         """When the progress timeout passes, unless the step moves."""
         limit = self.config.progress_timeout
         return None if limit is None else self.last_progress + limit
-
-    def next_stop(self, next_read: float) -> float:
-        """The earliest moment the driver must act again by itself."""
-        moments = (
-            next_read,
-            self.next_progress,
-            self.stall_at(),
-            self.deadline,
-            self.progress_at(),
-        )
-        return min(t for t in moments if t is not None)
-
-    def passed(self, now: float) -> Limit | None:
-        """The limit passed at ``now``: the driver then reads once more (a release
-        may have come) and hands the outcome to ``after_last_chance``."""
-        if self.deadline is not None and now >= self.deadline:
-            return "deadline"
-        if now >= self.stall_at():
-            return "stall"
-        progress_at = self.progress_at()
-        if progress_at is not None and now >= progress_at:
-            return "progress"
-        return None
 
     def after_last_chance(self, limit: Limit, released: int | None) -> int | None:
         """The wait's end after the last read: released, or the timeout, or go on.
@@ -477,14 +451,11 @@ class WaitRules:
         """
         if released is not None:
             return released
-        if limit == "deadline":
-            raise self.timeout(stalled=False)
-        if limit == "stall" and self.clock() >= self.stall_at():
-            raise self.timeout(stalled=True)
-        progress_at = self.progress_at()
-        if limit == "progress" and progress_at is not None and self.clock() >= progress_at:
-            raise self.timeout(stalled=True, progress=True)
+        self.raise_if_passed(limit)
         return None  # the read saw the chief alive (or moving) again
+
+    def timed_out(self, limit: Limit) -> BarrierTimeout:
+        return self.timeout(stalled=limit != "deadline", progress=limit == "progress")
 
     # -- logging and endings --------------------------------------------------------
 
@@ -512,8 +483,8 @@ class WaitRules:
         return "; ".join(parts)
 
     def log_progress(self) -> None:
-        """A progress line, or the warning that no chief was seen (call when
-        ``clock() >= next_progress``)."""
+        """A progress line, or the warning that no chief was seen (due at
+        ``next_progress``)."""
         now = self.clock()
         if now >= self.no_chief_at and not self.chief_seen:
             self._warn_once(

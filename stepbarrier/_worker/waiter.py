@@ -44,6 +44,7 @@ from stepbarrier._redis.client import SOCKET_TIMEOUT, RedisClient, make_client
 from stepbarrier._redis.retries import call_with_retries
 from stepbarrier._redis.subscription import KeptSubscription, Subscription
 from stepbarrier._worker.links import WaiterLink
+from stepbarrier._worker.timing import READ, READ_SOURCE, LastChance, Receive
 from stepbarrier._worker.wait_state import ReadNow, WaitRules, wait_target
 from stepbarrier.errors import BarrierTimeout, RedisRefused, RedisUnavailable
 
@@ -82,6 +83,21 @@ class StepSource:
     interval: float = 0.5
     interval_with_chief: float = 5.0
     hint: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("interval", "interval_with_chief"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ValueError(
+                    f"StepSource.{name} must be a positive number of seconds, got {value!r}"
+                )
+        if not callable(self.read):
+            raise TypeError(f"StepSource.read must be callable, got {self.read!r}")
+
+    @property
+    def intervals(self) -> tuple[float, float]:
+        """``(interval, interval_with_chief)``."""
+        return self.interval, self.interval_with_chief
 
 
 class _SourceReleased(Exception):
@@ -233,7 +249,6 @@ class _Wait:
         self.keys = waiter.config.keys
         self.clock = waiter._clock
         self.source = source
-        self.next_source = self.clock()  # read at once: before Redis is touched
         self.rules = WaitRules(
             self.config,
             target,
@@ -241,6 +256,7 @@ class _Wait:
             self.clock,
             log,
             outside=None if source is None else source.name,
+            outside_every=(0.5, 5.0) if source is None else source.intervals,
         )
         self.link = WaiterLink(waiter._connected, self.config, target, since=time.time())
         self.pubsub: Subscription | None = None
@@ -273,12 +289,9 @@ class _Wait:
     def _read_source(self) -> int | None:
         """Read the source if its time has come: the releasing step, or ``None``."""
         source = self.source
-        if source is None or self.clock() < self.next_source:
+        if source is None or self.clock() < self.rules.source_at:
             return None
-        step = source.read()
-        every = source.interval_with_chief if self.rules.chief_seen else source.interval
-        self.next_source = self.clock() + every
-        return self.rules.on_outside_step(step, source.hint)
+        return self.rules.on_outside_step(source.read(), source.hint)
 
     def _sleep(self, seconds: float) -> None:
         """Sleep (between Redis retries), reading the source when its time comes."""
@@ -293,7 +306,7 @@ class _Wait:
             left = end - self.clock()
             if left <= 0:
                 return
-            self.waiter._sleep(max(0.001, min(left, self.next_source - self.clock())))
+            self.waiter._sleep(max(0.001, min(left, self.rules.source_at - self.clock())))
 
     def _retry_deadline(self) -> float:
         deadline = self.rules.retry_deadline()
@@ -335,7 +348,7 @@ class _Wait:
                 rules.after_last_chance(limit, None)
             if now >= rules.next_progress:
                 rules.log_progress()
-            stop = min(self.next_source, rules.next_stop(self.next_source))
+            stop = rules.next_stop(reading=False)
             if not refused:
                 stop = min(stop, retry_at)
             self.waiter._sleep(max(0.001, stop - self.clock()))
@@ -352,49 +365,30 @@ class _Wait:
             rules.redis_lost = False
             rules.last_alive = max(rules.last_alive, self.clock())
             log.info("job %s: Redis answers again", self.config.job)
-        if released is not None:
-            return released
-        next_read = self.clock() + self.config.fallback_interval
-        while True:
-            released = self._read_source()
-            if released is not None:
-                return released
-            now = self.clock()
-            if now >= next_read:
-                result = self._read()
-                if result is not None:
-                    return result
-                next_read = self.clock() + self.config.fallback_interval
-                now = self.clock()
-            released = self._check_limits(now)
-            if released is not None:
-                return released
-            if rules.resubscribe:
-                result = self._reconnect()
-                if result is not None:
-                    return result
-            if now >= rules.next_progress:
-                rules.log_progress()
-            assert self.pubsub is not None
-            stop = rules.next_stop(next_read)
-            if self.source is not None:
-                stop = min(stop, self.next_source)
-            try:
-                message = self.pubsub.get_message(
-                    timeout=max(0.001, min(stop - now, self.config.fallback_interval))
-                )
-            except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-                # SubscriptionLost too: in a cluster, the job's slot moved
-                log.info("job %s: subscription lost (%s); reconnecting", self.config.job, exc)
-                result = self._reconnect()
-                if result is not None:
-                    return result
-                next_read = self.clock() + self.config.fallback_interval
-                continue
-            if message is not None:
-                result = self._on_message(message)
-                if result is not None:
-                    return result
+        while released is None:
+            action = rules.next_action(self.clock())
+            if isinstance(action, Receive):
+                released = self._receive(action.timeout)
+            elif action is READ:
+                released = self._read()
+            elif action is READ_SOURCE:
+                released = self._read_source()
+            elif isinstance(action, LastChance):
+                released = rules.after_last_chance(action.limit, self._last_chance())
+            else:  # RESUBSCRIBE
+                released = self._reconnect()
+        return released
+
+    def _receive(self, timeout: float) -> int | None:
+        """Take the next message, if one comes within ``timeout`` seconds, and judge it."""
+        assert self.pubsub is not None
+        try:
+            message = self.pubsub.get_message(timeout=timeout)
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            # SubscriptionLost too: in a cluster, the job's slot moved
+            log.info("job %s: subscription lost (%s); reconnecting", self.config.job, exc)
+            return self._reconnect()
+        return None if message is None else self._on_message(message)
 
     def _on_message(self, data: Any) -> int | None:
         announcement = parse_announcement(data)
@@ -410,7 +404,7 @@ class _Wait:
         """Register (or refresh) and judge the stored state: the truth (``after``:
         the announcement it is read for)."""
         snapshot = call_with_retries(
-            self.link.sync,
+            self.link.register_and_read,
             self.config,
             action="read the job's state",
             deadline=self._retry_deadline(),
@@ -418,6 +412,7 @@ class _Wait:
             sleep=self._sleep,
             quiet=self.source is not None,  # _on_source_alone says it once
         )
+        self.rules.read_done()  # (every read of this wait registers too)
         return self.rules.on_snapshot(snapshot, after)
 
     def _resume(self) -> int | None:
@@ -452,14 +447,7 @@ class _Wait:
         self.rules.subscribed()
         return self._read()
 
-    # -- limits and endings -------------------------------------------------------
-
-    def _check_limits(self, now: float) -> int | None:
-        """Raise at a passed deadline, after one last read (a release may have come)."""
-        limit = self.rules.passed(now)
-        if limit is None:
-            return None
-        return self.rules.after_last_chance(limit, self._last_chance())
+    # -- endings -------------------------------------------------------------------
 
     def _last_chance(self) -> int | None:
         try:

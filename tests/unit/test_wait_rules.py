@@ -319,7 +319,7 @@ def test_an_announcement_heard_in_passing_keeps_the_chief_alive_and_moving() -> 
     rules = rules_after_a_read(10, clock)
     rules.reads_without_message = 1
     clock.now = 130.0
-    rules.heard(announced(20, beat=2), at=125.0)
+    rules.on_passing_announcement(announced(20, beat=2), at=125.0)
     assert (rules.last_step, rules.last_alive, rules.last_progress) == (20, 125.0, 125.0)
     assert rules.reads_without_message == 0 and rules.heartbeat_age == 5.0
     assert rules.live_mark == (GENERATION, 2)
@@ -336,7 +336,7 @@ def test_an_announcement_heard_in_passing_that_is_not_ours_changes_nothing(
     clock = Clock()
     rules = rules_after_a_read(10, clock)
     before = (rules.last_step, rules.last_alive, rules.last_progress, rules.live_mark)
-    rules.heard(announcement, at=clock.now + 5)
+    rules.on_passing_announcement(announcement, at=clock.now + 5)
     assert (rules.last_step, rules.last_alive, rules.last_progress, rules.live_mark) == before
     assert not rules.chief_seen
 
@@ -351,7 +351,7 @@ def test_an_older_write_announced_late_does_not_move_the_step_back(how: str) -> 
     if how == "received":
         assert rules.on_announcement(older, b"") is None
     else:
-        rules.heard(older, at=clock.now)
+        rules.on_passing_announcement(older, at=clock.now)
     assert rules.last_step == 10
     assert rules.last_progress == rules.started  # the step did not move
 
@@ -359,7 +359,7 @@ def test_an_older_write_announced_late_does_not_move_the_step_back(how: str) -> 
 def test_a_malformed_message_heard_still_proves_the_subscription_alive() -> None:
     rules = rules_after_a_read(10, Clock())
     rules.reads_without_message = 1
-    rules.heard(None, at=0.0)
+    rules.on_passing_announcement(None, at=0.0)
     assert rules.reads_without_message == 0
 
 
