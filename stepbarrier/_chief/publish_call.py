@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 
 from stepbarrier._config.settings import BarrierConfig
+from stepbarrier._protocol.calls import WriterMode, publish_step_call
 from stepbarrier._protocol.wire import parse_int, parse_run_id
 from stepbarrier._redis.client import RedisClient
 from stepbarrier._redis.functions import RedisCode, publish_command
@@ -24,7 +25,7 @@ class WriteResult:
     """What Redis answered to one write.
 
     Attributes:
-        status: ``scripts.ACCEPTED``, ``SUPERSEDED``, ``WAS_RESET``,
+        status: ``library.ACCEPTED``, ``SUPERSEDED``, ``WAS_RESET``,
             ``NOTHING_TO_JOIN`` or ``OTHER_GENERATION``.
         stored_step: The step stored after the write (``None`` if none).
         stored_generation: The generation stored after the write.
@@ -116,8 +117,14 @@ class StepWriter:
     ) -> None:
         self._config = config
         self._chief = chief
-        self._mode = "contributor" if contributor else "operator" if operator else "chief"
-        self._code = RedisCode(client, config)
+        self._mode: WriterMode = (
+            "contributor" if contributor else "operator" if operator else "chief"
+        )
+        self._code = RedisCode(client, config, own_connection=True)  # the writer thread's alone
+
+    def close(self) -> None:
+        """Give the writer's connection back to its client's pool."""
+        self._code.close()
 
     def begin_generation(self) -> Beginning:
         """A new generation number above every one the job has used, and what it found."""
@@ -143,27 +150,27 @@ class StepWriter:
     def write(self, values: StepWrite) -> WriteResult:
         """Run the publishing code once (one try; the caller retries)."""
         keys, config = self._config.keys, self._config
-        reply = self._code.call(
-            "publish_step",
-            [keys.state, keys.targets, keys.reset],
-            [
-                values.generation,
-                values.step,
-                1 if values.done else 0,
-                config.key_ttl,
-                keys.channel,
-                self._chief,
-                MAX_TARGETS,
-                config.run_id or "",
-                1 if values.vouch else 0,
-                max(1, round(config.heartbeat * 1000)),
-                finished_ttl(config),
-                values.reset_marker,
-                self._mode,
-                publish_command(config),
-                1 if values.first else 0,
-            ],
+        name, call_keys, args = publish_step_call(
+            state=keys.state,
+            targets=keys.targets,
+            reset=keys.reset,
+            generation=values.generation,
+            step=values.step,
+            done=values.done,
+            key_ttl=config.key_ttl,
+            channel=keys.channel,
+            writer=self._chief,
+            max_targets=MAX_TARGETS,
+            run_id=config.run_id or "",
+            vouch=values.vouch,
+            heartbeat_ms=max(1, round(config.heartbeat * 1000)),
+            finished_ttl=finished_ttl(config),
+            reset_marker=values.reset_marker,
+            mode=self._mode,
+            publish_command=publish_command(config),
+            first=values.first,
         )
+        reply = self._code.call(name, call_keys, args)
         status, stored_step, stored_generation, repaired, created, *targets = reply
         return WriteResult(
             status=int(status),

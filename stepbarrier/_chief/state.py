@@ -102,7 +102,7 @@ class PublisherState:
         # (or since Redis last lost its state): a higher one is news
         self._vouched_step = -1
         self._sent: tuple[int, bool] = (-1, False)  # the last write's step and vouch
-        self._heard_targets: set[int] = set()
+        self._registered_targets: set[int] = set()
         self.generation: int | None = None
         # the reset marker this writer began under: a write under another is refused
         self.reset_marker = ""
@@ -133,7 +133,7 @@ class PublisherState:
             self._stored_step = -1
             self._vouched_step = -1
             self.handover.next_threshold = -1.0
-            self._heard_targets = set()
+            self._registered_targets = set()
             self.handover.skip_gap = True  # the new session's first step ends a gap
             if not self.contributor:
                 self._generation_wanted += 1
@@ -292,7 +292,7 @@ class PublisherState:
             self._vouched_step = max(self._vouched_step, self._sent[0])
         stored = -1 if result.stored_step is None else result.stored_step
         self._stored_step = stored
-        self._heard_targets = {t for t in self._heard_targets if t > stored}
+        self._registered_targets = {t for t in self._registered_targets if t > stored}
         self.pending = result.targets
         self._refresh_threshold()
         self.stored_seq = max(self.stored_seq, seq)
@@ -318,7 +318,7 @@ class PublisherState:
             # even if a registration was heard first (it would wait a heartbeat).
             self.handover.next_threshold = -1.0
             return
-        candidates = [*self.pending[:1], *self._heard_targets]
+        candidates = [*self.pending[:1], *self._registered_targets]
         self.handover.next_threshold = float(min(candidates)) if candidates else math.inf
         latest = self.handover.latest
         if latest is not None and latest >= self.handover.next_threshold:
@@ -326,7 +326,7 @@ class PublisherState:
 
     # -- the registration listener's thread ------------------------------------------
 
-    def heard(self, target: int) -> None:
+    def on_registration(self, target: int) -> None:
         """A new waiter registered ``target`` (called by the registration listener)."""
         if self.ended is not None:
             return
@@ -336,5 +336,5 @@ class PublisherState:
             self.wake.set()
             return
         with self.lock:
-            self._heard_targets.add(target)
+            self._registered_targets.add(target)
             self._refresh_threshold()

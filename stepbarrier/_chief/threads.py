@@ -81,7 +81,9 @@ class PublisherLoop:
         self.thread = threading.Thread(
             target=self._run, name=f"stepbarrier-publisher-{config.job}", daemon=True
         )
-        self.listener = None if contributor else RegistrationListener(config, self.state.heard)
+        self.listener = (
+            None if contributor else RegistrationListener(config, self.state.on_registration)
+        )
 
     # -- called by the training thread -----------------------------------------------
 
@@ -216,6 +218,15 @@ class PublisherLoop:
     # -- the writer thread -----------------------------------------------------------
 
     def _run(self) -> None:
+        try:
+            self._write_until_stopped()
+        finally:
+            # the thread gives its connection back itself, however late it ends
+            # (stop() may have stopped waiting for it)
+            if self._writer_of is not None:
+                self._writer_of.close()
+
+    def _write_until_stopped(self) -> None:
         next_beat = self._clock()
         failures = 0
         last_log = -math.inf

@@ -177,14 +177,14 @@ def test_a_conflict_ends_the_chief_with_an_error(caplog: pytest.LogCaptureFixtur
 # -- targets ---------------------------------------------------------------------------
 
 
-def test_heard_targets_merge_with_the_pending_ones_and_the_lowest_wins() -> None:
+def test_registered_targets_merge_with_the_pending_ones_and_the_lowest_wins() -> None:
     state = make_state()
     wanted = begun(state)
     hand_over(state, 10)
     assert state.take_reply(accepted(10, (50,)), 1, wanted)
-    state.heard(30)
+    state.on_registration(30)
     assert state.handover.next_threshold == 30.0
-    state.heard(40)
+    state.on_registration(40)
     assert state.handover.next_threshold == 30.0
     assert not state.wake.is_set()
     # a write that stores 35 drops the heard 30, keeps 40 below the pending 50
@@ -198,7 +198,7 @@ def test_a_late_joiner_whose_step_is_stored_gets_a_write_at_once() -> None:
     wanted = begun(state)
     hand_over(state, 10)
     assert state.take_reply(accepted(10, (50,)), 1, wanted)
-    state.heard(5)  # released only by a write it sees happen: one goes out now
+    state.on_registration(5)  # released only by a write it sees happen: one goes out now
     assert state.wake.is_set()
     assert state.handover.next_threshold == 50.0  # and it is no target to reach
 
@@ -209,14 +209,14 @@ def test_a_heard_target_already_handed_over_asks_for_a_write_at_once() -> None:
     hand_over(state, 10)
     assert state.take_reply(accepted(10), 1, wanted)
     hand_over(state, 20)  # not written yet
-    state.heard(15)
+    state.on_registration(15)
     assert state.handover.next_threshold == 15.0
     assert state.wake.is_set()
 
 
 def test_before_the_first_write_a_heard_target_keeps_the_next_write_immediate() -> None:
     state = make_state()
-    state.heard(30)
+    state.on_registration(30)
     assert state.handover.next_threshold == -1.0
 
 
