@@ -53,7 +53,7 @@ after the crossing run had begun is dropped (and counted). Releases more
 than half a chief run late are listed with the crossing run's fetched and
 reached steps and the moves of the runs before it.
 
-Usage: ``python bench/async_lateness.py [--quick] [--targets N]``.
+Usage: ``python -m bench.async_lateness [--quick] [--targets N]``.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ import time
 import uuid
 from typing import Any
 
-from harness import RedisServer, git, load_average, ms, save, summarize
+from bench.harness import RedisServer, git, load_average, ms, save, summarize
 
 CHIEF_RUN = 0.1
 """Seconds of one chief run (after it has read the global step)."""

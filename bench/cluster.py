@@ -19,7 +19,7 @@ turns so that machine noise hits both alike:
    a raw ``SPUBLISH`` and a raw ``PUBLISH`` of the same size on the same channel
    (a cluster forwards every ``PUBLISH`` to every node).
 
-Usage: ``python bench/cluster.py [--quick]`` (or ``run_all.py --only cluster``).
+Usage: ``python -m bench.cluster [--quick]`` (or ``python -m bench --only cluster``).
 """
 
 from __future__ import annotations
@@ -28,14 +28,17 @@ import argparse
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import redis
-from cluster_servers import NODE_TIMEOUT_MS, LocalRedisCluster
-from fanout import fanout_job, run_fanout
-from harness import RedisServer, git, load_average, machine, ms, save, summarize
-from wake_floor import CHANNEL, run_core_block, run_floor_block
+from redis.client import PubSub
+
+from bench.cluster_servers import NODE_TIMEOUT_MS, LocalRedisCluster
+from bench.fanout import fanout_job, run_fanout
+from bench.harness import RedisServer, git, load_average, machine, ms, save, summarize
+from bench.wake_floor import CHANNEL, run_core_block, run_floor_block
 
 FANOUT_SIZES = (1, 16, 64, 256)
 IDLE_SECONDS = 1.0
@@ -47,7 +50,9 @@ COMMANDS = ("fcall", "spublish", "publish", "command|getkeys")
 a node for the keys of every ``FCALL`` (``COMMAND GETKEYS``) before it sends it."""
 
 
-def wake(server: RedisServer, cluster: LocalRedisCluster, blocks: int, per_block: int) -> Any:
+def wake(
+    server: RedisServer, cluster: LocalRedisCluster, blocks: int, per_block: int
+) -> dict[str, Any]:
     """Both floors and both wake-ups, block after block, in turns."""
     owner_url = f"redis://127.0.0.1:{cluster.owner_of(CHANNEL)}/0"
     series: dict[str, list[float]] = {
@@ -160,7 +165,7 @@ def node_counters(cluster: LocalRedisCluster) -> dict[int, dict[str, float]]:
     counters: dict[int, dict[str, float]] = {}
     for port in cluster.ports:
         node = cluster.node(port)
-        info = str(node.execute_command("CLUSTER", "INFO"))
+        info = str(node.execute_command("CLUSTER", "INFO"))  # type: ignore[no-untyped-call]
         fields = dict(line.split(":", 1) for line in info.split() if ":" in line)
         row = {name: float(fields.get(f"cluster_stats_messages_{name}", 0)) for name in COUNTERS}
         stats = node.info("commandstats")
@@ -184,7 +189,9 @@ def _delta(
     return {port: {k: after[port][k] - before[port][k] for k in after[port]} for port in after}
 
 
-def measured(cluster: LocalRedisCluster, action: Any) -> tuple[dict[int, dict[str, float]], float]:
+def measured(
+    cluster: LocalRedisCluster, action: Callable[[], object]
+) -> tuple[dict[int, dict[str, float]], float]:
     """Per-node counter deltas while ``action()`` runs, and how long it ran."""
     before = node_counters(cluster)
     started = time.perf_counter()
@@ -214,7 +221,7 @@ def announcement_cost(cluster: LocalRedisCluster, count: int) -> dict[str, Any]:
     config = BarrierConfig(job=job, redis_url=cluster.url, role="chief", task_id=0,
                            redis_cluster=True)  # fmt: skip
     payload = ""
-    subscriber = cluster.node(owner).pubsub()
+    subscriber: PubSub = cluster.node(owner).pubsub()  # type: ignore[no-untyped-call]
     subscriber.ssubscribe(channel)
     try:
         with StepPublisher(config) as publisher:
@@ -236,13 +243,13 @@ def announcement_cost(cluster: LocalRedisCluster, count: int) -> dict[str, Any]:
         subscriber.close()
 
     for command, subscribe in (("SPUBLISH", "ssubscribe"), ("PUBLISH", "subscribe")):
-        subscriber = cluster.node(owner).pubsub(ignore_subscribe_messages=True)
+        subscriber = cluster.node(owner).pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
         getattr(subscriber, subscribe)(channel)
         node = cluster.node(owner)
 
         def send(command: str = command, node: redis.Redis = node) -> None:
             for _ in range(count):  # one round trip each, as an announcement is
-                node.execute_command(command, channel, payload)
+                node.execute_command(command, channel, payload)  # type: ignore[no-untyped-call]
 
         try:
             deltas, seconds = measured(cluster, send)

@@ -113,7 +113,7 @@ class LocalRedisCluster:
 
     def owner_of(self, key: str) -> int:
         """Port of the master that owns ``key``'s (or a shard channel's) slot."""
-        slot = int(self.node(self.ports[0]).execute_command("CLUSTER", "KEYSLOT", key))
+        slot = int(self.node(self.ports[0]).execute_command("CLUSTER", "KEYSLOT", key))  # type: ignore[no-untyped-call]
         for start, end, master in self._slot_ranges():
             if start <= slot <= end:
                 return master
@@ -127,9 +127,9 @@ class LocalRedisCluster:
     def replicas_of(self, port: int) -> list[int]:
         """Ports of the replicas of the master on ``port`` (from ``CLUSTER NODES``:
         ``CLUSTER SLOTS`` leaves a replica out until its offset has been gossiped)."""
-        master_id = str(self.node(port).execute_command("CLUSTER", "MYID"))
+        master_id = str(self.node(port).execute_command("CLUSTER", "MYID"))  # type: ignore[no-untyped-call]
         replicas = []
-        for line in str(self.node(port).execute_command("CLUSTER", "NODES")).splitlines():
+        for line in str(self.node(port).execute_command("CLUSTER", "NODES")).splitlines():  # type: ignore[no-untyped-call]
             _id, address, _flags, master, *_ = line.split()
             if master == master_id:
                 replicas.append(int(address.split("@")[0].rsplit(":", 1)[1]))
@@ -137,19 +137,19 @@ class LocalRedisCluster:
 
     def _slot_ranges(self) -> list[tuple[int, int, int]]:
         """``CLUSTER SLOTS`` of the first node: (first slot, last slot, master's port)."""
-        slots = self.node(self.ports[0]).execute_command("CLUSTER", "SLOTS")
+        slots = self.node(self.ports[0]).execute_command("CLUSTER", "SLOTS")  # type: ignore[no-untyped-call]
         return sorted((int(start), int(end), int(master[1])) for start, end, master, *_ in slots)
 
     def _healthy(self) -> bool:
         views = set()
         for port in self.ports:
             node = self.node(port)
-            if "cluster_state:ok" not in str(node.execute_command("CLUSTER", "INFO")):
+            if "cluster_state:ok" not in str(node.execute_command("CLUSTER", "INFO")):  # type: ignore[no-untyped-call]
                 return False
             replication = node.info("replication")
             if replication["role"] == "slave" and replication["master_link_status"] != "up":
                 return False
-            slots = node.execute_command("CLUSTER", "SLOTS")
+            slots = node.execute_command("CLUSTER", "SLOTS")  # type: ignore[no-untyped-call]
             views.add(tuple(sorted((int(s), int(e), int(m[1])) for s, e, m, *_ in slots)))
         if len(views) != 1:
             return False

@@ -6,10 +6,10 @@ calls ``publish(step)``; each waiter thread notes when its ``wait`` returns.
 The latency of a trial is from just before ``publish`` to the last wake-up
 (the median wake-up is reported too).
 
-``bench/cluster.py`` runs the same trials on a Redis Cluster (the job's
+``bench.cluster`` runs the same trials on a Redis Cluster (the job's
 clients in cluster mode; Redis's CPU is then the job's slot owner's).
 
-Usage: ``python bench/fanout.py [--quick]``; the waiter role is internal.
+Usage: ``python -m bench.fanout [--quick]``; the waiter role is internal.
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ import uuid
 from pathlib import Path
 
 import redis
-from harness import (
+from redis.cluster import RedisCluster
+
+from bench.harness import (
     RedisServer,
     child_process,
     load_average,
@@ -34,7 +36,6 @@ from harness import (
     stop_process,
     summarize,
 )
-from redis.cluster import RedisCluster
 
 STEP_GAP = 10
 """Steps between two trials' targets."""
@@ -120,7 +121,7 @@ def run_fanout(
             publisher.flush(5)
             for share in shares:
                 role = [url, job, str(share), str(trials), *(["cluster"] if cluster else [])]
-                helpers.append(child_process("fanout.py", "--waiter", *role))
+                helpers.append(child_process("bench.fanout", "--waiter", *role))
             for trial in range(trials):
                 step = (trial + 1) * STEP_GAP
                 deadline = time.monotonic() + 120

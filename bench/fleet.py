@@ -9,6 +9,8 @@ Parts (``--only`` picks some):
   same run. Time from just before ``publish``/``PUBLISH`` to the last (and
   the median) waiter's return. ``--profile`` splits each waiter's wake path
   at the arrival of the announcement.
+- ``independent-16x64``: the same 1,024 waiters as 16 processes of 64 threads
+  (more threads share one interpreter lock), against the floor in that layout.
 - ``async``: 10,000 concurrent ``AsyncStepWaiter.wait`` calls (4 processes of
   2,500, one waiter each) released by one ``publish``.
 - ``floor10k``: the raw floor at 10,000 subscriber connections (asyncio
@@ -25,7 +27,8 @@ Parts (``--only`` picks some):
 Each part reports Redis's CPU per release (``INFO cpu``), the waiter
 processes' CPU, and Redis's memory and connections per waiting worker.
 
-Usage: ``python bench/fleet.py [--quick] [--only PART ...] [--no-profile]``.
+Usage: ``python -m bench.fleet [--quick] [--only PART ...] [--no-profile]``;
+``--only`` replaces those parts in the saved results and keeps the others.
 """
 
 from __future__ import annotations
@@ -39,11 +42,15 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import redis
-from harness import (
+from redis.client import PubSub
+
+from bench.harness import (
+    RESULTS_DIR,
     ROOT,
     RedisServer,
     child_env,
@@ -68,7 +75,10 @@ SETTLE = 3.0
 RATE = 2000
 """Steps per second of the chief in the ``distinct`` part."""
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-PARTS = ("independent", "async", "floor10k", "distinct")
+PARTS = ("independent", "independent-16x64", "async", "floor10k", "distinct")
+LAYOUTS = {"independent": (32, 32), "independent-16x64": (16, 64)}
+"""Processes x threads of each ``independent`` part (``--quick``: a quarter of the
+processes, half the threads)."""
 
 
 # -- helper processes ---------------------------------------------------------------
@@ -116,7 +126,7 @@ def floor_role(url: str, threads: int, trials: int) -> None:
     def run(index: int) -> None:
         try:
             client = redis.Redis.from_url(url)
-            pubsub = client.pubsub(ignore_subscribe_messages=True)
+            pubsub: PubSub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
             pubsub.subscribe(FLOOR_CHANNEL)
             seen = 0
             idle_until = time.monotonic() + 600
@@ -218,7 +228,7 @@ def redis_footprint(client: redis.Redis) -> dict[str, int]:
     return {"used_memory": memory["used_memory"], "clients": clients["connected_clients"]}
 
 
-def wait_until(check: Any, timeout: float, what: str) -> None:
+def wait_until(check: Callable[..., object], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:
@@ -260,7 +270,7 @@ def floor_phase(
     total = processes * threads
     role = "floor-async" if asyncio_role else "floor"
     helpers = [
-        child_process("fleet.py", "--role", role, server.url, str(threads), str(trials))
+        child_process("bench.fleet", "--role", role, server.url, str(threads), str(trials))
         for _ in range(processes)
     ]
     sent, cpu = [], []
@@ -319,7 +329,7 @@ def waiters_phase(
                     role += ["profile"] if profile else []
                 else:
                     role = ["aio", server.url, job, str(per_process), str(trials), "0", "0"]
-                helpers.append(child_process("fleet.py", "--role", *role))
+                helpers.append(child_process("bench.fleet", "--role", *role))
             pids = [h.pid for h in helpers]
             for trial in range(trials):
                 step = (trial + 1) * STEP_GAP
@@ -384,8 +394,10 @@ def waiters_phase(
     return result
 
 
-def independent(server: RedisServer, quick: bool, profile: bool) -> dict[str, Any]:
-    processes, threads = (8, 16) if quick else (32, 32)
+def independent(server: RedisServer, part: str, quick: bool, profile: bool) -> dict[str, Any]:
+    processes, threads = LAYOUTS[part]
+    if quick:
+        processes, threads = processes // 4, threads // 2
     trials, blocks = (3, 1) if quick else (8, 2)
     floor: list[dict[str, Any]] = []
     core: list[dict[str, Any]] = []
@@ -412,7 +424,7 @@ def status_costs(url: str, job: str, client: redis.Redis) -> dict[str, Any]:
     config = BarrierConfig(job=job, redis_url=url)
     out: dict[str, Any] = {}
 
-    def counted(label: str, action: Any, repeat: int = 5) -> None:
+    def counted(label: str, action: Callable[..., object], repeat: int = 5) -> None:
         seconds = []
         before = client.info("commandstats")
         for _ in range(repeat):
@@ -480,7 +492,7 @@ def distinct(server: RedisServer, quick: bool) -> dict[str, Any]:
     costs = status_costs(server.url, static_fleet(server.url, total), client)
     helpers = [
         child_process(
-            "fleet.py", "--role", "aio", server.url, job, str(per_process), "0", str(1 + i),
+            "bench.fleet", "--role", "aio", server.url, job, str(per_process), "0", str(1 + i),
             str(processes),
         )
         for i in range(processes)
@@ -557,20 +569,33 @@ def main() -> None:
     load_before = load_average()
     started = time.monotonic()
     result: dict[str, Any] = {"benchmark": "fleet", "quick": args.quick}
+    saved = RESULTS_DIR / "fleet.json"
+    if args.only and saved.exists():
+        # --only replaces those parts of the saved run; the others keep theirs,
+        # each part with the commit it ran at
+        result = json.loads(saved.read_text())
+        commits = result.setdefault("part_commits", {})
+        for part in PARTS:
+            if part in result:
+                commits.setdefault(part, result.get("commit"))
     with RedisServer() as server:
         admin = server.client()
         admin.config_set("maxclients", 19_000)  # 10,000 subscribers and more
-        result["maxclients"] = int(admin.config_get("maxclients")["maxclients"])
+        maxclients = admin.config_get("maxclients")["maxclients"]
+        if maxclients is None:
+            raise RuntimeError("redis-server reported no maxclients")
+        result["maxclients"] = int(maxclients)
         for part in args.only or PARTS:
             print(f"-- {part}", file=sys.stderr, flush=True)
-            if part == "independent":
-                result[part] = independent(server, args.quick, args.profile)
+            if part in LAYOUTS:
+                result[part] = independent(server, part, args.quick, args.profile)
             elif part == "async":
                 result[part] = async_fleet(server, args.quick)
             elif part == "floor10k":
                 result[part] = floor10k(server, args.quick)
             else:
                 result[part] = distinct(server, args.quick)
+            result.setdefault("part_commits", {})[part] = git("rev-parse", "--short", "HEAD")
             print(json.dumps(brief(result[part]), indent=1), file=sys.stderr, flush=True)
     result.update(
         seconds=time.monotonic() - started,

@@ -12,18 +12,16 @@ import json
 import math
 import os
 import platform
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import redis
 
-from stepbarrier.cli._demo.local_processes import EmbeddedRedis
+from tests.redis_harness import RedisServer as TestRedisServer
 
 BENCH_DIR = Path(__file__).resolve().parent
 ROOT = BENCH_DIR.parent
@@ -36,30 +34,31 @@ RESULTS_DIR = BENCH_DIR / "results" / ("quick" if QUICK else "")
 class RedisServer:
     """One private ``redis-server`` without persistence, on a free loopback port.
 
-    The demo's ``EmbeddedRedis``, forced to a real ``redis-server`` (fakeredis
-    would measure fakeredis's 10 ms polling, not Redis).
+    The tests' server (``tests/redis_harness.py``: ``--save ""``, ``--appendonly
+    no``, bound to 127.0.0.1, its files in a temporary directory), started at
+    once, stopped (SIGTERM, then SIGKILL after 10 s) and its directory removed
+    by ``stop``. Always a real ``redis-server``: fakeredis would measure
+    fakeredis's 10 ms polling, not Redis.
     """
 
     def __init__(self) -> None:
-        self._dir = tempfile.mkdtemp(prefix="stepbarrier-bench-redis-")
-        self._redis = EmbeddedRedis(Path(self._dir), os.environ, kind="redis-server")
+        self._server = TestRedisServer()
         try:
-            self._redis.start()
+            self._server.start()
         except BaseException:
-            self.stop()
+            self._server.cleanup()
             raise
-        self.port = self._redis.port
+        self.port = self._server.port
 
     @property
     def url(self) -> str:
-        return self._redis.url
+        return self._server.url
 
     def client(self) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=self.port)
 
     def stop(self) -> None:
-        self._redis.stop()
-        shutil.rmtree(self._dir, ignore_errors=True)
+        self._server.cleanup()
 
     def __enter__(self) -> RedisServer:
         return self
@@ -69,10 +68,11 @@ class RedisServer:
 
 
 def child_env(**extra: str) -> dict[str, str]:
-    """Environment for helper processes: this checkout importable, TF quiet."""
+    """Environment for helper processes: this checkout (``stepbarrier``, ``bench``,
+    ``tests``) importable, TF quiet."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEPBARRIER_")}
     env.pop("TF_CONFIG", None)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(BENCH_DIR), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra)
@@ -80,11 +80,12 @@ def child_env(**extra: str) -> dict[str, str]:
 
 
 def child_process(
-    script: str, *args: str, stdout: Any = subprocess.PIPE, **env: str
+    module: str, *args: str, stdout: int | IO[str] | None = subprocess.PIPE, **env: str
 ) -> subprocess.Popen[str]:
-    """Start ``bench/<script>`` with ``args`` in a new Python process."""
+    """Start ``python -m <module> args`` (e.g. ``bench.fleet``) in a new Python
+    process, in the repository's root."""
     return subprocess.Popen(
-        [sys.executable, str(BENCH_DIR / script), *args],
+        [sys.executable, "-m", module, *args],
         stdout=stdout,
         stderr=None,
         text=True,
@@ -93,7 +94,9 @@ def child_process(
     )
 
 
-def stop_process(process: subprocess.Popen[Any] | None, timeout: float = 10.0) -> None:
+def stop_process(
+    process: subprocess.Popen[str] | subprocess.Popen[bytes] | None, timeout: float = 10.0
+) -> None:
     """Terminate one process we started (and reap it)."""
     if process is None or process.poll() is not None:
         return

@@ -6,7 +6,7 @@ waiters registered every 10,000 steps (each crossing wakes the writer thread).
 Reported per call: batches of 1,000 calls (time / 1,000), and single calls
 timed one by one with ``perf_counter_ns`` (the timer's own cost subtracted).
 
-Usage: ``python bench/publish_call.py [--quick]``.
+Usage: ``python -m bench.publish_call [--quick]``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 import time
 import uuid
 
-from harness import RedisServer, load_average, save, summarize
+from bench.harness import RedisServer, load_average, save, summarize
 
 BATCH = 1000
 THRESHOLD_EVERY = 10_000

@@ -19,7 +19,7 @@ periodic check is two calls in one pipeline (``FCALL`` to register,
 ``FCALL_RO`` to read; see ``stepbarrier/_worker/links.py``), so each read that
 travelled with a register counts once.
 
-Usage: ``python bench/redis_load.py [--quick]``.
+Usage: ``python -m bench.redis_load [--quick]``.
 """
 
 from __future__ import annotations
@@ -32,7 +32,9 @@ import uuid
 from typing import Any
 
 import redis
-from harness import RedisServer, child_process, load_average, save, stop_process
+from redis.client import PubSub
+
+from bench.harness import RedisServer, child_process, load_average, save, stop_process
 
 CROSSED_THRESHOLDS = 5
 OURS = {"info", "config|resetstat", "config", "ping"}
@@ -162,7 +164,7 @@ def idle_waiter(seconds: float) -> dict[str, Any]:
                 publisher.publish(1)
                 publisher.flush(5)
                 helper = child_process(
-                    "redis_load.py", "--idle-waiter", server.url, job, stdout=None
+                    "bench.redis_load", "--idle-waiter", server.url, job, stdout=None
                 )
                 deadline = time.monotonic() + 60
                 while not client.zcard(config.keys.targets):
@@ -275,7 +277,7 @@ def capacity(requests: int) -> dict[str, Any]:
             ("waiter_read", waiter_read),
             ("ping", ["PING"]),
         ):
-            client.execute_command(*command)  # the first call registers the waiter
+            client.execute_command(*command)  # type: ignore[no-untyped-call]  # the first call registers the waiter
             client.config_resetstat()
             run = subprocess.run(
                 [
@@ -314,7 +316,7 @@ def memory_per_subscriber(client: redis.Redis, url: str, count: int = 500) -> fl
     subscriptions = []
     try:
         for number in range(count):
-            pubsub = redis.Redis.from_url(url).pubsub()
+            pubsub: PubSub = redis.Redis.from_url(url).pubsub()  # type: ignore[no-untyped-call]
             pubsub.subscribe(f"stepbarrier:{{job-{number % 50}}}:steps")
             pubsub.get_message(timeout=1.0)
             subscriptions.append(pubsub)

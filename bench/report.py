@@ -1,6 +1,6 @@
 """Turn ``bench/results/*.json`` into ``results.md`` and ``wake_latency.png``.
 
-Usage: ``python bench/report.py [--quick]`` (``run_all.py`` calls it at the end;
+Usage: ``python -m bench.report [--quick]`` (``python -m bench`` calls it at the end;
 ``--quick`` reports the quick run in ``bench/results/quick/``).
 """
 
@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from harness import RESULTS_DIR
-from report_fleet import fleet_section, fleet_targets, plot_fleet
+from bench.harness import RESULTS_DIR
+from bench.report_fleet import fleet_section, fleet_targets, plot_fleet
 
 TARGETS = {
     "wake_median_ms": 2.0,
@@ -30,7 +30,6 @@ SHARE_OF_CORE = 0.5
 DEFAULT_MAXCLIENTS = 10_000
 
 
-
 def _plain(value: object) -> str:
     """A mapping or a list as a reader reads it (``fcall 24, blpop 6``; ``0.48 / 2.7``),
     not as Python's repr."""
@@ -39,6 +38,7 @@ def _plain(value: object) -> str:
     if isinstance(value, (list, tuple)):
         return " / ".join(_plain(item) for item in value)
     return str(value)
+
 
 def load(name: str) -> dict[str, Any] | None:
     path = RESULTS_DIR / f"{name}.json"
@@ -288,7 +288,7 @@ def tf_run_lines(tf: dict[str, Any], run: dict[str, Any] | None) -> list[str]:
         return []
     alone = run is not None and run.get("commit") != tf["commit"]
     return [
-        f"The TF job (sections 1-2 and 4): `python bench/tf_job.py"
+        f"The TF job (sections 1-2 and 4): `python -m bench.tf_job"
         f"{' --quick' if tf['quick'] else ''}`, commit {tf['commit']}"
         + (" with uncommitted changes in stepbarrier/" if tf.get("dirty") else "")
         + f", {tf['seconds']:.0f} s, load average before {_plain(tf['load_before'])}, after "
@@ -503,7 +503,7 @@ def lateness_section(late: dict[str, Any] | None) -> list[str]:
         f"`GlobalStepPublisherHook` (confirms the step when `step + lead >= threshold`) and "
         f"the previous release's rule (`step + 1 >= threshold`, emulated). In-process "
         f"graph-mode TF session, other workers in a thread, `StepWaiter` threads as workers "
-        f"(`bench/async_lateness.py`). Lateness from the return of the chief's run that "
+        f"(`python -m bench.async_lateness`). Lateness from the return of the chief's run that "
         f"crossed the target to the worker's release:",
         "",
         STATS_HEADER,
@@ -572,7 +572,7 @@ def cluster_section(result: dict[str, Any] | None) -> list[str]:
         f"A local Redis Cluster of {shape['masters']} masters and {shape['masters']} "
         f"replicas (redis-server {result['machine']['redis_server']}, "
         f"`cluster-node-timeout` {shape['node_timeout_ms']} ms) and a standalone redis-server, "
-        f"both on loopback, measured in turns in the same run (`bench/cluster.py`). On the "
+        f"both on loopback, measured in turns in the same run (`python -m bench.cluster`). On the "
         f"cluster the job's clients run in cluster mode (`redis_cluster=True`) and the "
         f"announcements are sharded: `SPUBLISH` inside the library's function, the waiter "
         f"`SSUBSCRIBE`d on the owner of the job's slot.",
@@ -868,6 +868,119 @@ def machine_section(run: dict[str, Any] | None) -> list[str]:
     ]
     if run.get("failed"):
         lines += [f"- **failed benchmarks**: {run['failed']}", ""]
+    later = []
+    for name in ("fleet", "before_after", "wake_path"):
+        result = load(name)
+        commit = result and (result.get("commit") or result.get("after"))
+        if result and commit and commit != run["commit"]:
+            later.append(
+                f"{name} at {commit}" + (" (uncommitted changes)" if result.get("dirty") else "")
+            )
+        for part, at in sorted(((result or {}).get("part_commits") or {}).items()):
+            if at != commit:
+                later.append(f"its part {part} at {at}")
+    if later:
+        lines += [f"- run on their own since (the sections say so): {', '.join(later)}", ""]
+    return lines
+
+
+BEFORE_AFTER_CASES = {
+    "waiter": "a raw announcement -> `StepWaiter.wait` returns (the waiter's side alone)",
+    "core": "`publish` (this checkout's chief) -> `StepWaiter.wait` returns",
+    "chief": "`publish` -> `StepWaiter.wait` returns, the chief from the same tree",
+    "fanout": "one `publish` -> the last of 32 `StepWaiter` threads returns",
+    "async": "one `publish` -> the last of 1,000 `AsyncStepWaiter.wait` calls returns",
+}
+
+
+def before_after_section(result: dict[str, Any] | None) -> list[str]:
+    """Section 10: ``bench.before_after``'s run, if one was saved."""
+    if not result:
+        return []
+    wake, cpu = result["wake_ms"], result["cpu_us"]
+    after = result["after"] + (" with uncommitted changes" if result.get("dirty") else "")
+    lines = [
+        "## 10. Before and after: the wake path, side by side",
+        "",
+        f"`python -m bench.before_after`: before = {result['before']}, after = {after}; the "
+        "same cases in one run on one redis-server, in alternating blocks (the order of the "
+        "two sides swapped every block); the waiting side comes from each tree, and in "
+        f"`chief` the chief too. Load average before {_plain(result['load_before'])}, after "
+        f"{_plain(result['load_after'])}. The raw floor (`PUBLISH` -> `get_message`): median "
+        f"{fmt(wake['floor']['median'], 3)} ms.",
+        "",
+        "| case | n | before median (ms) | after median (ms) | after/before | after / floor |",
+        "|---|---|---|---|---|---|",
+    ]
+    for case, what in BEFORE_AFTER_CASES.items():
+        b, a = wake.get(f"{case} before"), wake.get(f"{case} after")
+        if not b or not a:
+            continue
+        lines.append(
+            f"| `{case}`: {what} | {a['n']} | {fmt(b['median'], 3)} | {fmt(a['median'], 3)} | "
+            f"{a['median'] / b['median']:.2f} | {a['median'] / wake['floor']['median']:.2f}x |"
+        )
+    lines += [
+        "",
+        "CPU per wake, the same run: `wait call` is the CPU time of the waiting thread in one "
+        "`wait()` (its registering read, the wake and the return); `chief write` is the "
+        "chief's writer thread per write (its mean over a block, heartbeats included), from "
+        "the thread's `schedstat`.",
+        "",
+        "| measure | n | before median (us) | after median (us) | after/before |",
+        "|---|---|---|---|---|",
+    ]
+    for key in sorted({name.rsplit(" ", 1)[0] for name in cpu}):
+        b, a = cpu.get(f"{key} before"), cpu.get(f"{key} after")
+        if not b or not a:
+            continue
+        lines.append(
+            f"| {key} | {a['n']} | {b['median']:.0f} | {a['median']:.0f} | "
+            f"{a['median'] / b['median']:.2f} |"
+        )
+    lines.append("")
+    return lines
+
+
+def wake_path_section(result: dict[str, Any] | None) -> list[str]:
+    """Section 11: where the core wake-up's time goes (``bench.wake_path``)."""
+    if not result:
+        return []
+    points, floor = result["points_ms"], result["floor_ms"]
+    lines = [
+        "## 11. The core wake-up, split",
+        "",
+        "`python -m bench.wake_path`: `publish` -> `StepWaiter.wait` returns, timestamped on "
+        "the way, beside the raw floor in alternating blocks of the same run. Milliseconds "
+        "from just before `publish` (the chief's writer thread and the raw subscriber of the "
+        "job's channel are timestamped; the waiter returns in another process):",
+        "",
+        "| point | n | median | p90 | p99 |",
+        "|---|---|---|---|---|",
+    ]
+    for name, what in (
+        ("writer awake", "the chief's writer thread wakes"),
+        ("FCALL sent", "its write reaches the socket"),
+        ("heard raw", "a raw subscriber of the job's channel has the announcement"),
+        ("wait returns", "the waiter's `wait()` returns"),
+    ):
+        s = points[name]
+        lines.append(
+            f"| {what} | {s['n']} | {fmt(s['median'], 3)} | {fmt(s['p90'], 3)} | "
+            f"{fmt(s['p99'], 3)} |"
+        )
+    fcall = result["fcall_us_per_call"]
+    lines += [
+        f"| floor: raw `PUBLISH` -> `get_message` | {floor['n']} | {fmt(floor['median'], 3)} | "
+        f"{fmt(floor['p90'], 3)} | {fmt(floor['p99'], 3)} |",
+        "",
+        f"- Redis's time per `FCALL` of the chief's write (`INFO commandstats`, per block): "
+        f"{', '.join(f'{u:.0f}' for u in fcall)} us.",
+        "- Everything up to the `FCALL` on the socket is the chief's side: a raw `PUBLISH` "
+        "goes out from the caller's thread, while `publish` hands the step to the writer "
+        "thread and returns (the training loop never waits for Redis).",
+        "",
+    ]
     return lines
 
 
@@ -889,6 +1002,8 @@ def main() -> None:
     lines += lateness_section(late)
     lines += cluster_section(cluster)
     lines += fleet_section(fleet)
+    lines += before_after_section(load("before_after"))
+    lines += wake_path_section(load("wake_path"))
     plot_fleet(fleet, RESULTS_DIR / "fleet_wake.png")
     if not plot(tf, floor, RESULTS_DIR / "wake_latency.png"):
         lines.append("(no TF results: no plot)")

@@ -1,4 +1,4 @@
-"""The fleet-scale part of ``results.md`` (``bench/fleet.py``) and its plot ``fleet_wake.png``.
+"""The fleet-scale part of ``results.md`` (``bench.fleet``) and its plot ``fleet_wake.png``.
 
 ``report.py`` calls ``fleet_section``, ``fleet_targets`` and ``plot_fleet``.
 """
@@ -20,6 +20,11 @@ def _fmt(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
+def _loads(values: list[float]) -> str:
+    """A load average as ``0.48 / 2.7 / 7.99``."""
+    return " / ".join(f"{v:g}" for v in values)
+
+
 def _verdict(ok: bool) -> str:
     return "pass" if ok else "**MISS**"
 
@@ -34,9 +39,19 @@ def _median(values: list[float]) -> float:
     return data[middle] if len(data) % 2 else (data[middle - 1] + data[middle]) / 2
 
 
-def independent_ratio(fleet: dict[str, Any]) -> tuple[float, float, float] | None:
+INDEPENDENT_PARTS = ("independent", "independent-16x64")
+"""The layouts of independent waiters ``bench.fleet`` measures (its ``LAYOUTS``)."""
+
+
+def _layout(phase: dict[str, Any]) -> str:
+    return f"{phase['processes']} processes of {phase['waiters'] // phase['processes']}"
+
+
+def independent_ratio(
+    fleet: dict[str, Any], name: str = "independent"
+) -> tuple[float, float, float] | None:
     """(stepbarrier, floor, ratio) of the median last wake, all trials pooled."""
-    part = fleet.get("independent")
+    part = fleet.get(name)
     if not part:
         return None
     ours, floor = _median(_pooled(part["stepbarrier"])), _median(_pooled(part["floor"]))
@@ -47,16 +62,18 @@ def fleet_targets(fleet: dict[str, Any] | None, tf: dict[str, Any] | None) -> li
     """Rows for the targets table."""
     rows: list[tuple[str, ...]] = []
     if fleet:
-        ratio = independent_ratio(fleet)
-        if ratio:
-            waiters = fleet["independent"]["stepbarrier"][0]["waiters"]
-            rows.append(
-                (
-                    f"9. {waiters:,} independent waiters: last wake within 1.5x of the raw floor",
-                    f"{ratio[0]:.0f} ms vs {ratio[1]:.0f} ms = {ratio[2]:.2f}x",
-                    _verdict(ratio[2] <= FLEET_TARGETS["independent_over_floor"]),
+        for name in INDEPENDENT_PARTS:
+            ratio = independent_ratio(fleet, name)
+            if ratio:
+                first = fleet[name]["stepbarrier"][0]
+                rows.append(
+                    (
+                        f"9. {first['waiters']:,} independent waiters ({_layout(first)}): last "
+                        "wake within 1.5x of the raw floor",
+                        f"{ratio[0]:.0f} ms vs {ratio[1]:.0f} ms = {ratio[2]:.2f}x",
+                        _verdict(ratio[2] <= FLEET_TARGETS["independent_over_floor"]),
+                    )
                 )
-            )
         run = fleet.get("async")
         if run:
             last = run["last_wake_ms"]["median"]
@@ -102,41 +119,32 @@ def fleet_targets(fleet: dict[str, Any] | None, tf: dict[str, Any] | None) -> li
     return rows
 
 
-def fleet_section(fleet: dict[str, Any] | None) -> list[str]:
-    if not fleet:
-        return []
-    lines = [
-        "## 9. Fleet scale",
-        "",
-        f"`bench/fleet.py`, one redis-server (`maxclients` {fleet['maxclients']:,}), everything "
-        "on this machine's 2 cores. Times from just before `publish`/`PUBLISH` to the last "
-        "(and the median) waiter's return, per trial, in ms.",
-        "",
-    ]
-    part = fleet.get("independent")
+def _independent_lines(fleet: dict[str, Any], name: str) -> list[str]:
+    """The table and notes of one ``independent`` layout (none if it did not run)."""
+    part = fleet.get(name)
+    lines: list[str] = []
     if part:
         ours, floor = part["stepbarrier"], part["floor"]
         first = ours[0]
         lines += [
-            f"**Independent waiters.** {first['waiters']:,} `StepWaiter` threads "
-            f"({first['processes']} processes of {first['waiters'] // first['processes']}), "
-            f"each with its own subscription and command connection, against the raw floor: "
-            f"as many redis-py subscriptions in the same layout, one `PUBLISH`. Phases "
-            f"alternate, floor first:",
+            f"**Independent waiters, {_layout(first)}.** {first['waiters']:,} `StepWaiter` "
+            "threads, each with its own subscription and command connection, against the raw "
+            "floor: as many redis-py subscriptions in the same layout, one `PUBLISH`. Phases "
+            "alternate, floor first:",
             "",
             "| phase | trials | last wake median | p90 | max | median wake (median) | "
             "Redis CPU per release | waiters' CPU per release |",
             "|---|---|---|---|---|---|---|---|",
         ]
         for floor_phase, our_phase in zip(floor, ours, strict=False):
-            for name, phase in (("raw floor", floor_phase), ("stepbarrier", our_phase)):
+            for label, phase in (("raw floor", floor_phase), ("stepbarrier", our_phase)):
                 s, m, cpu = phase["last_wake_ms"], phase["median_wake_ms"], phase["release_cpu_ms"]
                 lines.append(
-                    f"| {name} | {phase['trials']} | {_fmt(s['median'])} | {_fmt(s['p90'])} | "
+                    f"| {label} | {phase['trials']} | {_fmt(s['median'])} | {_fmt(s['p90'])} | "
                     f"{_fmt(s['max'])} | {_fmt(m['median'])} | {cpu['redis']:.1f} ms | "
                     f"{cpu['waiters']:.0f} ms |"
                 )
-        ratio = independent_ratio(fleet)
+        ratio = independent_ratio(fleet, name)
         if ratio:
             lines += [
                 "",
@@ -159,6 +167,22 @@ def fleet_section(fleet: dict[str, Any] | None) -> list[str]:
             f"{per['bytes'] / 1024:.1f} KB (connections' buffers and the registry entry)."
         )
         lines.append("")
+    return lines
+
+
+def fleet_section(fleet: dict[str, Any] | None) -> list[str]:
+    if not fleet:
+        return []
+    lines = [
+        "## 9. Fleet scale",
+        "",
+        f"`python -m bench.fleet`, one redis-server (`maxclients` {fleet['maxclients']:,}), "
+        "everything on this machine's 2 cores. Times from just before `publish`/`PUBLISH` to "
+        "the last (and the median) waiter's return, per trial, in ms.",
+        "",
+    ]
+    for name in INDEPENDENT_PARTS:
+        lines += _independent_lines(fleet, name)
     run = fleet.get("async")
     if run:
         s, per = run["last_wake_ms"], run["redis_per_waiter"]
@@ -241,7 +265,13 @@ def fleet_section(fleet: dict[str, Any] | None) -> list[str]:
             f"Run: commit {fleet['commit']}"
             + (" with uncommitted changes in stepbarrier/" if fleet.get("dirty") else "")
             + f", {'quick' if fleet['quick'] else 'full'}, {fleet['seconds']:.0f} s, load "
-            f"average before {fleet['load_before']}, after {fleet['load_after']}."
+            f"average before {_loads(fleet['load_before'])}, after {_loads(fleet['load_after'])}"
+            + "".join(
+                f"; {part} at {at}"
+                for part, at in sorted(fleet.get("part_commits", {}).items())
+                if at != fleet["commit"]
+            )
+            + "."
         )
         lines.append("")
     lines += ["![fleet wake](fleet_wake.png)", ""]
@@ -257,11 +287,17 @@ def plot_fleet(fleet: dict[str, Any] | None, path: Path) -> bool:
     import matplotlib.pyplot as plt
 
     series: list[tuple[str, list[float], str, str]] = []
-    part = fleet.get("independent")
-    if part:
-        n = part["stepbarrier"][0]["waiters"]
-        series.append((f"{n:,} StepWaiter threads", _pooled(part["stepbarrier"]), "tab:blue", "-"))
-        series.append((f"raw floor, {n:,} subscriptions", _pooled(part["floor"]), "tab:gray", ":"))
+    for name, color in zip(INDEPENDENT_PARTS, ("tab:blue", "tab:purple"), strict=True):
+        part = fleet.get(name)
+        if part:
+            first = part["stepbarrier"][0]
+            n, layout = first["waiters"], _layout(first)
+            series.append(
+                (f"{n:,} StepWaiter threads ({layout})", _pooled(part["stepbarrier"]), color, "-")
+            )
+            series.append(
+                (f"raw floor, {n:,} subscriptions ({layout})", _pooled(part["floor"]), color, ":")
+            )
     if fleet.get("async"):
         run = fleet["async"]
         series.append(

@@ -46,7 +46,7 @@ with the publisher hook), no worker waiting, and reports steps/s per block.
 A switched-off hook is still called but returns nothing at once; each
 publisher's thread keeps its heartbeat (one write per second) throughout.
 
-Usage: ``python bench/tf_job.py [--quick] [--trials N] [--untouched-trials N]
+Usage: ``python -m bench.tf_job [--quick] [--trials N] [--untouched-trials N]
 [--long-wait SECONDS] [--cost ROUNDS,STEPS]``; the task roles are internal.
 """
 
@@ -57,6 +57,7 @@ import itertools
 import json
 import os
 import random
+import subprocess
 import sys
 import tempfile
 import threading
@@ -65,7 +66,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from harness import (
+from bench.harness import (
     RedisServer,
     child_process,
     git,
@@ -75,7 +76,6 @@ from harness import (
     stop_process,
     summarize,
 )
-
 from stepbarrier.cli._demo.local_processes import free_port
 
 PERIODS = (0.01, 0.2)
@@ -166,13 +166,14 @@ def run_ps(cluster_json: str) -> None:
 
 def run_chief(cluster_json: str, redis_url: str, job: str, workdir: str, cost: str) -> None:
     tf, cluster, server, session_config = tf_setup(cluster_json, "chief")
-    from stepbarrier import BarrierConfig
+    from stepbarrier import BarrierConfig, StepPublisher
     from stepbarrier.tf_hooks import GlobalStepPublisherHook
 
     control = Path(workdir) / "control"
     state: dict[str, Any] = {"period": PERIODS[0], "command": "period"}
+    session_run_hook: Any = tf.compat.v1.train.SessionRunHook  # (tf: a module, untyped)
 
-    class Switchable(tf.compat.v1.train.SessionRunHook):  # type: ignore[misc]
+    class Switchable(session_run_hook):  # type: ignore[misc]
         """Passes runs to ``inner`` only while switched on (its session hooks always)."""
 
         def __init__(self, inner: Any, on: bool = False) -> None:
@@ -213,7 +214,7 @@ def run_chief(cluster_json: str, redis_url: str, job: str, workdir: str, cost: s
 
     records: list[tuple[int, float, float, bool]] = []
 
-    class StampHook(tf.compat.v1.train.SessionRunHook):  # type: ignore[misc]
+    class StampHook(session_run_hook):  # type: ignore[misc]
         """First hook of the chief: notes when each run returned, and its step."""
 
         def __init__(self, step_tensor: Any) -> None:
@@ -246,7 +247,7 @@ def run_chief(cluster_json: str, redis_url: str, job: str, workdir: str, cost: s
     rounds, block = (int(x) for x in cost.split(","))
     rates: dict[str, list[float]] = {kind: [] for kind in COST_KINDS}
 
-    class FetchOnlyHook(tf.compat.v1.train.SessionRunHook):  # type: ignore[misc]
+    class FetchOnlyHook(session_run_hook):  # type: ignore[misc]
         """Fetches the global step with each run, as the publisher hook does, no more."""
 
         def begin(self) -> None:
@@ -255,7 +256,7 @@ def run_chief(cluster_json: str, redis_url: str, job: str, workdir: str, cost: s
         def before_run(self, run_context: Any) -> Any:
             return tf.compat.v1.train.SessionRunArgs(self.global_step)
 
-    class CountedPublisherHook(GlobalStepPublisherHook):  # type: ignore[misc]
+    class CountedPublisherHook(GlobalStepPublisherHook):
         """The publisher hook as shipped, counting the runs it fetched the step with."""
 
         fetches = 0
@@ -268,7 +269,7 @@ def run_chief(cluster_json: str, redis_url: str, job: str, workdir: str, cost: s
     class EveryRunPublisherHook(CountedPublisherHook):
         """The publisher hook, fetching the global step with every run."""
 
-        def _fetch_due(self, publisher: Any) -> bool:
+        def _fetch_due(self, publisher: StepPublisher) -> bool:
             return True
 
     def publisher_hook(kind: str) -> Any:
@@ -378,7 +379,7 @@ def run_worker(
     }
 
     def instrumented(base: type) -> type:
-        class Instrumented(base):  # type: ignore[misc, valid-type]
+        class Instrumented(base):  # type: ignore[misc]
             """Times the first ``before_run`` (the wait) and counts its session reads."""
 
             entered: float | None = None
@@ -500,12 +501,14 @@ def run_worker(
 # -- the orchestration ------------------------------------------------------------
 
 
-def wait_for(path: Path, processes: list[Any], timeout: float) -> None:
+def wait_for(path: Path, processes: list[subprocess.Popen[str]], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not path.exists():
         for process in processes:
             if process.poll() is not None:
-                raise RuntimeError(f"a TF task exited early ({process.args[2:4]})")
+                # [python, -m, bench.tf_job, --role, ROLE, ...]
+                role = process.args[3:5] if isinstance(process.args, list) else process.args
+                raise RuntimeError(f"a TF task exited early ({role!r})")
         if time.monotonic() > deadline:
             raise RuntimeError(f"timed out waiting for {path.name}")
         time.sleep(0.1)
@@ -517,7 +520,7 @@ def analyse(chief: dict[str, Any], worker: dict[str, Any]) -> dict[str, Any]:
     for step, when, period, publishing in chief["records"]:
         reached.setdefault(step, (when, period, publishing))
 
-    def kept(kind: str, phase: str, period: float) -> tuple[list[float], list[Any], int]:
+    def kept(kind: str, phase: str, period: float) -> tuple[list[float], list[dict[str, Any]], int]:
         """Latencies (s) and trials of one case, and how many were dropped."""
         samples, used, dropped = [], [], 0
         for trial in trials:
@@ -536,7 +539,7 @@ def analyse(chief: dict[str, Any], worker: dict[str, Any]) -> dict[str, Any]:
             used.append(trial)
         return samples, used, dropped
 
-    def released_by(used: list[Any]) -> dict[str, int]:
+    def released_by(used: list[dict[str, Any]]) -> dict[str, int]:
         counts: dict[str, int] = {}
         for trial in used:
             by = trial["released_by"] or "-"
@@ -544,7 +547,7 @@ def analyse(chief: dict[str, Any], worker: dict[str, Any]) -> dict[str, Any]:
         return counts
 
     out: dict[str, Any] = {"dropped": {}, "latency_ms": {}, "samples_ms": {}, "released_by": {}}
-    waits: dict[str, list[Any]] = {}
+    waits: dict[str, list[dict[str, Any]]] = {}
     for period in PERIODS:
         for kind in ("tensorflow", "stepbarrier"):
             name = f"{kind}@{int(period * 1000)}ms"
@@ -628,7 +631,7 @@ def main() -> None:
         elif role == "chief":
             run_chief(*rest)
         else:
-            run_worker(*rest[:4], int(rest[4]), rest[5])
+            run_worker(rest[0], rest[1], rest[2], rest[3], int(rest[4]), rest[5])
         return
     trials = args.trials if args.trials is not None else 6 if args.quick else 32
     untouched_trials = (
@@ -645,14 +648,14 @@ def main() -> None:
         }
     )
     job = f"tfbench-{uuid.uuid4().hex[:6]}"
-    processes: list[Any] = []
+    processes: list[subprocess.Popen[str]] = []
     started = time.monotonic()
     with RedisServer() as server, tempfile.TemporaryDirectory(prefix="sb-tfbench-") as workdir:
         work = Path(workdir)
         try:
-            processes.append(child_process("tf_job.py", "--role", "ps", cluster, stdout=None))
+            processes.append(child_process("bench.tf_job", "--role", "ps", cluster, stdout=None))
             chief = child_process(
-                "tf_job.py",
+                "bench.tf_job",
                 "--role",
                 "chief",
                 cluster,
@@ -665,7 +668,7 @@ def main() -> None:
             processes.append(chief)
             wait_for(work / "chief-ready", processes, 180)
             worker = child_process(
-                "tf_job.py",
+                "bench.tf_job",
                 "--role",
                 "worker",
                 cluster,

@@ -10,11 +10,11 @@ blocks so that a burst of machine noise hits both sides alike:
   announces), ``StepWaiter.wait(K)`` there; from just before ``publish`` to the
   return of ``wait`` (which includes its unregistration).
 
-``bench/cluster.py`` runs both against a Redis Cluster too (``sharded``:
+``bench.cluster`` runs both against a Redis Cluster too (``sharded``:
 ``SPUBLISH``/``SSUBSCRIBE`` on the channel's owner; ``cluster``: the job's
 clients in cluster mode).
 
-Usage: ``python bench/wake_floor.py [--quick]``; the helper role is internal.
+Usage: ``python -m bench.wake_floor [--quick]``; the helper role is internal.
 """
 
 from __future__ import annotations
@@ -25,9 +25,23 @@ import random
 import sys
 import time
 import uuid
+from typing import TYPE_CHECKING
 
 import redis
-from harness import RedisServer, child_process, load_average, ms, save, stop_process, summarize
+from redis.client import PubSub
+
+from bench.harness import (
+    RedisServer,
+    child_process,
+    load_average,
+    ms,
+    save,
+    stop_process,
+    summarize,
+)
+
+if TYPE_CHECKING:
+    from stepbarrier import StepPublisher
 
 CHANNEL = "bench:floor"
 GAP_MIN, GAP_MAX = 0.02, 0.06
@@ -37,7 +51,7 @@ waits long, and a wake-up from idle is slower than one in a busy loop."""
 
 def receive_raw(url: str, count: int, sharded: bool) -> None:
     client = redis.Redis.from_url(url)
-    pubsub = client.pubsub(ignore_subscribe_messages=True)
+    pubsub: PubSub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
     if sharded:
         pubsub.ssubscribe(CHANNEL)
     else:
@@ -70,11 +84,11 @@ def run_floor_block(url: str, count: int, sharded: bool = False) -> list[float]:
     """Raw delivery on the Redis at ``url`` (``sharded``: the owner of ``CHANNEL``'s slot)."""
     client = redis.Redis.from_url(url)
     role = ["raw", url, str(count), *(["sharded"] if sharded else [])]
-    helper = child_process("wake_floor.py", "--helper", *role)
+    helper = child_process("bench.wake_floor", "--helper", *role)
     numsub = ("PUBSUB", "SHARDNUMSUB" if sharded else "NUMSUB", CHANNEL)
     try:
         deadline = time.monotonic() + 30
-        while not client.execute_command(*numsub)[1]:  # the receiver is subscribed
+        while not client.execute_command(*numsub)[1]:  # type: ignore[no-untyped-call]  # the receiver is subscribed
             if time.monotonic() > deadline:
                 raise RuntimeError("the raw receiver did not subscribe")
             time.sleep(0.01)
@@ -82,13 +96,29 @@ def run_floor_block(url: str, count: int, sharded: bool = False) -> list[float]:
         for i in range(count):
             time.sleep(random.uniform(GAP_MIN, GAP_MAX))
             sent[i] = time.time()
-            client.execute_command("SPUBLISH" if sharded else "PUBLISH", CHANNEL, str(i))
+            client.execute_command("SPUBLISH" if sharded else "PUBLISH", CHANNEL, str(i))  # type: ignore[no-untyped-call]
         out, _ = helper.communicate(timeout=60)
     finally:
         stop_process(helper)
         client.close()
     received = {int(k): v for k, v in json.loads(out)["received"].items()}
     return [received[i] - sent[i] for i in sorted(received)]
+
+
+def publish_when_registered(publisher: StepPublisher, count: int) -> dict[int, float]:
+    """Publish steps 1..count, each once a waiter is registered for it and after a
+    random idle gap; returns when each was handed over (``time.time()``)."""
+    sent = {}
+    for target in range(1, count + 1):
+        deadline = time.monotonic() + 30
+        while publisher.next_threshold != target:  # the waiter is registered
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the waiter never registered for step {target}")
+            time.sleep(0.001)
+        time.sleep(random.uniform(GAP_MIN, GAP_MAX))
+        sent[target] = time.time()
+        publisher.publish(target)
+    return sent
 
 
 def run_core_block(url: str, count: int, cluster: bool = False) -> list[float]:
@@ -102,18 +132,9 @@ def run_core_block(url: str, count: int, cluster: bool = False) -> list[float]:
         publisher.publish(0)
         publisher.flush(5)
         role = ["core", url, job, str(count), *(["cluster"] if cluster else [])]
-        helper = child_process("wake_floor.py", "--helper", *role)
+        helper = child_process("bench.wake_floor", "--helper", *role)
         try:
-            sent = {}
-            for target in range(1, count + 1):
-                deadline = time.monotonic() + 30
-                while publisher.next_threshold != target:  # the waiter is registered
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"the waiter never registered for step {target}")
-                    time.sleep(0.001)
-                time.sleep(random.uniform(GAP_MIN, GAP_MAX))
-                sent[target] = time.time()
-                publisher.publish(target)
+            sent = publish_when_registered(publisher, count)
             out, _ = helper.communicate(timeout=60)
         finally:
             stop_process(helper)

@@ -1,11 +1,12 @@
 """Run every benchmark, then write ``bench/results/results.md`` and the plot.
 
-Usage: ``python bench/run_all.py [--quick] [--only NAME ...]`` (``make bench``,
-``make bench-quick``). Each benchmark runs in its own process with its own
-redis-server; one that fails is reported and the others still run. Results go
-to ``bench/results/`` (``bench/results/quick/`` with ``--quick``): one JSON
-file per benchmark, ``run.json`` (machine, load, commit), ``results.md``,
-``wake_latency.png`` and ``fleet_wake.png``.
+Usage: ``python -m bench [--quick] [--only NAME ...]`` from the repository's
+root (``make bench``, ``make bench-quick``). Each benchmark runs in its own
+process (``python -m bench.<name>``) with its own redis-server; one that fails
+is reported and the others still run. Results go to ``bench/results/``
+(``bench/results/quick/`` with ``--quick``): one JSON file per benchmark,
+``run.json`` (machine, load, commit), ``results.md``, ``wake_latency.png`` and
+``fleet_wake.png``.
 """
 
 from __future__ import annotations
@@ -15,16 +16,16 @@ import subprocess
 import sys
 import time
 
-from harness import BENCH_DIR, RESULTS_DIR, ROOT, child_env, git, load_average, machine, save
+from bench.harness import RESULTS_DIR, ROOT, child_env, git, load_average, machine, save
 
 BENCHMARKS = (
-    "wake_floor", "fanout", "publish_call", "redis_load", "tf_job", "async_lateness", "cluster",
-    "fleet",
+    "wake_floor", "wake_path", "fanout", "publish_call", "redis_load", "tf_job", "async_lateness",
+    "cluster", "fleet",
 )  # fmt: skip
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="a short smoke run (2-3 minutes)")
     parser.add_argument("--only", nargs="+", choices=BENCHMARKS, help="run only these")
     args = parser.parse_args()
@@ -35,7 +36,7 @@ def main() -> int:
     for name in args.only or BENCHMARKS:
         print(f"== {name}", file=sys.stderr, flush=True)
         per_benchmark[name] = load_average()
-        command = [sys.executable, str(BENCH_DIR / f"{name}.py")]
+        command = [sys.executable, "-m", f"bench.{name}"]
         if args.quick:
             command.append("--quick")
         if subprocess.run(command, cwd=ROOT, env=child_env(), check=False).returncode != 0:
@@ -56,7 +57,7 @@ def main() -> int:
             "failed": failed,
         },
     )
-    report = [sys.executable, str(BENCH_DIR / "report.py"), *(["--quick"] if args.quick else [])]
+    report = [sys.executable, "-m", "bench.report", *(["--quick"] if args.quick else [])]
     subprocess.run(report, cwd=ROOT, check=True)
     print(f"results: {RESULTS_DIR / 'results.md'}", file=sys.stderr)
     return 1 if failed else 0
