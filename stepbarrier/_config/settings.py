@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from functools import cached_property
 from urllib.parse import urlsplit
 
 from stepbarrier._config.checks import (
@@ -154,9 +155,10 @@ class BarrierConfig:
             shown.append(f"{item.name}={value!r}")
         return f"BarrierConfig({', '.join(shown)})"
 
-    @property
+    @cached_property
     def keys(self) -> JobKeys:
         """The Redis key and channel names of this job."""
+        # made once: every write and read of the job names its keys
         return JobKeys.for_job(self.job)
 
     @property

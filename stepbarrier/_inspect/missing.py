@@ -43,15 +43,21 @@ class OtherJobs:
     may_scan: bool = True
 
 
-def is_missing(status: JobStatus) -> bool:
+def is_missing(status: JobStatus, waiting: int = 0) -> bool:
     """True if no key of the job holds anything: no state, no reset marker, no
-    waiter, no barrier, nothing malformed."""
+    waiter, no barrier, nothing malformed.
+
+    Args:
+        status: What was read.
+        waiting: Waiters counted apart from ``status`` (a summary's, when the
+            status lists none of them).
+    """
     return (
         status.step is None
         and status.generation is None
         and status.heartbeat_age is None
         and status.reset_at is None
-        and not (status.done or status.waiters or status.problems or status.barriers)
+        and not (status.done or status.waiters or waiting or status.problems or status.barriers)
     )
 
 

@@ -32,7 +32,8 @@ from stepbarrier._redis.client import RedisClient
 MAX_INDEXED = 10_000
 """Most waiters one status read shows (the first ones by target)."""
 ENTRY_FIELDS = ("task_id", "wait_until_step", "since", "host", "pid")
-"""The fields of a registry entry (``waiter_link.registry_entry``): all that is read of one."""
+"""The fields of a registry entry (``stepbarrier._worker.links.registry_entry``): all
+that is read of one."""
 TEXT_LIMIT = 200
 """Characters of an untrusted text field (a host name) kept for display."""
 SINCE_LIMIT = 1e11

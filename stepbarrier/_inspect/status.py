@@ -38,9 +38,10 @@ from stepbarrier._inspect.registry import (
 )
 from stepbarrier._protocol.barrier_library import MAX_BARRIER_INDEX
 from stepbarrier._protocol.barrier_record import epoch_token, state_from_read
+from stepbarrier._protocol.calls import Call
 from stepbarrier._protocol.wire import parse_int, parse_state, preview
 from stepbarrier._redis.client import RedisClient, with_client
-from stepbarrier._redis.functions import Call, RedisCode
+from stepbarrier._redis.functions import RedisCode
 from stepbarrier._worker.links import oversized_state_problem
 
 STATUS_RETRY_SECONDS = 5.0
@@ -173,8 +174,10 @@ def _read(
         problems.append(state.problem)
     reset_ms = _reset_ms(reset_raw, problems)
     if isinstance(index_raw, redis.exceptions.NoPermissionError):
-        # a user that may read the state but not the index still sees the step
-        problems.append(f"waiters not shown: {_NOT_LISTED}")
+        # a user that may read the state but not the index still sees the step;
+        # ZCARD (which it may run) tells whether there was anything to show
+        if _index_size(client, keys.targets) != 0:
+            problems.append(f"waiters not shown: {_NOT_LISTED}")
         index_raw = []
     index = parse_index(index_raw, problems, limit=max_waiters or MAX_INDEXED)
     waiters = read_entries(client, keys, index, problems)
@@ -196,6 +199,14 @@ def _read(
         problems=tuple(problems),
         barriers=barriers,
     )
+
+
+def _index_size(client: RedisClient, key: str) -> int | None:
+    """How many members an index has (``None``: it could not be told)."""
+    pipe = client.pipeline(transaction=False)
+    pipe.zcard(key)
+    (size,) = pipe.execute(raise_on_error=False)
+    return size if isinstance(size, int) else None
 
 
 def _open_barriers(

@@ -33,6 +33,7 @@ from tenacity import AsyncRetrying
 
 from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._protocol import library as scripts
+from stepbarrier._protocol.calls import Call
 from stepbarrier._redis.client import (
     SOCKET_TIMEOUT,
     ClientKind,
@@ -42,7 +43,6 @@ from stepbarrier._redis.client import (
 )
 from stepbarrier._redis.failures import REDIS_ERRORS, translate
 from stepbarrier._redis.functions import (
-    Call,
     explain_refusal,
     function_command,
     is_missing_function,

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeAlias, TypeVar, cast
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import redis
 from redis import exceptions as rex
@@ -146,7 +146,10 @@ def url_for_client(config: BarrierConfig) -> str:
         has_password, password = "", ""
     kept = f"{user}{has_password}{password}"
     netloc = f"{kept}@{host}" if kept else host
-    return urlunsplit(parts._replace(netloc=netloc))
+    # (not urlunsplit: it drops the "//" of an empty netloc, unix:///path -> unix:/path)
+    query = f"?{parts.query}" if parts.query else ""
+    fragment = f"#{parts.fragment}" if parts.fragment else ""
+    return f"{parts.scheme}://{netloc}{parts.path}{query}{fragment}"
 
 
 def refresh_topology(client: RedisClient) -> None:

@@ -16,13 +16,15 @@ this module imports only when an exporter is made: without it, ``serve`` and
 never imports this module; the command line does, for its defaults.
 
 Example:
-    A ``BarrierConfig``'s job is ignored here: the exporter covers every job::
+    A ``BarrierConfig``'s job is ignored here: the exporter covers every job:
 
-        config = BarrierConfig(job="any", redis_url="redis://redis:6379/0",
-                               redis_username="monitor", redis_password=secret)
-        with serve(config, port=9464) as server:
-            print(server.url)  # http://127.0.0.1:9464/metrics
-            threading.Event().wait()
+    ```python
+    config = BarrierConfig(job="any", redis_url="redis://redis:6379/0",
+                           redis_username="monitor", redis_password=secret)
+    with serve(config, port=9464) as server:
+        print(server.url)  # http://127.0.0.1:9464/metrics
+        threading.Event().wait()
+    ```
 """
 
 from __future__ import annotations

@@ -12,10 +12,14 @@ from typing import Any
 
 import pytest
 import redis
+from click.testing import CliRunner
 
 from stepbarrier import Barrier, BarrierConfig, RedisRefused, StepPublisher, StepWaiter, read_status
+from stepbarrier._inspect.missing import is_missing
 from stepbarrier._inspect.reset import reset_job
 from stepbarrier._redis.functions import function_name
+from stepbarrier.cli import cli
+from stepbarrier.cli._context import EXIT_NO_JOB
 from tests.ops_redis import (
     HARNESS_LINE,
     HARNESS_PASSWORD,
@@ -140,6 +144,22 @@ def test_a_workers_status_shows_the_step_and_says_why_not_the_waiters(
     assert "monitor user" in shown
     assert "not shown" not in " ".join(read_status(chief).problems)
     admin.close()
+
+
+@pytest.mark.parametrize("role", ["worker", "chief", "monitor"])
+def test_a_job_that_is_not_there_is_missing_for_every_role(
+    acl_server: RedisServer, job: str, role: str
+) -> None:
+    """A worker may not list the waiters, but ZCARD shows there are none: the job is
+    missing (exit 6), not dead (7), whichever password reads it."""
+    assert is_missing(read_status(as_user(acl_server, job, role)))
+    env = {
+        "STEPBARRIER_REDIS_URL": acl_server.url,
+        "STEPBARRIER_REDIS_USERNAME": role,
+        "STEPBARRIER_REDIS_PASSWORD": PASSWORDS[role],
+    }
+    result = CliRunner().invoke(cli, ["status", "--job", job, "--check"], env=env)
+    assert result.exit_code == EXIT_NO_JOB, result.output
 
 
 def test_the_refusal_names_the_user_and_the_acl_file(acl_server: RedisServer, job: str) -> None:

@@ -747,3 +747,29 @@ def test_the_async_client_takes_the_settings_over_the_urls_too(
             await client.aclose()
 
     assert asyncio.run(whoami()) == user
+
+
+def test_the_settings_win_over_a_unix_socket_urls_credentials() -> None:
+    """A ``unix://`` URL has an empty host: replacing its credentials must keep its
+    ``//`` (``unix:/path`` is no URL redis-py reads)."""
+    server = RedisServer()
+    socket_path = server.dir / "redis.sock"
+    server.args += ["--unixsocket", str(socket_path), "--unixsocketperm", "700"]
+    server.start()
+    try:
+        admin = server.client()
+        admin.acl_setuser(
+            "socket-user", enabled=True, passwords=["+socket-secret-1"], commands=["+@all"]
+        )
+        admin.close()
+        config = BarrierConfig(
+            job="precedence",
+            redis_url=f"unix://wrong-user:wrong-pass@{socket_path}?db=0",
+            redis_username="socket-user",
+            redis_password="socket-secret-1",
+        )
+        client = make_client(config)
+        assert client.acl_whoami() == "socket-user"
+        client.close()
+    finally:
+        server.stop()

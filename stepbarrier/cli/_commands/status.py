@@ -89,7 +89,8 @@ def status(as_json: bool, check: bool) -> None:
         click.echo(json.dumps(data, indent=2, sort_keys=True, allow_nan=False))
     else:
         job_status, summary = read_overview(config)
-        if is_missing(job_status):
+        # more waiters than listed: the summary counts them, the status lists none
+        if is_missing(job_status, waiting=summary.waiting if summary else 0):
             click.echo(f"Note: {missing_job_message(config)}", err=True)
         show(status_view(job_status, summary=summary))
 

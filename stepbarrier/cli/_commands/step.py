@@ -133,8 +133,9 @@ def publish(step: int, done: bool, force: bool) -> None:
     """Pin the job's step: release every worker waiting for STEP or less.
 
     The step is pinned (docs/protocol.md#operator-publish): it releases the
-    workers waiting for it now and those that arrive later, until a chief
-    begins a newer generation or the job is reset; workers waiting for a
+    workers waiting for it now and, with a run id (STEPBARRIER_RUN_ID), those of
+    the run that arrive later, until a chief begins a newer generation or the
+    job is reset; workers waiting for a
     higher step keep waiting. Each call is a new generation: the stored step is
     replaced, even by a lower one, and a running chief stops publishing for
     good, so it is refused (exit 2) while a chief heartbeats, unless --force.
@@ -157,10 +158,18 @@ def publish(step: int, done: bool, force: bool) -> None:
     if not publisher.close(done=done):
         failure = publisher.last_failure
         raise failure or RedisUnavailable(f"could not publish step {step} to {config.safe_url}")
-    click.echo(
-        f"job {config.job}: step {step} published"
-        + (", job marked done" if done else " and pinned: it releases later arrivals too")
-    )
+    if done:
+        outcome = ", job marked done"
+    elif config.run_id:
+        outcome = f" and pinned: it releases later arrivals of run {config.run_id} too"
+    else:
+        # a worker without a run id cannot tell this pin from an earlier run's:
+        # only a wait that sees it happen trusts it (docs/protocol.md#operator-publish)
+        outcome = (
+            " and pinned: it released the workers waiting now; a worker that arrives "
+            "later trusts it only with a run id (STEPBARRIER_RUN_ID on both sides)"
+        )
+    click.echo(f"job {config.job}: step {step} published{outcome}")
 
 
 class ChiefIsLive(click.ClickException):

@@ -121,7 +121,8 @@ class EmbeddedRedis:
 
 
 def stop_process_group(process: subprocess.Popen[Any], grace: float = STOP_GRACE) -> None:
-    """SIGTERM the process's group, then SIGKILL what is left after ``grace``."""
+    """SIGTERM the process's group, then SIGKILL what is left after ``grace``; returns
+    once no process of the group is left (or after ``grace`` more)."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         _signal_group(process, sig)
         try:
@@ -129,7 +130,20 @@ def stop_process_group(process: subprocess.Popen[Any], grace: float = STOP_GRACE
         except subprocess.TimeoutExpired:
             continue
         _signal_group(process, signal.SIGKILL)  # the leader is gone; so must its children
-        return
+        break
+    # a killed process takes a moment to go (a TensorFlow one frees gigabytes):
+    # "stopped" means gone, not only signalled
+    deadline = time.monotonic() + grace
+    while _group_alive(process) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _group_alive(process: subprocess.Popen[Any]) -> bool:
+    try:
+        os.killpg(process.pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
 
 
 def _signal_group(process: subprocess.Popen[Any], sig: int) -> None:
