@@ -424,13 +424,22 @@ class LocalCluster:
         Returns:
             The library's name.
         """
-        name = ""
-        for port in self.masters:
-            name = str(self._call(port, "FUNCTION", "LOAD", "REPLACE", source))
-            replicas = int(self._admin(port).info("replication")["connected_slaves"])
-            if replicas:  # a promoted master has none left
-                self._call(port, "WAIT", replicas, 5000)
-        return name
+        deadline = time.monotonic() + 60.0
+        while True:
+            name = ""
+            try:
+                for port in self.masters:
+                    name = str(self._call(port, "FUNCTION", "LOAD", "REPLACE", source))
+                    replicas = int(self._admin(port).info("replication")["connected_slaves"])
+                    if replicas:  # a promoted master has none left
+                        self._call(port, "WAIT", replicas, 5000)
+                return name
+            except redis.ReadOnlyError:
+                # a master that was slow for NODE_TIMEOUT_MS on a loaded machine
+                # was failed over while we looked: load it on the masters of now
+                if time.monotonic() > deadline:
+                    raise
+                self.wait_healthy()
 
 
 def _wait_until(

@@ -17,7 +17,16 @@ from pathlib import Path
 
 import redis
 
-from stepbarrier.cli._demo.local_processes import free_port
+
+def free_port() -> int:
+    """A TCP port on loopback that was free a moment ago.
+
+    The harness's own (not the demo's): ``bench.before_after`` imports it in
+    processes that run another checkout's ``stepbarrier``.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def redis_binary() -> str:

@@ -19,8 +19,8 @@ import redis
 from stepbarrier import BarrierAborted, BarrierConfig, BarrierTimeout, StepPublisher, StepWaiter
 from stepbarrier._inspect.reset import reset_job
 from tests.conftest import subprocess_env
+from tests.integration.test_waiter import Background, wait_for_waiters
 from tests.redis_harness import RedisServer
-from tests.test_waiter import Background, wait_for_waiters
 
 CLI = [sys.executable, "-m", "stepbarrier"]
 

@@ -1,7 +1,7 @@
 """An explicit-state model of the stepbarrier protocol, explored exhaustively at small scope.
 
-The rules are docs/protocol.md's, which states the code's (stepbarrier/_protocol/library.py's
-``begin_generation`` and ``publish_step``, stepbarrier/_chief/state.py,
+The rules are docs/protocol.md's, which states the code's (stepbarrier/_protocol/lua/'s
+``begin_generation.lua`` and ``publish_step.lua``, stepbarrier/_chief/state.py,
 stepbarrier/_worker/wait_state.py). Nothing here does I/O or imports stepbarrier: the
 model states the protocol's rules once more, small enough to enumerate every
 state that a few participants and faults reach.

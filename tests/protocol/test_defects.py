@@ -266,7 +266,7 @@ def finish_before_the_first_read(
     its first read (what 20 ms of link latency does to some workers)."""
     from stepbarrier._worker import links as waiter_link
 
-    original = waiter_link.WaiterLink.sync
+    original = waiter_link.WaiterLink.register_and_read
     first = threading.Event()
 
     def late_first_read(self: Any) -> Any:
@@ -276,7 +276,7 @@ def finish_before_the_first_read(
             chief.close(done=True)
         return original(self)
 
-    monkeypatch.setattr(waiter_link.WaiterLink, "sync", late_first_read)
+    monkeypatch.setattr(waiter_link.WaiterLink, "register_and_read", late_first_read)
     return first
 
 

@@ -19,8 +19,8 @@ from stepbarrier._protocol.roles import password_hash
 from stepbarrier.cli._commands.jobs import exporter
 from stepbarrier.cli._exporter import DEFAULT_PORT, JOB_GAUGES, METRIC_NAMES
 from tests.conftest import ROOT
-from tests.test_compose import resolve
-from tests.test_ops_k8s import acl_hash, find, role_password
+from tests.repository.test_compose import resolve
+from tests.repository.test_ops_k8s import acl_hash, find, role_password
 
 OPS = Path(ROOT) / "ops"
 DASHBOARD = json.loads((OPS / "grafana" / "dashboard.json").read_text())

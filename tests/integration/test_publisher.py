@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
@@ -194,3 +195,55 @@ def test_a_waiter_sees_the_step_of_a_publisher_context(config: BarrierConfig) ->
         assert publisher.flush(5.0)
         with StepWaiter(config) as waiter:
             assert waiter.wait(10, timeout=10) == 12
+
+
+def test_the_writer_holds_one_connection_of_a_callers_client_and_gives_it_back(
+    config: BarrierConfig, client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    # the writer thread sends on one connection of its own (no pool on the
+    # releasing write's path): a client the caller passed in gets it back at close
+    own = redis.Redis.from_url(config.redis_url)
+    pool = own.connection_pool
+    with StepPublisher(config, own) as publisher:
+        publisher.publish(3)
+        assert publisher.flush(5.0)
+        (held,) = pool._in_use_connections  # type: ignore[attr-defined]
+        host, port = held._sock.getsockname()[:2]
+        # Redis drops that connection (a restart, its idle timeout, a proxy):
+        # the next write makes it again before sending, and does not fail
+        assert client.client_kill_filter(_id=None, addr=f"{host}:{port}") == 1
+        caplog.set_level(logging.INFO, logger="stepbarrier")
+        writes = publisher.writes
+        publisher.publish(4)
+        assert publisher.flush(5.0)
+        assert stored(client, config)["step"] == "4"
+        assert publisher.writes == writes + 1 and publisher.last_error is None
+        assert not [r for r in caplog.records if "retry" in r.getMessage()], caplog.text
+    assert not pool._in_use_connections  # type: ignore[attr-defined]
+    assert own.ping()  # the caller's client is still the caller's to use
+    own.close()
+
+
+def test_a_writer_that_ends_after_close_gave_up_on_it_still_gives_its_connection_back(
+    config: BarrierConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from stepbarrier._chief.publish_call import StepWriter
+
+    own = redis.Redis.from_url(config.redis_url)
+    publisher = StepPublisher(config, own)
+    publisher.publish(1)
+    assert publisher.flush(5.0)
+    write = StepWriter.write
+
+    def slow(self: StepWriter, values: object) -> object:
+        time.sleep(1.5)  # a write that outlasts close()'s timeout
+        return write(self, values)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(StepWriter, "write", slow)
+    publisher.publish(2)
+    publisher.close(timeout=0.2)
+    thread = publisher._loop.thread
+    thread.join(10)
+    assert not thread.is_alive()
+    assert not own.connection_pool._in_use_connections  # type: ignore[attr-defined]
+    own.close()

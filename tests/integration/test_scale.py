@@ -2,7 +2,7 @@
 
 Counts, not timings: the number of connections held, the commands each read
 sends (from Redis's ``INFO commandstats``), the chief's writes. How fast these
-are is measured by ``bench/scale.py``.
+are is measured by ``python -m bench.fleet``.
 """
 
 from __future__ import annotations

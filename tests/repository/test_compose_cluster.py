@@ -35,7 +35,7 @@ from stepbarrier._redis.functions import LIBRARY_NAME
 from tests.cluster_harness import cluster_port
 from tests.conftest import ROOT
 from tests.ops_redis import EXAMPLE_OPT_IN, PASSWORDS
-from tests.test_compose import compose_config
+from tests.repository.test_compose import compose_config
 
 pytestmark = pytest.mark.cluster
 

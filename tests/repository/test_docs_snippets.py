@@ -26,10 +26,11 @@ from pathlib import Path
 
 import pytest
 
+from tests import conftest
 from tests.conftest import subprocess_env
 from tests.redis_harness import RedisServer
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(conftest.ROOT).resolve()
 RUN = {"python": "python", "py": "python", "sh": "shell", "bash": "shell", "shell": "shell"}
 FENCE = re.compile(r"^(?P<indent>[ ]*)(?P<fence>```+|~~~+)\s*(?P<lang>[\w+-]*)[^\n]*$")
 NOT_RUN = re.compile(r"^\s*<!--\s*not run:\s*(?P<reason>\S.*?)\s*-->\s*$")

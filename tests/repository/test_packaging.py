@@ -79,6 +79,9 @@ def test_the_wheel_ships_py_typed_and_the_cli_package(tmp_path: Path) -> None:
     assert "stepbarrier/py.typed" in names
     assert "stepbarrier/_worker/waiter.py" in names
     assert "stepbarrier/cli/__init__.py" in names
+    # the Functions library's Lua is package data, read at import
+    assert "stepbarrier/_protocol/lua/publish_step.lua" in names
+    assert "stepbarrier/_protocol/lua/helpers.lua" in names
     assert not [name for name in names if name.startswith(("tests/", "docs/", "bench/"))]
 
 
@@ -105,7 +108,7 @@ def test_the_sdist_holds_what_a_packager_expects(tmp_path: Path) -> None:
         "examples/plain_loop.py",
         "ops/redis/users.acl",
         "docker-compose.yml",
-        "bench/run_all.py",
+        "bench/__main__.py",
     ]:
         assert expected in names, f"{expected} missing from the sdist"
     unwanted = [n for n in names if "__pycache__" in n or n.startswith((".venv", "site/", "dist/"))]

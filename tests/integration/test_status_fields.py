@@ -12,8 +12,8 @@ import redis
 from stepbarrier import BarrierConfig, read_status
 from stepbarrier._inspect.reset import reset_job
 from tests.conftest import subprocess_env
-from tests.test_cli import run
-from tests.test_cli_publish import write_chief
+from tests.integration.test_cli import run
+from tests.integration.test_cli_publish import write_chief
 
 
 @pytest.fixture

@@ -32,7 +32,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests import conftest
+
+ROOT = Path(conftest.ROOT).resolve()
 MKDOCS = Path(sys.executable).parent / "mkdocs"
 
 CODE = re.compile(r"<(pre|code|script|style|svg|textarea)\b.*?</\1>", re.S | re.I)

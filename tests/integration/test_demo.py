@@ -20,7 +20,7 @@ from stepbarrier.cli._demo.demo import default_schedule, default_step_sleep
 from stepbarrier.cli._demo.local_processes import EmbeddedRedis
 from stepbarrier.cli._views.demo_live import DemoFrame, WorkerRow, demo_view, progress_line
 from stepbarrier.cli._views.output import plain_text
-from tests.conftest import subprocess_env
+from tests.conftest import ROOT, subprocess_env
 from tests.redis_harness import pid_alive
 
 CLI = [sys.executable, "-m", "stepbarrier"]
@@ -197,13 +197,13 @@ def test_the_piped_progress_line_names_each_worker() -> None:
 
 
 def test_the_examples_file_runs_the_shipped_program() -> None:
-    example = Path(__file__).resolve().parents[1] / "examples" / "tf1_parameter_server.py"
+    example = Path(ROOT, "examples", "tf1_parameter_server.py")
     assert "from stepbarrier.cli._demo.job import main" in example.read_text()
 
 
 def installed_copy(tmp_path: Path) -> Path:
     """The wheel, built and unpacked into a directory of its own (what pip installs)."""
-    from tests.test_packaging import build
+    from tests.repository.test_packaging import build
 
     wheel = build("wheel", tmp_path / "dist")
     target = tmp_path / "site"

@@ -286,7 +286,7 @@ def test_redis_starts_through_start_redis_sh_and_is_healthy_once_the_library_is_
 
 
 CLUSTER_FILE = Path(ROOT) / "docker-compose.cluster.yml"
-"""The same job on a 6-node Redis Cluster (tests/test_compose_cluster.py runs its
+"""The same job on a 6-node Redis Cluster (tests/repository/test_compose_cluster.py runs its
 nodes, its cluster creation and a round trip on local redis-server processes)."""
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -74,6 +75,32 @@ def age_heartbeat(config: BarrierConfig, seconds: float) -> None:
 
 
 # -- a job that is not there ---------------------------------------------------------
+
+
+def test_a_job_that_only_many_waiters_wait_on_is_not_called_missing(
+    redis_server: RedisServer,
+) -> None:
+    # more waiters than status lists: it summarises them (and reads no entry);
+    # they are there, so the job is too, and no SCAN looks for other jobs
+    from stepbarrier._inspect.summary import LIST_UP_TO
+    from stepbarrier._redis.functions import RedisCode
+    from stepbarrier._worker.links import register_call, registry_entry
+
+    config = BarrierConfig(job=f"many-{uuid.uuid4().hex[:6]}", redis_url=redis_server.url)
+    admin = redis.Redis.from_url(redis_server.url)
+    calls = [
+        register_call(config, f"{i}-w", 10 + i, registry_entry(config, 10 + i, time.time()))
+        for i in range(LIST_UP_TO + 5)
+    ]
+    RedisCode(admin, config).pipeline(calls)
+    admin.config_resetstat()
+    env = subprocess_env(STEPBARRIER_REDIS_URL=redis_server.url, STEPBARRIER_JOB=config.job)
+    result = run(env, "status")
+    assert result.returncode == 0, result.stderr
+    assert "no job" not in result.stderr, result.stderr
+    assert re.search(rf"waiting\s+{LIST_UP_TO + 5} worker\(s\)", result.stdout), result.stdout
+    assert "cmdstat_scan" not in admin.info("commandstats")
+    admin.close()
 
 
 def test_status_of_a_missing_job_names_the_jobs_that_exist(own_server: RedisServer) -> None:

@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests import conftest
+
+ROOT = Path(conftest.ROOT).resolve()
 DOCS = ROOT / "docs"
 README_MAX_LINES = 250
 

@@ -399,7 +399,7 @@ def test_a_silent_subscription_is_replaced_when_reads_see_the_step_move(
                     chief.publish(step)
                     await asyncio.sleep(0.02)
                 step = await task
-            return step, waiter._subscription.epoch
+            return step, waiter._subscription.number
 
     step, subscriptions = run(scenario())
     assert step >= 60  # released by a read
@@ -459,3 +459,42 @@ def test_a_new_chief_generation_is_read_once_for_every_wait(config: BarrierConfi
     assert released == [100] * 100  # released by that one read (the step came first)
     # one read for the 200 waits, and the released waits' unregistrations (pipelined)
     assert round_trips <= 4, round_trips
+
+
+def test_reads_made_for_every_wait_do_not_postpone_a_waits_own_registering_read(
+    make_config: Callable[..., BarrierConfig],
+) -> None:
+    """Announcements of alternating generations make the shared subscription read the
+    state for every wait; each wait still refreshes its registry entry on its own
+    fallback schedule (else the entry expires and ``status`` stops showing it)."""
+    import json
+
+    config = make_config(fallback_interval=0.5, stall_timeout=600.0, no_chief_warning=600.0)
+    client = redis.Redis.from_url(config.redis_url)
+
+    async def scenario() -> int:
+        registering = 0
+        async with AsyncStepWaiter(config) as waiter:
+            original = waiter._batcher.register_and_read
+
+            def counted(call: Any) -> Any:
+                nonlocal registering
+                registering += call is not None
+                return original(call)
+
+            waiter._batcher.register_and_read = counted  # type: ignore[method-assign]
+            task = asyncio.create_task(waiter.wait(100, timeout=30))
+            for beat in range(1, 21):  # 4 s of announcements, the generation 1, 2, 1, ...
+                announcement = {"step": 1, "generation": 1 + beat % 2, "beat": beat}
+                announcement |= {"vouch": True, "done": False, "pinned": False, "run_id": ""}
+                client.publish(config.keys.channel, json.dumps(announcement))
+                await asyncio.sleep(0.2)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        return registering
+
+    registering = run(scenario())
+    client.close()
+    # one at the start, then one per fallback interval (0.5 s) of the 4 s
+    assert registering >= 5, registering

@@ -14,8 +14,8 @@ import redis
 from stepbarrier import BarrierConfig, read_status
 from stepbarrier._inspect.registry import MAX_INDEXED, parse_index
 from stepbarrier._inspect.reset import RESET_BATCH, reset_job
+from tests.integration.test_cli import finish, start, wait_for_waiters
 from tests.redis_harness import RedisServer
-from tests.test_cli import finish, start, wait_for_waiters
 
 
 @pytest.fixture
@@ -88,7 +88,11 @@ def test_a_user_that_may_not_read_the_index_sees_the_step_and_a_problem(
 ) -> None:
     config = make_config()
     client.hset(config.keys.state, mapping={"step": "4", "generation": "1"})
-    status = read_status(as_user(config, user_without("zrangebyscore")))
+    user = as_user(config, user_without("zrangebyscore"))
+    # no waiter: nothing is hidden from it (ZCARD, which it may run, says so)
+    assert not any("waiters not shown" in problem for problem in read_status(user).problems)
+    client.zadd(config.keys.targets, {"w-1": 9})
+    status = read_status(user)
     assert status.step == 4
     assert any("waiters not shown" in problem for problem in status.problems)
 

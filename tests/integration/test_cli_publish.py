@@ -13,7 +13,7 @@ from redis.typing import EncodableT, FieldT
 
 from stepbarrier import BarrierConfig, StepPublisher, read_status
 from tests.conftest import subprocess_env
-from tests.test_cli import run
+from tests.integration.test_cli import run
 
 HAND_WRITTEN_CHIEF = "trainer-7:4242"
 
@@ -85,6 +85,16 @@ def test_publish_force_supersedes_a_live_chief(
 def test_publish_goes_ahead_when_no_chief_ever_wrote(env: dict[str, str]) -> None:
     result = run(env, "publish", "4")
     assert result.returncode == 0, result.stderr
+
+
+def test_publish_says_whom_the_pin_releases(env: dict[str, str]) -> None:
+    """Later arrivals trust a pin they did not see happen only with a run id."""
+    without = run(env, "publish", "4")
+    assert without.returncode == 0, without.stderr
+    assert "later trusts it only with a run id (STEPBARRIER_RUN_ID" in without.stdout
+    with_run = run({**env, "STEPBARRIER_RUN_ID": "run-9"}, "publish", "5")
+    assert with_run.returncode == 0, with_run.stderr
+    assert "releases later arrivals of run run-9 too" in with_run.stdout
 
 
 @pytest.mark.parametrize(
