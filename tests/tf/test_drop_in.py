@@ -32,8 +32,15 @@ pytestmark = pytest.mark.tensorflow
 
 TASK = str(Path(__file__).parent / "migration_task.py")
 SOON = 25
-"""Chief steps a worker may start after its step: the chief runs about 20 steps a
-second, TensorFlow's hook reads the step every 0.5 s, and the machine is shared."""
+"""Chief steps a worker woken through Redis may start after its step (about 20 steps
+a second; the wake takes milliseconds, the worker's first run does not)."""
+SOON_BY_SESSION = 60
+"""Chief steps a worker released by the session's step may start after it. The
+chief runs at most 20 steps a second and a worker reads the session's step every
+0.5 s (10 steps), but each read is a gRPC call to the ps, and with six TensorFlow
+processes per job and another test worker beside them a read was seen 1.4 s late
+(28 steps). 60 steps (3 s) still proves the point: a worker that missed its step
+waits for the end of the chief's 150 steps, or 600 s."""
 SESSION = "the session's global step"
 
 
@@ -112,10 +119,11 @@ def test_with_the_chief_unchanged_every_worker_starts_at_its_step_as_tensorflow_
     assert record["steps_trained"] > 0, record
     # never early: the step before the worker's first run reached its target
     assert record["first_global_step"] - 1 >= UNCHANGED_TARGET, record
-    assert record["first_global_step"] - 1 <= UNCHANGED_TARGET + SOON, record
+    assert record["first_global_step"] - 1 <= UNCHANGED_TARGET + SOON_BY_SESSION, record
     if worker != "tensorflow":
         assert record["released_by"] == SESSION, record
-        assert UNCHANGED_TARGET <= record["released_at_step"] <= UNCHANGED_TARGET + SOON
+        late = UNCHANGED_TARGET + SOON_BY_SESSION
+        assert UNCHANGED_TARGET <= record["released_at_step"] <= late, record
 
 
 def test_a_configured_worker_says_early_that_no_chief_publishes_and_how_to_add_one(
