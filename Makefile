@@ -7,6 +7,12 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 EXTRAS ?= dev,docs,tensorflow,jax,fast,exporter
 PYTEST_ARGS ?=
+# `make test` runs the suite in this many pytest workers (pytest-xdist), each
+# test file on one worker (--dist loadfile: a file's servers and clusters are
+# its own). Most tests wait on sleeps, timeouts and other processes, so two
+# workers on 2 cores take about 12 minutes instead of 22; TEST_WORKERS=0 runs
+# it in one process.
+TEST_WORKERS ?= 2
 
 .PHONY: all demo test test-unit test-core test-compose docker-engine soak lint docs dist venv redis-server prometheus bench bench-quick clean
 
@@ -59,7 +65,7 @@ $(DEMO_STAMP): pyproject.toml
 demo: $(DEMO_STAMP)
 	$(VENV)/bin/stepbarrier demo $(DEMO_ARGS)
 
-# tests/test_docs_site.py loads the docs site in a headless browser (mermaid
+# tests/repository/test_docs_site.py loads the docs site in a headless browser (mermaid
 # diagrams render client-side): Debian's chromium, installed when missing and
 # we may (root), else say how.
 chromium:
@@ -73,7 +79,7 @@ chromium:
 	fi
 
 test: venv redis-server prometheus chromium
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The unit tests alone: no server, no process, no network (tests/unit/conftest.py
 # refuses them); seconds.
@@ -119,8 +125,8 @@ soak: venv redis-server
 
 lint: venv
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check stepbarrier
-	$(VENV)/bin/mypy stepbarrier
+	$(VENV)/bin/ruff format --check stepbarrier bench
+	$(VENV)/bin/mypy stepbarrier bench
 	$(VENV)/bin/lint-imports --no-cache
 
 # The documentation site: --strict turns a broken link, a missing page or an
@@ -135,10 +141,10 @@ dist: venv
 	$(VENV)/bin/twine check --strict dist/*
 
 bench: venv redis-server
-	$(PY) bench/run_all.py
+	$(PY) -m bench
 
 bench-quick: venv redis-server
-	$(PY) bench/run_all.py --quick
+	$(PY) -m bench --quick
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build dist site *.egg-info
