@@ -58,7 +58,7 @@ from stepbarrier._worker.links import (
     register_call,
     registry_entry,
 )
-from stepbarrier._worker.timing import READ, LastChance, Receive
+from stepbarrier._worker.timing import READ, RESUBSCRIBE, LastChance, Receive
 from stepbarrier._worker.wait_state import ReadNow, WaitRules, wait_target
 from stepbarrier.errors import BarrierTimeout, RedisUnavailable, StepBarrierError
 
@@ -251,7 +251,8 @@ class _AsyncWait:
                 released = await self._read(refresh=True)
             elif isinstance(action, LastChance):
                 released = rules.after_last_chance(action.limit, await self._last_chance())
-            else:  # RESUBSCRIBE (an asyncio wait has no outside witness)
+            else:
+                assert action is RESUBSCRIBE, action  # an asyncio wait has no outside witness
                 why = "the step moved, no announcement"
                 self.waiter._subscription.restart(self.subscription, why)
         return released

@@ -46,7 +46,7 @@ from stepbarrier._redis.client import RedisClient
 from stepbarrier._redis.functions import RedisCode, publish_command
 from stepbarrier._redis.retries import call_with_retries
 from stepbarrier._redis.subscription import Subscription
-from stepbarrier._worker.timing import READ, LastChance, Limit, Receive, WaitTiming
+from stepbarrier._worker.timing import READ, RESUBSCRIBE, LastChance, Limit, Receive, WaitTiming
 from stepbarrier.errors import BarrierAborted, BarrierTimeout, ConfigurationError, RedisUnavailable
 
 log = logging.getLogger("stepbarrier._barriers.barrier")
@@ -224,7 +224,8 @@ class BarrierWait:
                 released = self._last_chance()
                 if not released:
                     timing.raise_if_passed(action.limit)
-            else:  # a barrier wait has no outside witness and resubscribes itself
+            else:
+                assert action is RESUBSCRIBE, action  # a barrier wait has no outside witness
                 released = self._reconnect()
         return True
 

@@ -186,11 +186,19 @@ class WaitTiming:
         outside witness's read, the fallback read and a resubscription, each
         if due, then a ``Receive``. So a read that takes longer than its
         interval cannot keep the wait from listening, and a passed limit (looked
-        at before anything else, at every call) or a due progress line (said
-        at every call) cannot be kept waiting by anything.
+        at before anything else, at every call, after at most the witness's due
+        read of this pass) or a due progress line (said at every call) cannot
+        be kept waiting by anything.
         """
         limit = self.passed(now)
         if limit is not None:
+            if self._turn < 1 and now >= self.source_at:
+                # the witness's due read first, as a pass takes it: a limit that
+                # passes just as it is due (stall_timeout equal to its interval,
+                # a deadline on its schedule) must not hide its release or its
+                # sign of life; once per pass, so it cannot delay the limit more
+                self._turn = 1
+                return READ_SOURCE
             return LastChance(limit)
         if now >= self.next_progress:
             self.log_progress()

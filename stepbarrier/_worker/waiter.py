@@ -72,8 +72,8 @@ class StepSource:
         interval: Seconds between reads while no write of the chief was seen
             (TensorFlow's own hook reads every 0.5 s).
         interval_with_chief: Seconds between reads once a write of the chief
-            was seen: Redis then wakes the wait, and the source is only the
-            safety net.
+            was seen and while Redis answers: Redis then wakes the wait, and the
+            source is only the safety net.
         hint: Said once, in a WARNING, when the source released a wait that
             never saw a write of its chief (how to add a publisher).
     """
@@ -329,6 +329,8 @@ class _Wait:
         refused = isinstance(exc, RedisRefused)
         if not rules.redis_lost:
             rules.redis_lost = True
+            # the source alone now: at its own pace, not the pace Redis allowed
+            rules.source_at = min(rules.source_at, self.clock() + self.source.interval)
             self._close_pubsub()
             log.warning(
                 "job %s: %s; waiting on %s alone%s",

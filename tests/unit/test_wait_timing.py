@@ -126,6 +126,65 @@ def test_a_step_wait_reads_its_outside_witness_first_and_on_its_intervals() -> N
     assert isinstance(action, Receive) and action.timeout == pytest.approx(0.5)
 
 
+def witness_rules(clock: Clock, *, timeout: float | None = None) -> WaitRules:
+    return WaitRules(
+        BarrierConfig(job="timing", stall_timeout=5.0),
+        10,
+        timeout,
+        clock,
+        logging.getLogger("test.timing"),
+        outside="the counter",
+        outside_every=(0.5, 5.0),
+    )
+
+
+def test_a_limit_that_passes_as_the_witness_is_due_reads_the_witness_first() -> None:
+    """The stall limit and the witness's read fall on the same instant (a stall
+    timeout equal to its interval): the witness's read comes first, and a step
+    that moved is life, not a timeout."""
+    clock = Clock()
+    rules = witness_rules(clock)
+    assert rules.next_action(clock.now) is READ_SOURCE
+    assert rules.on_outside_step(1) is None
+    assert rules.next_action(clock.now) is READ
+    rules.read_done()
+    rules.chief_seen = True  # the read saw a write of the chief: the witness at 5 s
+    assert isinstance(rules.next_action(clock.now), Receive)
+    clock.now += 0.5
+    assert rules.next_action(clock.now) is READ_SOURCE
+    assert rules.on_outside_step(2) is None  # moved: life now, next read in 5 s
+    assert rules.source_at == rules.stall_at() == clock.now + 5.0
+    rules.read_done()
+    assert isinstance(rules.next_action(clock.now), Receive)
+    clock.now += 5.0  # the chief said nothing since; the witness is due
+    assert rules.next_action(clock.now) is READ_SOURCE
+    assert rules.on_outside_step(3) is None  # it moved again
+    assert rules.passed(clock.now) is None
+
+
+def test_a_deadline_on_the_witness_schedule_still_takes_its_release() -> None:
+    clock = Clock()
+    rules = witness_rules(clock, timeout=3.0)
+    rules.source_at = clock.now + 3.0  # its next read falls on the deadline
+    rules.read_at = clock.now + 10.0
+    clock.now += 3.0
+    assert rules.next_action(clock.now) is READ_SOURCE
+    assert rules.on_outside_step(10) == 10  # released by the witness, not timed out
+    # and the limit is not delayed further: the pass took the witness's read
+    assert rules.next_action(clock.now) == LastChance("deadline")
+
+
+def test_while_redis_is_lost_the_witness_is_read_at_its_own_pace() -> None:
+    clock = Clock()
+    rules = witness_rules(clock)
+    rules.chief_seen = True
+    assert rules.on_outside_step(1) is None
+    assert rules.source_at == clock.now + 5.0  # Redis wakes the wait: the safety net
+    rules.redis_lost = True
+    assert rules.on_outside_step(1) is None
+    assert rules.source_at == clock.now + 0.5  # the only witness left
+
+
 def test_reads_slower_than_their_interval_still_leave_a_turn_to_listen_and_to_log() -> None:
     """A pass takes each due read once, then listens: a read always due again (its
     interval shorter than the read) neither starves the messages nor the progress
