@@ -17,7 +17,7 @@ import pytest
 from stepbarrier import BarrierConfig, StepPublisher, StepWaiter, read_status
 from stepbarrier._config.schedule import schedule_wait_until_step
 from stepbarrier.cli._demo.demo import default_schedule, default_step_sleep
-from stepbarrier.cli._demo.local_processes import EmbeddedRedis
+from stepbarrier.cli._demo.local_processes import EmbeddedRedis, ProcessGroup
 from stepbarrier.cli._views.demo_live import DemoFrame, WorkerRow, demo_view, progress_line
 from stepbarrier.cli._views.output import plain_text
 from tests.conftest import ROOT, subprocess_env
@@ -41,6 +41,22 @@ def processes_of(job: str) -> list[int]:
         if marker in environ and state != "Z":
             found.append(int(entry.name))
     return found
+
+
+def left_behind(job: str, within: float = 15.0) -> dict[int, str]:
+    """The demo's processes still alive ``within`` seconds after it exited, with their
+    command lines: a killed process takes a moment to go on a loaded machine, one
+    that was never stopped stays."""
+    deadline = time.monotonic() + within
+    while (pids := processes_of(job)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = {}
+    for pid in pids:
+        try:
+            left[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+    return left
 
 
 def demo_job() -> str:
@@ -124,7 +140,7 @@ def test_demo_runs_a_job_to_a_summary_and_leaves_nothing_running() -> None:
         assert int(released_at) >= target
         assert latency.endswith("ms")
         assert int(trained) >= 1
-    assert processes_of(job) == []
+    assert left_behind(job) == {}
 
 
 @pytest.mark.tensorflow
@@ -151,7 +167,31 @@ def test_ctrl_c_stops_every_process_and_exits_0() -> None:
     assert demo.returncode == 0, out + err
     assert "interrupted" in out
     assert "the summary so far" in out  # what ran until Ctrl-C
-    assert processes_of(job) == []
+    assert left_behind(job) == {}
+
+
+def test_a_stop_that_comes_while_a_child_starts_finds_it_recorded(tmp_path: Path) -> None:
+    """Ctrl-C between a child's fork and its record would leave it running with
+    nobody to stop it: the stop is held until the child is recorded."""
+    group = ProcessGroup(tmp_path)
+    real_popen = subprocess.Popen
+
+    def popen_then_ctrl_c(*args: object, **kwargs: object) -> subprocess.Popen[bytes]:
+        child = real_popen(*args, **kwargs)  # type: ignore[call-overload]
+        os.kill(os.getpid(), signal.SIGINT)  # as the child has just started
+        time.sleep(0.05)  # delivered here, if nothing holds it
+        return child  # type: ignore[no-any-return]
+
+    subprocess.Popen = popen_then_ctrl_c  # type: ignore[assignment,misc]
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            group.start("sleeper", [sys.executable, "-c", "import time; time.sleep(600)"], {})
+    finally:
+        subprocess.Popen = real_popen  # type: ignore[misc]
+        recorded = dict(group.processes)
+        group.stop_all()
+    assert "sleeper" in recorded  # the interrupt came after the record
+    assert recorded["sleeper"].poll() is not None  # and stop_all ended it
 
 
 def frame(**changes: object) -> DemoFrame:
@@ -272,4 +312,4 @@ def test_the_demo_runs_from_an_installed_wheel(tmp_path: Path) -> None:
     # piped: progress lines, not a live view
     assert "training: chief at step" in result.stdout
     assert "\x1b[" not in result.stdout
-    assert processes_of(job) == []
+    assert left_behind(job) == {}

@@ -16,8 +16,9 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from types import FrameType
 from typing import IO, Any
 
 import redis
@@ -25,6 +26,40 @@ import redis
 LOOPBACK = "127.0.0.1"
 STOP_GRACE = 5.0
 """Seconds a child gets to exit after SIGTERM before it is killed."""
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""The signals that stop the demo (Ctrl-C, a kill, a closed terminal)."""
+
+
+@contextlib.contextmanager
+def stop_signals_deferred() -> Iterator[None]:
+    """Hold Ctrl-C, SIGTERM and SIGHUP until the block ends, then act on them.
+
+    A child is started in a block like this: a stop that came between its
+    fork and the moment it is recorded would leave it running with nobody to
+    end it (the demo only stops the children it knows). Outside the main
+    thread (where signals cannot be handled) it changes nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+
+    def hold(signum: int, frame: FrameType | None) -> None:
+        held.append(signum)
+
+    # (a handler that Python did not install, None, is left as it is)
+    previous = {
+        sig: signal.signal(sig, hold) for sig in STOP_SIGNALS if signal.getsignal(sig) is not None
+    }
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for signum in dict.fromkeys(held):  # each once, in the order they came
+            signal.raise_signal(signum)
 
 
 def free_port() -> int:
@@ -71,13 +106,14 @@ class EmbeddedRedis:
         if self.kind == "redis-server" or (self.kind == "auto" and binary):
             if binary is None:
                 raise RuntimeError("redis-server is not installed")
-            self._process = subprocess.Popen(
-                [binary, "--port", str(self.port), "--bind", LOOPBACK, "--save", "",
-                 "--appendonly", "no", "--dir", str(self.workdir),
-                 "--logfile", str(self.workdir / "redis.log")],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                env=self.env, start_new_session=True,
-            )  # fmt: skip
+            with stop_signals_deferred():
+                self._process = subprocess.Popen(
+                    [binary, "--port", str(self.port), "--bind", LOOPBACK, "--save", "",
+                     "--appendonly", "no", "--dir", str(self.workdir),
+                     "--logfile", str(self.workdir / "redis.log")],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                    env=self.env, start_new_session=True,
+                )  # fmt: skip
             self.description = f"redis-server (pid {self._process.pid})"
         else:
             import fakeredis  # only needed when there is no redis-server
@@ -162,14 +198,15 @@ class ProcessGroup:
     def start(self, name: str, command: list[str], env: Mapping[str, str]) -> None:
         log = open(self.log_path(name), "wb")  # noqa: SIM115 (closed in stop_all)
         self._logs.append(log)
-        self.processes[name] = subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=dict(env),
-            start_new_session=True,
-        )
+        with stop_signals_deferred():  # recorded before a stop may end the demo
+            self.processes[name] = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=dict(env),
+                start_new_session=True,
+            )
 
     def log_path(self, name: str) -> Path:
         return self.logdir / f"{name}.log"
