@@ -246,7 +246,20 @@ class _AsyncWait:
             self._catch_up()
             action = rules.next_action(self.clock())
             if isinstance(action, Receive):
-                released = await self._receive(action.timeout)
+                # (inline, not a method: this is the wake of every wait, paid
+                # once per wait when one announcement releases thousands)
+                item = await self.mailbox.get(action.timeout)
+                if isinstance(item, Announcement):
+                    outcome = rules.on_announcement(item.parsed, item.raw)
+                    if isinstance(outcome, ReadNow):
+                        released = await self._read(after=item.parsed)
+                    elif outcome is not None:
+                        # the chief's script that announced it removed our target
+                        # from the index: nothing to unregister
+                        self.registered = False
+                        released = outcome
+                elif item is not None:
+                    released = await self._on_end(item)
             elif action is READ:
                 released = await self._read(refresh=True)
             elif isinstance(action, LastChance):
@@ -257,10 +270,8 @@ class _AsyncWait:
                 self.waiter._subscription.restart(self.subscription, why)
         return released
 
-    async def _receive(self, timeout: float) -> int | None:
-        """Take the next item of the wait's mailbox, if one comes within ``timeout``
-        seconds, and act on it."""
-        item = await self.mailbox.get(timeout)
+    async def _on_end(self, item: Lost | Ended) -> int | None:
+        """Act on the end of the subscription, or of every wait (a read for them all)."""
         if isinstance(item, Lost):
             if item.number < self.subscription:
                 return None  # an earlier subscription's end: this wait has moved on
@@ -269,16 +280,6 @@ class _AsyncWait:
             if item.error is not None:
                 raise item.error
             return item.step
-        return None if item is None else await self._on_announcement(item)
-
-    async def _on_announcement(self, item: Announcement) -> int | None:
-        outcome = self.rules.on_announcement(item.parsed, item.raw)
-        if isinstance(outcome, ReadNow):
-            return await self._read(after=item.parsed)
-        if outcome is not None:
-            # the chief's script that announced it removed our target from the index
-            self.registered = False
-        return outcome
 
     async def _read(
         self, *, refresh: bool = False, after: StepAnnouncement | None = None
