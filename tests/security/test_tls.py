@@ -133,3 +133,42 @@ def test_a_plain_connection_to_a_tls_only_server_does_not_downgrade(
     with pytest.raises(RedisRefused) as info:
         StepWaiter(config).wait(5, timeout=2)
     assert info.value.kind == "tls" and "TLS" in str(info.value)
+
+
+def test_a_worker_waiting_over_tls_outlives_a_restart_of_its_redis(tls: TlsSetup, job: str) -> None:
+    """A TLS Redis killed and started again (empty) mid-wait: the link drops, which
+    is an outage to retry, not a TLS refusal; the worker waits on and is released
+    by the chief's next write, never early."""
+    config = BarrierConfig.from_env(
+        {
+            "STEPBARRIER_JOB": job,
+            "STEPBARRIER_REDIS_URL": tls.url,
+            "STEPBARRIER_TLS_CA_FILE": str(tls.ca.path),
+            "STEPBARRIER_HEARTBEAT": "0.2",
+        }
+    )
+    result: dict[str, object] = {}
+
+    def wait() -> None:
+        try:
+            with StepWaiter(config) as waiter:
+                result["step"] = waiter.wait(5, timeout=60)
+        except Exception as exc:  # the assertion below shows it
+            result["error"] = exc
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    deadline = time.monotonic() + 15
+    while not read_status(config).waiters and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert read_status(config).waiters, "the worker never registered"
+    tls.server.restart_empty()  # SIGKILL, then the same port again with no data
+    time.sleep(1.0)  # the worker's subscription is gone with the old server
+    assert thread.is_alive(), result  # still waiting: not failed, not released
+    with StepPublisher(config) as publisher:
+        publisher.publish(4)
+        publisher.flush(10)
+        assert thread.is_alive(), result  # step 4 releases nobody waiting for 5
+        publisher.publish(5)
+        thread.join(60)
+    assert result == {"step": 5}
