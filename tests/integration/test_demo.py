@@ -194,6 +194,23 @@ def test_a_stop_that_comes_while_a_child_starts_finds_it_recorded(tmp_path: Path
     assert recorded["sleeper"].poll() is not None  # and stop_all ended it
 
 
+def test_a_signal_the_demo_ignores_stays_ignored_in_its_children(tmp_path: Path) -> None:
+    """The stop signals are held while a child starts, but one the demo ignores
+    (started with nohup, say) is not taken over: the child inherits it ignored."""
+    group = ProcessGroup(tmp_path)
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        group.start("sleeper", [sys.executable, "-c", "import time; time.sleep(600)"], {})
+        status = Path(f"/proc/{group.processes['sleeper'].pid}/status").read_text()
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+        group.stop_all()
+    ignored = int(
+        next(line for line in status.splitlines() if line.startswith("SigIgn:")).split()[1], 16
+    )
+    assert ignored & (1 << (signal.SIGHUP - 1)), status
+
+
 def frame(**changes: object) -> DemoFrame:
     settings: dict[str, object] = {
         "phase": "training",

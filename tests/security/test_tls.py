@@ -168,6 +168,7 @@ def test_a_worker_waiting_over_tls_outlives_a_restart_of_its_redis(tls: TlsSetup
     with StepPublisher(config) as publisher:
         publisher.publish(4)
         publisher.flush(10)
+        time.sleep(0.5)  # the announcement of step 4 has reached the worker
         assert thread.is_alive(), result  # step 4 releases nobody waiting for 5
         publisher.publish(5)
         thread.join(60)

@@ -39,7 +39,9 @@ def stop_signals_deferred() -> Iterator[None]:
     A child is started in a block like this: a stop that came between its
     fork and the moment it is recorded would leave it running with nobody to
     end it (the demo only stops the children it knows). Outside the main
-    thread (where signals cannot be handled) it changes nothing.
+    thread (where signals cannot be handled) it changes nothing; a signal that
+    is ignored, or whose handler Python did not install, is left as it is (a
+    child started here inherits an ignored signal as ignored).
     """
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -49,17 +51,24 @@ def stop_signals_deferred() -> Iterator[None]:
     def hold(signum: int, frame: FrameType | None) -> None:
         held.append(signum)
 
-    # (a handler that Python did not install, None, is left as it is)
     previous = {
-        sig: signal.signal(sig, hold) for sig in STOP_SIGNALS if signal.getsignal(sig) is not None
+        sig: signal.signal(sig, hold)
+        for sig in STOP_SIGNALS
+        if signal.getsignal(sig) not in (None, signal.SIG_IGN)
     }
     try:
         yield
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        for signum in dict.fromkeys(held):  # each once, in the order they came
-            signal.raise_signal(signum)
+        # blocked while the handlers go back: a signal that comes meanwhile
+        # waits for its own handler instead of landing between two of them
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            for signum in dict.fromkeys(held):  # each once, in the order they came
+                signal.raise_signal(signum)  # pending until the mask goes back
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def free_port() -> int:
