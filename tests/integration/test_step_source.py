@@ -347,3 +347,45 @@ def test_a_hung_redis_delays_the_source_s_reads_by_one_short_socket_timeout_at_m
         if server.process is not None:
             server.process.send_signal(signal.SIGCONT)
         server.cleanup()
+
+
+def test_once_redis_is_lost_the_source_is_read_at_its_own_pace_again(job: str) -> None:
+    """A chief was seen (the source is then read only every ``interval_with_chief``,
+    30 s here), then Redis is lost: the source is the only witness left and is
+    read every ``interval`` again, so its step releases the wait within seconds,
+    not at the next slow read."""
+    server = RedisServer()
+    server.start()
+    try:
+        config = BarrierConfig(job=job, redis_url=server.url, heartbeat=0.1)
+        counter = Counter(0)
+        result: dict[str, Any] = {}
+
+        def wait() -> None:
+            with StepWaiter(config) as waiter:
+                source = counter.source(interval=0.05, interval_with_chief=30.0)
+                result["step"] = waiter.wait(8, timeout=60, source=source)
+                result["by"] = waiter.last_released_by
+
+        with StepPublisher(config) as publisher:
+            publisher.publish(1)
+            thread = threading.Thread(target=wait, daemon=True)
+            thread.start()
+            deadline = time.monotonic() + 20
+            while not read_status(config).waiters and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(1.0)  # heartbeats every 0.1 s: the worker has seen its chief
+            reads_before = counter.reads
+            time.sleep(1.0)
+            reads_with_chief = counter.reads - reads_before  # 20 at the fast pace
+            server.kill()
+            time.sleep(0.5)
+            counter.step = 8
+            moved = time.monotonic()
+            thread.join(25)
+            released = time.monotonic()
+    finally:
+        server.cleanup()
+    assert result == {"step": 8, "by": NAME}, result
+    assert reads_with_chief <= 1  # the slow pace held while the chief was seen
+    assert released - moved < 10.0  # the next slow read would have come after 30 s
