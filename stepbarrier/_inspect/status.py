@@ -203,10 +203,10 @@ def _read(
 
 def _index_size(client: RedisClient, key: str) -> int | None:
     """How many members an index has (``None``: it could not be told)."""
-    pipe = client.pipeline(transaction=False)
-    pipe.zcard(key)
-    (size,) = pipe.execute(raise_on_error=False)
-    return size if isinstance(size, int) else None
+    try:
+        return int(client.zcard(key))
+    except redis.RedisError:
+        return None
 
 
 def _open_barriers(
