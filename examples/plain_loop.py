@@ -2,7 +2,8 @@
 
 The chief publishes its step after every training step; each worker waits for
 its step, then trains. Start the chief first or last, in any order: a worker
-that starts late is released at once if the chief is already past its step.
+that starts late is released within a heartbeat if the chief is already past
+its step, and within 3 s (the protocol's grace) if the job has finished.
 
 Environment variables (this script reads no command-line arguments):
     STEPBARRIER_JOB             required: the job's name, the same on every host.

@@ -12,7 +12,14 @@ their registrations, reads and unregistrations go in pipelines
 (``stepbarrier._worker.aio_batch``).
 
 A wait that asyncio cancels (``asyncio.wait_for``, ``Task.cancel``) removes
-its registry entry before the cancellation completes.
+its registry entry before the cancellation completes (waiting ``LEAVE_WITHIN``
+at most for it: an entry left behind expires by itself).
+
+A wait ends within its limits against a Redis that hangs too (it accepts
+connections and never answers): whatever its shared connections do, a wait
+awaits each of its calls (its subscription, its reads) for the time left to
+its nearest limit at most (``CALL_FLOOR`` at least), and its unregistration
+for ``LEAVE_WITHIN`` at most.
 
 The chief stays ``StepPublisher``: ``publish`` takes a fraction of a
 microsecond and never blocks (its thread does the Redis work), so it is fit
@@ -31,6 +38,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from types import TracebackType
+from typing import TypeVar
 
 from redis.asyncio.cluster import RedisCluster as AsyncCluster
 
@@ -41,8 +49,10 @@ from stepbarrier._redis.aio_client import (
     AsyncRedisCode,
     SlotOwners,
     call_with_retries,
+    expiring,
     make_async_client,
 )
+from stepbarrier._redis.bounded import LEAVE_WITHIN, call_timeout
 from stepbarrier._worker.aio_batch import CallBatcher
 from stepbarrier._worker.aio_subscription import (
     Announcement,
@@ -63,6 +73,8 @@ from stepbarrier._worker.wait_state import ReadNow, WaitRules, wait_target
 from stepbarrier.errors import BarrierTimeout, RedisUnavailable, StepBarrierError
 
 log = logging.getLogger("stepbarrier.aio")
+
+T = TypeVar("T")
 
 LEAVE_TIMEOUT = 2.0
 """Seconds ``close`` waits for unregistrations still queued (an entry left behind
@@ -224,6 +236,7 @@ class _AsyncWait:
         self.entry = registry_entry(self.config, target, since=time.time())
         self.registered = False
         self.registered_at: float | None = None
+        self.answered = True  # False while its last call failed (Redis unreachable or hung)
         self.mailbox = Mailbox(target, self._judge)
         self.subscription = 0  # the number of the subscription it listens on
         self.messages = 0  # the subscription's messages this wait has taken in
@@ -294,18 +307,25 @@ class _AsyncWait:
                 self.config, self.id, self.rules.target, self.entry, self.waiter._keys
             )
 
+        deadline = self.rules.retry_deadline()
+
         async def register_and_read() -> Snapshot:
             if call is not None:
                 self.registered, self.registered_at = True, self.clock()
-            return await self.waiter._batcher.register_and_read(call)
+            # the shared round trip may take longer (other waits' calls ride on
+            # it): this wait awaits it for the time left to its limit at most
+            reply = self.waiter._batcher.register_and_read(call)
+            return await expiring(reply, call_timeout(deadline, self.clock()))
 
-        snapshot = await call_with_retries(
-            register_and_read,
-            self.config,
-            action="read the job's state",
-            deadline=self.rules.retry_deadline(),
-            clock=self.clock,
-            sleep=self.waiter._sleep,
+        snapshot = await self._answered(
+            call_with_retries(
+                register_and_read,
+                self.config,
+                action="read the job's state",
+                deadline=deadline,
+                clock=self.clock,
+                sleep=self.waiter._sleep,
+            )
         )
         if call is not None:
             # the fallback read is due one interval after the last registering
@@ -343,13 +363,21 @@ class _AsyncWait:
 
     async def _reconnect(self) -> int | None:
         """Subscribe (or join the subscription), then read the state (in that order)."""
-        self.subscription = await call_with_retries(
-            self.waiter._subscription.ensure,
-            self.config,
-            action=f"subscribe to {self.waiter._keys.channel}",
-            deadline=self.rules.retry_deadline(),
-            clock=self.clock,
-            sleep=self.waiter._sleep,
+        deadline = self.rules.retry_deadline()
+
+        async def subscribe() -> int:  # (a coroutine function: tenacity awaits it)
+            timeout = call_timeout(deadline, self.clock())
+            return await self.waiter._subscription.ensure(timeout)
+
+        self.subscription = await self._answered(
+            call_with_retries(
+                subscribe,
+                self.config,
+                action=f"subscribe to {self.waiter._keys.channel}",
+                deadline=deadline,
+                clock=self.clock,
+                sleep=self.waiter._sleep,
+            )
         )
         self.rules.subscribed()
         # what came before the read is older than it: the read is the truth
@@ -357,8 +385,19 @@ class _AsyncWait:
         self.messages = self.waiter._subscription.messages
         return await self._read(refresh=True)  # Redis may have restarted empty
 
+    async def _answered(self, call: Awaitable[T]) -> T:
+        """``await call`` (a call with its retries), noting whether it failed."""
+        try:
+            result = await call
+        except Exception:
+            self.answered = False
+            raise
+        self.answered = True
+        return result
+
     async def _last_chance(self) -> int | None:
-        """One last read at a passed limit (a release may have come)."""
+        """One last read at a passed limit (a release may have come; bounded by
+        ``CALL_FLOOR``)."""
         try:
             return await self._read()
         except RedisUnavailable:
@@ -368,11 +407,14 @@ class _AsyncWait:
         """Unregister, even while being cancelled (one try; an entry left behind expires)."""
         self.registered = False
         done = self.waiter._batcher.leave(leave_call(self.waiter._keys, self.id))
-        # the batcher sends it whatever happens to this task (shielded: a second
-        # cancellation does not take it back); waiting for it here means that
-        # once wait() has ended, the entry is gone. Its round trip is bounded by
-        # the connection's timeouts.
+        # the batcher sends it whatever happens to this task or to the future (a
+        # second cancellation, the bound below do not take it back). Waiting for
+        # it here means that once wait() has ended, the entry is gone; but for
+        # LEAVE_WITHIN at most, and not at all when the wait's last call found
+        # Redis unreachable or hung (the entry expires by itself)
+        if not self.answered:
+            return
         try:
-            await asyncio.shield(done)
+            await expiring(done, LEAVE_WITHIN)
         except Exception as exc:
             log.debug("job %s: could not unregister (%s); it expires", self.config.job, exc)

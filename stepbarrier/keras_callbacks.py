@@ -22,11 +22,13 @@ step in between is released at the end of that execution).
 Written for Keras 3 (``tf.keras`` in TensorFlow 2.16 and later) on any backend
 that can train (TensorFlow, JAX; the NumPy backend cannot ``fit``).
 
-``StepWaiterCallback`` fits the default strategy, ``OneDeviceStrategy`` and
-``ParameterServerStrategy``; under a synchronous ``tf.distribute`` strategy
-(``MirroredStrategy``, ``MultiWorkerMirroredStrategy``, ``TPUStrategy``,
-``CentralStorageStrategy``) it raises ``ConfigurationError`` before it waits:
-there the start and end barrier callbacks fit instead.
+``StepWaiterCallback`` fits the default strategy and ``OneDeviceStrategy``;
+under a synchronous ``tf.distribute`` strategy (``MirroredStrategy``,
+``MultiWorkerMirroredStrategy``, ``TPUStrategy``, ``CentralStorageStrategy``)
+it raises ``ConfigurationError`` before it waits: there the start and end
+barrier callbacks fit instead. Keras 3's ``fit`` trains under no strategy that
+spans processes (``MultiWorkerMirroredStrategy`` with a cluster,
+``ParameterServerStrategy``): see docs/tensorflow-keras.md#distribution-strategies.
 """
 
 from __future__ import annotations
@@ -181,7 +183,9 @@ _FITTING_STRATEGIES = (
     "compat.v1.distribute.OneDeviceStrategy",
     "compat.v1.distribute.experimental.ParameterServerStrategy",
 )
-"""Besides the default strategy, the ``tf.distribute`` strategies a step wait fits."""
+"""Besides the default strategy, the ``tf.distribute`` strategies not refused: a
+step wait fits ``OneDeviceStrategy``; under ``ParameterServerStrategy`` Keras 3's
+``fit`` raises on its own before the first batch, so no wait ever begins."""
 
 _SYNCHRONOUS_STRATEGIES = (
     "distribute.MultiWorkerMirroredStrategy",
@@ -249,17 +253,17 @@ def _refuse_a_synchronous_strategy(model: Any) -> None:
     if name is None:
         return
     raise ConfigurationError(
-        f"StepWaiterCallback cannot run under {name}: a synchronous strategy "
-        "takes every training step on all workers together (an all-reduce), so the "
-        "chief would block in its first step until this worker joins it while this "
-        "worker waits for the chief's step, a deadlock that the chief's heartbeat "
-        "keeps the stall timeout from ending. The strategy keeps the workers in step "
-        "by itself: to hold them together at the start and the end of training, use "
-        "StartBarrierCallback and EndBarrierCallback instead (or "
-        "callbacks_from_env(start_barrier=True, end_barrier=True) with neither "
-        "STEPBARRIER_WAIT_UNTIL_STEP nor STEPBARRIER_SCHEDULE for the workers). "
-        "StepWaiterCallback fits the default strategy, OneDeviceStrategy and "
-        "ParameterServerStrategy (docs/tensorflow-keras.md#distribution-strategies)."
+        f"StepWaiterCallback does not run under {name}, a synchronous strategy: "
+        "across workers it takes every training step in one all-reduce of them all, "
+        "so the chief would block in its first step until this worker joins it while "
+        "this worker waits for the chief's step, a deadlock that the chief's heartbeat "
+        "keeps the stall timeout from ending; the refusal goes by the kind of "
+        "strategy, in a single process too. To hold the tasks together at the start "
+        "and the end of training, use StartBarrierCallback and EndBarrierCallback "
+        "instead (or callbacks_from_env(start_barrier=True, end_barrier=True) with "
+        "neither STEPBARRIER_WAIT_UNTIL_STEP nor STEPBARRIER_SCHEDULE for the "
+        "workers). A step wait fits the default strategy and OneDeviceStrategy "
+        "(docs/tensorflow-keras.md#distribution-strategies)."
     )
 
 
@@ -277,12 +281,14 @@ class StepWaiterCallback(keras.callbacks.Callback):  # type: ignore[misc]
 
     Under a synchronous ``tf.distribute`` strategy (``MirroredStrategy``,
     ``MultiWorkerMirroredStrategy``, ``TPUStrategy``, ``CentralStorageStrategy``)
-    the wait would be a deadlock: the chief waits in its first step for this
-    worker, this worker for the chief's step. ``fit`` then raises
-    ``ConfigurationError`` at once, before any wait, for any ``wait_until_step``;
+    ``fit`` raises ``ConfigurationError`` at once, before any wait, for any
+    ``wait_until_step``: across workers the wait would be a deadlock (the chief
+    waits in its first step for this worker, this worker for the chief's step),
+    and the refusal goes by the kind of strategy, in one process too.
     ``StartBarrierCallback`` and ``EndBarrierCallback`` fit those strategies.
-    The default strategy, ``OneDeviceStrategy`` and ``ParameterServerStrategy``
-    are fine.
+    The default strategy and ``OneDeviceStrategy`` are fine. Keras 3's ``fit``
+    trains under neither ``MultiWorkerMirroredStrategy`` with a cluster nor
+    ``ParameterServerStrategy`` (docs/tensorflow-keras.md#distribution-strategies).
 
     Args:
         wait_until_step: The chief's step to wait for; ``<= 0`` starts at once

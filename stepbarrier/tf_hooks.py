@@ -96,9 +96,12 @@ through ``SessionRunArgs`` costs about 0.25 ms, so 0.025 ms a run on average).""
 SESSION_READ_EVERY = 0.5
 """Seconds between two reads of the session's global step while no chief of the
 job was seen on Redis: TensorFlow's own hook reads it this often."""
-SESSION_READ_WITH_CHIEF = 5.0
+SESSION_READ_WITH_CHIEF = 0.5
 """Seconds between two reads of the session's global step once a write of the
-chief was seen: Redis then wakes the worker, and the read is the safety net."""
+chief was seen: TensorFlow's pace still. Redis then wakes the worker within
+milliseconds; the read is the safety net for a Redis that hangs or dies in the
+middle of a wait, which a worker notices only by its silence: read at
+TensorFlow's pace, such a worker never starts later than TensorFlow's would."""
 
 _NO_PUBLISHER_HINT = (
     "no GlobalStepPublisherHook was heard; for wake-ups within milliseconds of the step, "
@@ -117,12 +120,12 @@ class GlobalStepWaiterHook(tf.compat.v1.train.SessionRunHook):  # type: ignore[m
 
     A drop-in replacement for ``tf.compat.v1.train.GlobalStepWaiterHook``: the
     same argument and the same lifecycle. It reads the session's global step,
-    as TensorFlow's hook does (once before anything else, then every 0.5 s, or
-    every 5 s once a chief of the job was seen on Redis), and it listens to the
-    chief's ``GlobalStepPublisherHook`` through Redis, which wakes it within
-    milliseconds of the step. Whichever comes first releases the worker, so it
-    never starts later than with TensorFlow's hook, and never earlier (the
-    session's step is what TensorFlow trusts).
+    as TensorFlow's hook does (once before anything else, then every 0.5 s),
+    and it listens to the chief's ``GlobalStepPublisherHook`` through Redis,
+    which wakes it within milliseconds of the step. Whichever comes first
+    releases the worker, so it starts no later than with TensorFlow's hook (a
+    Redis that hangs can hold one read back by its bounded call, about a
+    second), and never earlier (the session's step is what TensorFlow trusts).
 
     Without ``STEPBARRIER_JOB`` (and no ``config``) it is TensorFlow's hook: it
     reads the session's step every 0.5 s, after one WARNING naming the

@@ -13,6 +13,7 @@ import redis
 from hypothesis import settings
 
 from stepbarrier import BarrierConfig
+from stepbarrier._config.defaults import LAUNCHER_VARIABLES
 from tests.redis_harness import RedisServer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -68,6 +69,18 @@ def config(make_config: Callable[..., BarrierConfig]) -> BarrierConfig:
 
 
 @pytest.fixture
+def long_heartbeats(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Let this test's configs have a heartbeat above the protocol's 1 s limit.
+
+    For tests of when the chief writes (a crossed threshold, a new session's
+    first step): with a minute-long heartbeat, a write that comes at once cannot
+    be a heartbeat's. Such a chief breaks the job-wide fence, so only these
+    tests, which run no zombie, may have one.
+    """
+    monkeypatch.setattr("stepbarrier._config.settings.MAX_HEARTBEAT", 3600.0)
+
+
+@pytest.fixture
 def client(redis_server: RedisServer) -> Iterator[redis.Redis]:
     """A plain redis-py client on the session's server."""
     c = redis_server.client()
@@ -78,7 +91,10 @@ def client(redis_server: RedisServer) -> Iterator[redis.Redis]:
 def subprocess_env(**extra: str) -> dict[str, str]:
     """Environment for child processes: this checkout importable, TF quiet."""
     env = {
-        k: v for k, v in os.environ.items() if not k.startswith("STEPBARRIER_") and k != "TF_CONFIG"
+        k: v
+        for k, v in os.environ.items()
+        # nor a launcher's run id: a suite run under torchrun or Slurm names no run
+        if not k.startswith("STEPBARRIER_") and k not in ("TF_CONFIG", *LAUNCHER_VARIABLES)
     }
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"

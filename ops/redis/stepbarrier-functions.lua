@@ -1,21 +1,39 @@
-#!lua name=stepbarrier_v2
+#!lua name=stepbarrier_v3
 
-local MAX_STEP = 9007199254740992
+local MAX_STEP = 9007199254740990
 local MAX_FIELDS, MAX_VALUE, MAX_TASK_VALUE = 32, 256, 16
 local MAX_MARKER, MAX_PARTIES, MAX_BARRIER_INDEX = 64, 100000, 1000
 local MAX_TARGETS_READ, MAX_REMOVED = 1000, 1000
 local MAX_REGISTRATIONS, MAX_RESET_KEYS = 1000, 2000
-local STATE_FIELDS = {'generation', 'step', 'beat', 'run_id', 'vouch', 'fence', 'done', 'pinned', 'reset_seen', 'chief', 'heartbeat_ms', 'done_ms', 'heartbeat_period_ms'}
+local STATE_FIELDS = {'generation', 'step', 'beat', 'run_id', 'vouch', 'fence', 'begun', 'probation', 'done', 'pinned', 'reset_seen', 'chief', 'heartbeat_ms', 'done_ms', 'heartbeat_period_ms', 'idle_ms'}
 local BARRIER_FIELDS = {'parties', 'arrived', 'created_ms', 'run_id', 'epoch', 'last_ms', 'completed_ms'}
 local EPOCH_FIELDS = {'token', 'by'}
 
 local function whole(text)
-  -- One definition of a stored number, the same as Python's protocol.parse_int:
-  -- 1 to 16 ASCII digits (no sign, space, exponent or hex), at most 2^53.
+  -- One definition of a stored number, the same as Python's wire.parse_int:
+  -- 1 to 16 ASCII digits (no sign, space, exponent or hex), at most MAX_STEP
+  -- (2^53 - 2, so that n + 1 is exact in doubles); a larger one is malformed (nil).
   if type(text) ~= 'string' or #text > 16 or not string.match(text, '^%d+$') then return nil end
   local n = tonumber(text)
   if n and n <= MAX_STEP then return n end
   return nil
+end
+local function above(number, stored)
+  -- `number` raised to stored + 1 if `stored` (a whole number, or nil) is not
+  -- below it: so a new generation, epoch or marker is above what is stored, and
+  -- at most MAX_STEP. A stored MAX_STEP leaves no valid number above it: it is
+  -- passed over (to its caller, malformed), and `number` is returned as it is
+  if stored and stored >= number and stored < MAX_STEP then return stored + 1 end
+  return number
+end
+local function at_limit(...)
+  -- true if one of these stored texts is MAX_STEP: nothing can be numbered above
+  -- it, so whoever must (a begin, above a stored generation, fence or begun)
+  -- treats it as malformed
+  for i = 1, select('#', ...) do
+    if whole((select(i, ...))) == MAX_STEP then return true end
+  end
+  return false
 end
 local function publish_command(name)
   -- announcements go out plain, or sharded on a Redis Cluster; nothing else
@@ -64,12 +82,16 @@ local function barrier_parties(fields)
 end
 
 local function begin_generation(KEYS, ARGV)
--- KEYS[1] state hash, KEYS[2] reset marker; ARGV[1] the caller's run id ('' for none)
--- Returns a generation number above every one this job's state shows (the
--- Redis clock in microseconds, or the stored generation (or fence) + 1 if that
--- is higher: the clock went back, or two chiefs began in the same microsecond),
--- and records it as the state's fence, so that an older generation's writes are
--- refused from the begin on (docs/protocol.md#generations),
+-- KEYS[1] state hash, KEYS[2] reset marker; ARGV[1] the caller's run id ('' for none),
+-- ARGV[2] the caller's floor: the highest generation it knows of ('0': none)
+-- Returns a generation number above every one this job's state shows and the
+-- caller knows of (the Redis clock in microseconds, or the stored generation,
+-- fence or begun + 1, or the floor + 1, whichever is highest: the clock went
+-- back, or two chiefs began in the same microsecond), records it as `begun`
+-- (whoever's state it is: the new generation's first write then needs no
+-- probation) and, on its own run's state or on none, as the state's fence, so
+-- that an older generation's writes are refused from the begin on
+-- (docs/protocol.md#generations),
 -- and what the new chief must know before its first write:
 --   {generation, reset marker ('' for none), stored run id, stored beat,
 --    stored done (0/1), stored chief, stored generation ('0' for none)}
@@ -79,22 +101,31 @@ local function begin_generation(KEYS, ARGV)
 -- another type's key: no state, left alone (the next write replaces it).
 local now = redis.call('TIME')
 local generation = tonumber(now[1]) * 1000000 + tonumber(now[2])
+generation = above(generation, whole(ARGV[2] or ''))
 local run, beat, done, chief, stored = '', '0', '0', '', nil
 local kind, state = read_hash(KEYS[1], STATE_FIELDS, MAX_FIELDS)
+if kind == 'hash' and at_limit(state.generation, state.fence, state.begun) then
+  -- no generation can be numbered above MAX_STEP (2^53 - 2 us is the year 2255:
+  -- only a hand writes it): the hash is malformed, and goes, as a write would
+  -- replace it; the begin then finds no state
+  redis.call('UNLINK', KEYS[1])
+  kind, state = 'none', {}
+end
 if kind == 'hash' then
   stored = whole(state.generation)
   if stored and whole(state.step) then
-    if stored >= generation then generation = stored + 1 end
+    generation = above(generation, stored)
     -- the new generation fences the older ones from now on, not only from its
     -- first write: a write of a generation below the fence is superseded
-    local fence = whole(state.fence)
-    if fence and fence >= generation then generation = fence + 1 end
+    generation = above(generation, whole(state.fence))
+    generation = above(generation, whole(state.begun))
     run = state.run_id or ''
     -- only its own run's state: another run's chief is watched, not fenced
     -- (docs/protocol.md#runs)
     if run == (ARGV[1] or '') then
       redis.call('HSET', KEYS[1], 'fence', string.format('%.0f', generation))
     end
+    redis.call('HSET', KEYS[1], 'begun', string.format('%.0f', generation))
     beat = state.beat or '0'
     done = state.done or '0'
     chief = state.chief or ''
@@ -105,9 +136,10 @@ end
 if stored == nil and (kind == 'none' or kind == 'hash') then
   -- no state: leave the fence alone, so that an older generation's first write
   -- (a chief that paused between its begin and it) is refused all the same
-  local fence = whole(state.fence)
-  if fence and fence >= generation then generation = fence + 1 end
-  redis.call('HSET', KEYS[1], 'fence', string.format('%.0f', generation))
+  generation = above(generation, whole(state.fence))
+  generation = above(generation, whole(state.begun))
+  redis.call('HSET', KEYS[1], 'fence', string.format('%.0f', generation),
+             'begun', string.format('%.0f', generation))
   redis.call('EXPIRE', KEYS[1], 86400)
 end
 local marker = short_string(KEYS[2], MAX_MARKER)
@@ -116,7 +148,7 @@ return {string.format('%.0f', generation), marker, string.sub(run, 1, 64),
         string.sub(beat, 1, 16), string.sub(done, 1, 1), string.sub(chief, 1, 200),
         stored and string.format('%.0f', stored) or '0'}
 end
-redis.register_function{function_name='stepbarrier_v2_begin_generation', callback=begin_generation, flags={}}
+redis.register_function{function_name='stepbarrier_v3_begin_generation', callback=begin_generation, flags={}}
 local function publish_step(KEYS, ARGV)
 -- KEYS[1] state hash, KEYS[2] targets zset, KEYS[3] reset marker
 -- ARGV[1] generation, ARGV[2] step, ARGV[3] done (0/1), ARGV[4] key TTL (s),
@@ -128,23 +160,29 @@ local function publish_step(KEYS, ARGV)
 -- ARGV[13] 'chief', 'contributor' (a training worker raising its generation's
 -- step) or 'operator' (stepbarrier publish: a pinned step), ARGV[14] 'PUBLISH',
 -- or 'SPUBLISH' on a Redis Cluster (the channel lives in the job's slot),
--- ARGV[15] '1' for the first write of a generation just begun (by the writer's
--- clock), '0' otherwise.
+-- ARGV[15] the probation this writer has served: the `probation` id a reply showed
+-- it, once FENCE has passed on its own clock since ('0': none), ARGV[16] how
+-- long ago the writer's training loop handed its last step over (ms, the
+-- writer's own clock; 0 in a pause between sessions): a duration, never
+-- compared with a clock; a waiter's stall timeout judges the loop by it.
 -- The rules are docs/protocol.md's. A chief (or operator) stores the step if it
 -- is greater (same generation) or replaces the state (newer generation, or
 -- none stored); a contributor only raises the step of the generation it
 -- joined. Every accepted write adds one to the generation's beat (waiters
 -- judge liveness by the beat moving while they watch, never by clocks) and is
 -- announced. Returns
---   {status, stored step, stored generation, repaired (0/1), created (0/1),
+--   {status, stored step, stored generation, repaired (0/1), probation id ('0': none),
 --    pending targets...}
 -- status: 1 accepted, 0 superseded, 2 reset after the writer began,
 --         3 nothing to join (contributor), 4 another generation (contributor).
--- created: no valid state was stored and this write, not the first of a
--- generation just begun, made it: the writer may be a zombie whose successor's
--- state Redis forgot, so it is on probation (its state does not vouch) until a
--- newer chief could have fenced it (docs/protocol.md#probation). A generation
--- just begun is the newest one: its first write needs no probation.
+-- probation: a chief write that makes or replaces the state without its own
+-- begin on record (`begun` equal to its generation) may be a zombie's whose
+-- successor's state Redis forgot (or the successor's own, replacing a zombie's
+-- state: it cannot tell either). That state is on probation, stored here as
+-- `probation` = the beat of the write that made it: it vouches for nothing
+-- until its writer, having learned the id from a reply (any reply: a lost one
+-- costs nothing), has waited FENCE on its own clock and says so (ARGV[15])
+-- (docs/protocol.md#probation).
 local generation = tonumber(ARGV[1])
 local step = tonumber(ARGV[2])
 local run_id = ARGV[8]
@@ -160,7 +198,7 @@ if not contributor then
   -- means a reset came after it began (equality only: no clock is compared);
   -- an oversized one equals no writer's ('oversized' is what a begin read)
   local marker = short_string(KEYS[3], MAX_MARKER)
-  if marker == false or (marker ~= nil and marker ~= ARGV[12]) then return {2, '-1', '0', 0, 0} end
+  if marker == false or (marker ~= nil and marker ~= ARGV[12]) then return {2, '-1', '0', 0, '0'} end
 end
 -- only the state's own fields are read, and only from a hash of at most
 -- MAX_FIELDS short fields: anything else is malformed, and replaced
@@ -176,30 +214,37 @@ local stored_gen = whole(state.generation)
 local stored_step = whole(state.step)
 local fence = whole(state.fence)
 local stored_run = state.run_id or ''
+-- a beat of MAX_STEP leaves no room for the next one: malformed, counted from nothing
 local beat = whole(state.beat) or 0
+if at_limit(state.beat) then beat = 0 end
 local was_done = state.done == '1'
 local pinned = state.pinned == '1'
-local created = 0
+local begun = whole(state.begun)
+local probation = whole(state.probation)
+if probation == 0 then probation = nil end  -- '0': served (no role may HDEL)
 if stored_gen == nil or stored_step == nil then
   -- nothing trustworthy is stored (none, lost, or malformed; a begun
   -- generation's fence alone is no state, and nothing to repair)
-  if redis.call('EXISTS', KEYS[1]) == 1 and not fence then repaired = 1 end
+  local begins = (state.fence and 1 or 0) + (state.begun and 1 or 0)
+  if redis.call('EXISTS', KEYS[1]) == 1 and redis.call('HLEN', KEYS[1]) > begins then
+    repaired = 1
+  end
   stored_gen = nil
   stored_step = nil
 end
 local vouch = ARGV[9]
 if contributor then
   if stored_gen == nil or was_done or pinned or stored_run ~= run_id then
-    return {3, '-1', '0', repaired, 0}
+    return {3, '-1', '0', repaired, '0'}
   end
   if fence and fence > stored_gen then
     -- a newer chief has begun: join it once it has written (a contributor that
     -- has not joined yet), or stop (one of an older generation)
-    if generation == 0 then return {3, '-1', '0', repaired, 0} end
-    return {4, string.format('%.0f', stored_step), string.format('%.0f', fence), repaired, 0}
+    if generation == 0 then return {3, '-1', '0', repaired, '0'} end
+    return {4, string.format('%.0f', stored_step), string.format('%.0f', fence), repaired, '0'}
   end
   if stored_gen ~= generation then
-    return {4, string.format('%.0f', stored_step), string.format('%.0f', stored_gen), repaired, 0}
+    return {4, string.format('%.0f', stored_step), string.format('%.0f', stored_gen), repaired, '0'}
   end
   if step > stored_step then
     redis.call('HSET', KEYS[1], 'step', string.format('%.0f', step))
@@ -210,16 +255,12 @@ if contributor then
 else
   if (stored_gen ~= nil and stored_gen > generation) or (fence and fence > generation) then
     return {0, string.format('%.0f', stored_step or -1),
-            string.format('%.0f', math.max(stored_gen or 0, fence or 0)), repaired, 0}
+            string.format('%.0f', math.max(stored_gen or 0, fence or 0)), repaired, '0'}
   end
   if stored_gen == nil or stored_gen < generation then
-    if stored_gen == nil and mode == 'chief' and ARGV[15] ~= '1' then
-      -- Redis forgot the state (or this is the job's first write): a zombie
-      -- may be the one writing now, so this state vouches for nothing until
-      -- the writer's probation ends (docs/protocol.md#probation)
-      created = 1
-      vouch = '0'
-    end
+    -- its own begin on record means no newer begin came since and Redis did
+    -- not forget since: the writer is the newest, and needs no probation
+    local on_probation = mode == 'chief' and begun ~= generation
     redis.call('UNLINK', KEYS[1])
     redis.call('HSET', KEYS[1], 'generation', string.format('%.0f', generation),
                'step', string.format('%.0f', step), 'done', '0', 'run_id', run_id,
@@ -231,10 +272,23 @@ else
     stored_gen, stored_step, was_done = generation, step, false
     beat = tonumber(clock[1]) * 1000000 + tonumber(clock[2]) - 1
     pinned = mode == 'operator'
-  elseif step > stored_step then
-    redis.call('HSET', KEYS[1], 'step', string.format('%.0f', step))
-    stored_step = step
+    probation = nil
+    if on_probation then
+      probation = beat + 1  -- this write's beat: unique to this making of the state
+      redis.call('HSET', KEYS[1], 'probation', string.format('%.0f', probation))
+    end
+  else
+    if step > stored_step then
+      redis.call('HSET', KEYS[1], 'step', string.format('%.0f', step))
+      stored_step = step
+    end
+    if probation and ARGV[15] == string.format('%.0f', probation) then
+      -- the writer waited FENCE after it learned of this very probation
+      redis.call('HSET', KEYS[1], 'probation', '0')
+      probation = nil
+    end
   end
+  if probation then vouch = '0' end
   if ARGV[3] == '1' and not was_done then
     redis.call('HSET', KEYS[1], 'done', '1', 'done_ms', string.format('%.0f', now))
     was_done = true
@@ -243,8 +297,9 @@ else
              'vouch', vouch, 'reset_seen', ARGV[12])
 end
 beat = beat + 1
+local idle = whole(ARGV[16] or '') or 0
 redis.call('HSET', KEYS[1], 'beat', string.format('%.0f', beat),
-           'heartbeat_ms', string.format('%.0f', now))
+           'heartbeat_ms', string.format('%.0f', now), 'idle_ms', string.format('%.0f', idle))
 -- a finished job's keys live for ARGV[11]: long enough for a worker cut off
 -- while it finished to read it after its link is back
 local ttl = tonumber(ARGV[4])
@@ -266,11 +321,13 @@ if stored_vouch == '1' or pinned then
   if reached > 0 then redis.call('ZREMRANGEBYRANK', KEYS[2], 0, reached - 1) end
 end
 redis.call(publish_command(ARGV[14]), ARGV[5], string.format(
-  '{"step":%s,"generation":%s,"beat":%s,"vouch":%s,"done":%s,"pinned":%s,"run_id":"%s"}',
+  '{"step":%s,"generation":%s,"beat":%s,"vouch":%s,"done":%s,"pinned":%s,"run_id":"%s",'
+  .. '"idle":%s}',
   step_text, gen_text, string.format('%.0f', beat), stored_vouch == '1' and 'true' or 'false',
-  was_done and 'true' or 'false', pinned and 'true' or 'false', run_id))
+  was_done and 'true' or 'false', pinned and 'true' or 'false', run_id,
+  string.format('%.0f', idle)))
 if redis.call('EXISTS', KEYS[2]) == 1 then redis.call('EXPIRE', KEYS[2], ttl) end
-local result = {1, step_text, gen_text, repaired, created}
+local result = {1, step_text, gen_text, repaired, probation and string.format('%.0f', probation) or '0'}
 -- only whole steps in range guide the chief: a hostile +inf score is skipped;
 -- at most MAX_TARGETS_READ, whatever the caller asks
 local wanted = math.min(math.max(tonumber(ARGV[7]) or 0, 0), MAX_TARGETS_READ)
@@ -283,7 +340,7 @@ for i = 2, #pending, 2 do
 end
 return result
 end
-redis.register_function{function_name='stepbarrier_v2_publish_step', callback=publish_step, flags={}}
+redis.register_function{function_name='stepbarrier_v3_publish_step', callback=publish_step, flags={}}
 local function reset_job(KEYS, ARGV)
 -- KEYS[1] state, KEYS[2] targets, KEYS[3] registrations, KEYS[4] reset marker,
 -- KEYS[5] barrier index, KEYS[6] barrier epoch, KEYS[7..] waiter registry keys
@@ -308,8 +365,7 @@ local epoch_clock = redis.call('TIME')
 local epoch = tonumber(epoch_clock[1]) * 1000000 + tonumber(epoch_clock[2])
 local epoch_kind, epoch_fields = read_hash(KEYS[6], EPOCH_FIELDS, MAX_FIELDS)
 if epoch_kind == 'hash' then
-  local stored = whole(epoch_fields.token)
-  if stored and stored >= epoch and stored < MAX_STEP then epoch = stored + 1 end
+  epoch = above(epoch, whole(epoch_fields.token))
 end
 for i = 5, #KEYS do redis.call('UNLINK', KEYS[i]) end
 redis.call('HSET', KEYS[6], 'token', string.format('%.0f', epoch), 'by', 'reset')
@@ -319,8 +375,9 @@ local now = redis.call('TIME')
 local marker = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 -- the marker is a token (its value is also the reset's time, for operators):
 -- it must differ from the one before, even for two resets in one millisecond
-local previous = whole(short_string(KEYS[4], MAX_MARKER))
-if previous and previous >= marker then marker = previous + 1 end
+-- (a stored MAX_STEP leaves no room above it: the marker is then the time, which
+-- differs from it all the same)
+marker = above(marker, whole(short_string(KEYS[4], MAX_MARKER)))
 local now_ms = string.format('%.0f', marker)
 redis.call('SET', KEYS[4], now_ms, 'EX', ARGV[2])
 local notice = '{"reset":true,"time_ms":' .. now_ms .. '}'
@@ -328,7 +385,7 @@ redis.call(publish_command(ARGV[3]), ARGV[1], notice)
 if ARGV[4] then redis.call(publish_command(ARGV[3]), ARGV[4], notice) end
 return now_ms
 end
-redis.register_function{function_name='stepbarrier_v2_reset_job', callback=reset_job, flags={}}
+redis.register_function{function_name='stepbarrier_v3_reset_job', callback=reset_job, flags={}}
 local function waiter_register(KEYS, ARGV)
 -- KEYS[1] this waiter's registry hash, KEYS[2] targets zset, KEYS[3] registrations list
 -- ARGV[1] registry TTL (s), ARGV[2] key TTL (s), ARGV[3] waiter id, ARGV[4] target,
@@ -370,7 +427,7 @@ if fresh_entry then
 end
 return 1
 end
-redis.register_function{function_name='stepbarrier_v2_waiter_register', callback=waiter_register, flags={}}
+redis.register_function{function_name='stepbarrier_v3_waiter_register', callback=waiter_register, flags={}}
 local function waiter_read(KEYS, ARGV)
 -- KEYS[1] a hash: the job's state, or a named barrier (a key under
 -- stepbarrier:{JOB}:barrier:, the epoch included), KEYS[2] reset marker (read
@@ -419,20 +476,20 @@ for first = 0, parties - 1, 1000 do
 end
 return result
 end
-redis.register_function{function_name='stepbarrier_v2_waiter_read', callback=waiter_read, flags={'no-writes'}}
+redis.register_function{function_name='stepbarrier_v3_waiter_read', callback=waiter_read, flags={'no-writes'}}
 local function waiter_leave(KEYS, ARGV)
 -- KEYS[1] this waiter's registry hash, KEYS[2] targets zset; ARGV[1] waiter id
 redis.call('UNLINK', KEYS[1])
 if redis.call('TYPE', KEYS[2]).ok == 'zset' then redis.call('ZREM', KEYS[2], ARGV[1]) end
 return 1
 end
-redis.register_function{function_name='stepbarrier_v2_waiter_leave', callback=waiter_leave, flags={}}
+redis.register_function{function_name='stepbarrier_v3_waiter_leave', callback=waiter_leave, flags={}}
 local function may_write(KEYS, ARGV)
 -- KEYS: the keys a caller means to write. Does nothing: Redis's ACL checks the
 -- declared keys before running it, so it tells whether this user may write them.
 return 1
 end
-redis.register_function{function_name='stepbarrier_v2_may_write', callback=may_write, flags={}}
+redis.register_function{function_name='stepbarrier_v3_may_write', callback=may_write, flags={}}
 local function barrier_arrive(KEYS, ARGV)
 -- KEYS[1] the barrier's hash, KEYS[2] the job's barrier index (sorted set),
 -- KEYS[3] the job's barrier epoch (hash: token, by)
@@ -603,5 +660,5 @@ redis.call('EXPIRE', KEYS[2], ARGV[4])
 return {1, now_text, string.format('%.0f', arrived), string.format('%.0f', parties),
         completed, repaired, token, restorable}
 end
-redis.register_function{function_name='stepbarrier_v2_barrier_arrive', callback=barrier_arrive, flags={}}
-redis.register_function{function_name='stepbarrier_v2_version', callback=function() return 2 end, flags={'no-writes'}}
+redis.register_function{function_name='stepbarrier_v3_barrier_arrive', callback=barrier_arrive, flags={}}
+redis.register_function{function_name='stepbarrier_v3_version', callback=function() return 3 end, flags={'no-writes'}}

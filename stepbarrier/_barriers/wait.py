@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeVar
 
 import redis
 
@@ -42,6 +42,7 @@ from stepbarrier._protocol.barrier_record import (
 )
 from stepbarrier._protocol.calls import Call, barrier_arrive_call
 from stepbarrier._protocol.wire import parse_int
+from stepbarrier._redis.bounded import call_timeout
 from stepbarrier._redis.client import RedisClient
 from stepbarrier._redis.functions import RedisCode, publish_command
 from stepbarrier._redis.retries import call_with_retries
@@ -50,6 +51,8 @@ from stepbarrier._worker.timing import READ, RESUBSCRIBE, LastChance, Limit, Rec
 from stepbarrier.errors import BarrierAborted, BarrierTimeout, ConfigurationError, RedisUnavailable
 
 log = logging.getLogger("stepbarrier._barriers.barrier")
+
+T = TypeVar("T")
 
 MAX_INDEXED_BARRIERS = 1000
 """Most barriers a job's index keeps (the newest; ``status`` shows them). Nothing
@@ -127,6 +130,7 @@ class BarrierWait:
         self.seen_last_ms: int | None = None
         self.pubsub: Subscription | None = None
         self.subscriptions = 0
+        self._code_of: RedisCode | None = None
 
     def run(self, *, wait: bool) -> bool:
         try:
@@ -140,13 +144,27 @@ class BarrierWait:
             raise error from exc
         finally:
             self._close_pubsub()
+            code, self._code_of = self._code_of, None
+            if code is not None:
+                code.close()
 
-    def _retry(self, operation: Callable[[], Any], action: str) -> Any:
+    def _code(self) -> RedisCode:
+        """This wait's code runner, on the barrier's client: its calls are bounded
+        by the wait's time (on a connection of their own, closed at the end)."""
+        if self._code_of is None:
+            self._code_of = RedisCode(self.barrier.connected(), self.config)
+        return self._code_of
+
+    def _retry(self, operation: Callable[[float], T], action: str) -> T:
+        """``operation(timeout)``, retried until the wait's limit; each try may take
+        the time left to it (``CALL_FLOOR`` at least), so that the wait ends within
+        its limits against a Redis that hangs too."""
+        deadline = self.timing.retry_deadline()
         return call_with_retries(
-            operation,
+            lambda: operation(call_timeout(deadline, self.clock())),
             self.config,
             action=action,
-            deadline=self.timing.retry_deadline(),
+            deadline=deadline,
             clock=self.clock,
             sleep=self.barrier.sleep,
         )
@@ -175,7 +193,10 @@ class BarrierWait:
             restore=[(task, self.seen[task]) for task in restore],
         )
         calls.append(arrive)
-        replies = self._retry(lambda: b.code().pipeline(calls), f"arrive at barrier {b.name!r}")
+        replies = self._retry(
+            lambda timeout: self._code().pipeline(calls, timeout=timeout),
+            f"arrive at barrier {b.name!r}",
+        )
         if read_marker:
             self._check_reset(replies[0][1])
         reply = replies[-1]
@@ -247,10 +268,11 @@ class BarrierWait:
         self._close_pubsub()
         refresh = self.subscriptions > 0  # a cluster's slot may have moved
         self.pubsub = self._retry(
-            lambda: Subscription.open(
+            lambda timeout: Subscription.open(
                 self.barrier.connected(),
                 self.config.keys.barrier_channel,
                 refresh_topology=refresh,
+                timeout=timeout,
             ),
             f"subscribe to {self.config.keys.barrier_channel}",
         )
@@ -261,7 +283,11 @@ class BarrierWait:
         """Read the barrier and the reset marker: the truth. True once complete."""
         b = self.barrier
         reply = self._retry(
-            lambda: list(b.code().call("waiter_read", [b.key, self.config.keys.reset], [])),
+            lambda timeout: list(
+                self._code().call(
+                    "waiter_read", [b.key, self.config.keys.reset], [], timeout=timeout
+                )
+            ),
             f"read barrier {b.name!r}",
         )
         self.timing.read_done()

@@ -30,8 +30,10 @@ class WriteResult:
         stored_step: The step stored after the write (``None`` if none).
         stored_generation: The generation stored after the write.
         repaired: True if malformed content in the job's keys was replaced.
-        created: True if no valid state was stored and this write made it (the
-            writer's probation begins: docs/protocol.md#probation).
+        probation: The id of the probation the stored state is on (0: none): it
+            vouches for nothing until its writer, having learned this id, waited
+            out ``FENCE`` and says so (docs/protocol.md#probation). Every reply
+            carries it, so a lost reply costs nothing.
         targets: Steps that registered waiters still wait for, lowest first.
     """
 
@@ -40,7 +42,7 @@ class WriteResult:
     stored_generation: int | None
     repaired: bool
     targets: tuple[int, ...]
-    created: bool = False
+    probation: int = 0
 
 
 @dataclass(frozen=True)
@@ -82,8 +84,9 @@ class StepWrite:
         vouch: The writer vouches for ``step`` (out of probation, and its loop
             handed the step over lately, by the writer's own clock).
         reset_marker: The reset marker the writer began under (``""``: none).
-        first: The first write of a generation just begun (by the writer's clock):
-            if it finds no state, it needs no probation (it is the newest).
+        served: The probation this writer has waited out (its id; 0: none).
+        idle_ms: How long ago the writer's loop handed its last step over (ms,
+            its own clock; 0 in a pause between sessions).
     """
 
     generation: int
@@ -91,7 +94,8 @@ class StepWrite:
     done: bool
     vouch: bool
     reset_marker: str
-    first: bool = False
+    served: int = 0
+    idle_ms: int = 0
 
 
 class StepWriter:
@@ -121,6 +125,10 @@ class StepWriter:
             "contributor" if contributor else "operator" if operator else "chief"
         )
         self._code = RedisCode(client, config, own_connection=True)  # the writer thread's alone
+        # the highest generation this writer knows of: a begin numbers its
+        # generation above it, whatever the clock of a Redis that forgot the
+        # state says (docs/protocol.md#generations)
+        self.floor = 0
 
     def close(self) -> None:
         """Give the writer's connection back to its client's pool."""
@@ -131,11 +139,14 @@ class StepWriter:
         keys = self._config.keys
         reply = list(
             self._code.call(
-                "begin_generation", [keys.state, keys.reset], [self._config.run_id or ""]
+                "begin_generation",
+                [keys.state, keys.reset],
+                [self._config.run_id or "", self.floor],
             )
         )
         generation, marker, run, beat, done, chief, stored = (_text(x) for x in reply[:7])
         stored_generation = parse_int(stored) or 0
+        self.floor = max(self.floor, int(generation), stored_generation)
         summary = None
         if stored_generation:
             summary = StoredSummary(
@@ -168,16 +179,20 @@ class StepWriter:
             reset_marker=values.reset_marker,
             mode=self._mode,
             publish_command=publish_command(config),
-            first=values.first,
+            served=values.served,
+            idle_ms=values.idle_ms,
         )
         reply = self._code.call(name, call_keys, args)
-        status, stored_step, stored_generation, repaired, created, *targets = reply
+        status, stored_step, stored_generation, repaired, probation, *targets = reply
+        stored = parse_int(stored_generation)
+        if stored is not None:
+            self.floor = max(self.floor, stored)
         return WriteResult(
             status=int(status),
             stored_step=parse_int(stored_step),
-            stored_generation=parse_int(stored_generation),
+            stored_generation=stored,
             repaired=bool(int(repaired)),
-            created=bool(int(created)),
+            probation=parse_int(probation) or 0,
             targets=tuple(sorted({t for t in map(parse_int, targets) if t is not None})),
         )
 

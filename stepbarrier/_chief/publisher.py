@@ -35,7 +35,7 @@ from collections.abc import Callable
 from types import TracebackType
 
 from stepbarrier._chief.state import log
-from stepbarrier._chief.threads import PublisherLoop
+from stepbarrier._chief.threads import LOST_REDIS_WAIT, PublisherLoop
 from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._protocol.wire import checked_step
 from stepbarrier._redis.client import RedisClient
@@ -144,7 +144,7 @@ class StepPublisher:
 
         Raises:
             TypeError: ``step`` is not an integer (``True`` is not step 1).
-            ValueError: ``step`` is negative or above 2**53.
+            ValueError: ``step`` is negative or above 2**53 - 2 (``MAX_STEP``).
         """
         value = checked_step(step, what="step", low=0)
         handover = self._handover
@@ -194,6 +194,13 @@ class StepPublisher:
         return self._loop.writes
 
     @property
+    def redis_lost(self) -> bool:
+        """True while the latest write failed because Redis could not be reached
+        (the writer keeps trying; ``close`` and ``pause`` then wait at most
+        ``LOST_REDIS_WAIT`` for it)."""
+        return self._loop.failing
+
+    @property
     def last_error(self) -> str | None:
         """The most recent error as one clear line, ``None`` after a successful write."""
         return self._loop.last_error
@@ -230,7 +237,7 @@ class StepPublisher:
         if not self.contributor:
             with _paused_lock:
                 _paused[self._pause_key] = self
-        if flush_timeout is None or self.flush(flush_timeout) or not self.active:
+        if flush_timeout is None or self._flush_while_reachable(flush_timeout) or not self.active:
             return True
         log.warning(
             "job %s: the final step %s may not have reached Redis (%s)",
@@ -263,6 +270,16 @@ class StepPublisher:
         deadline = None if timeout is None else self._clock() + timeout
         return self._loop.wait_stored(wanted, deadline)
 
+    def _flush_while_reachable(self, timeout: float) -> bool:
+        """``flush``, but for at most ``LOST_REDIS_WAIT`` once Redis is lost (before
+        or during the wait): the end of a session never waits for a gone Redis."""
+        if self._handover.latest is None:
+            return True
+        if self.redis_lost:
+            timeout = min(timeout, LOST_REDIS_WAIT)
+        wanted = self._handover.handed
+        return self._loop.wait_stored(wanted, self._clock() + timeout, while_reachable=True)
+
     def close(self, done: bool = True, *, timeout: float = 10.0) -> bool:
         """Publish the last step, optionally mark the job finished, and stop.
 
@@ -270,7 +287,10 @@ class StepPublisher:
             done: Mark the job finished: workers still waiting for a step that has
                 not come are aborted at once (``BarrierAborted``). Ignored by a
                 contributor.
-            timeout: Seconds to keep trying if Redis is unreachable.
+            timeout: Seconds to keep trying if Redis does not answer; at most
+                ``LOST_REDIS_WAIT`` once a write failed because Redis could not be
+                reached (``redis_lost``): a session's end never waits for a Redis
+                that is gone.
 
         Returns:
             True if the final state reached Redis; if not, a warning says why
@@ -282,6 +302,8 @@ class StepPublisher:
         with _paused_lock:
             if _paused.get(self._pause_key) is self:
                 del _paused[self._pause_key]
+        if self.redis_lost:
+            timeout = min(timeout, LOST_REDIS_WAIT)  # training never waits for Redis
         deadline = self._clock() + timeout
         ok = self._loop.stop(done=done and not self.contributor, deadline=deadline)
         latest, ended = self._handover.latest, self._loop.ended

@@ -18,10 +18,14 @@ from dataclasses import dataclass
 from stepbarrier._chief.publish_call import Beginning, StepWrite, WriteResult
 from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._protocol import library as scripts
-from stepbarrier._protocol.freshness import fence_time, vouches
+from stepbarrier._protocol.freshness import FENCE, vouches
 
 # the name these messages always had: log filters and tests select by it
 log = logging.getLogger("stepbarrier._chief.publisher")
+
+
+MAX_IDLE_MS = 10**12
+"""The longest loop idleness a write states (ms): about 30 years, a whole number Lua reads."""
 
 
 @dataclass(slots=True, eq=False)
@@ -110,8 +114,7 @@ class PublisherState:
         # the writer's own clock: until then its writes do not vouch (it made the
         # state from nothing; docs/protocol.md#probation)
         self.probation_until = -math.inf
-        self._begun_at = -math.inf  # when the current generation began (writer's clock)
-        self._written = False  # a write of the current generation was accepted
+        self._probation_id = 0  # the probation Redis says the state is on (0: none)
         # a contributor joins one generation (the first it finds, or the one its
         # own wait was released by) and never another
         self.joined: int | None = None
@@ -152,7 +155,8 @@ class PublisherState:
             if self._generation_wanted != wanted:
                 return False  # yet another generation was asked for meanwhile
             self.generation, self._generation_begun = beginning.generation, wanted
-            self._begun_at, self._written = self._clock(), False
+            # the new generation's first reply says whether it is on probation
+            self._probation_id, self.probation_until = 0, -math.inf
             if not self._marker_taken:
                 # the first generation takes the marker it found (maybe none);
                 # later ones of this publisher keep it, so that a reset since the
@@ -195,11 +199,14 @@ class PublisherState:
                     new_step=step > self._vouched_step and handover.paused_at != seq,
                 ),
                 reset_marker=self.reset_marker,
-                # a generation just begun is the newest: if Redis has no state,
-                # its first write is no zombie's (a pause between the begin and
-                # this write, longer than the fence, loses that trust)
-                first=not self._written
-                and self._clock() - self._begun_at < fence_time(self._config.heartbeat),
+                # Redis holds the probation; the writer says when it has waited
+                # it out, counted from the first reply that showed it
+                served=self._probation_id if self._clock() >= self.probation_until else 0,
+                # how long the loop has been quiet: a waiter's stall timeout judges
+                # the loop, not the process (0 in a pause: a gap between sessions)
+                idle_ms=0
+                if handover.paused_at == seq
+                else max(0, min(MAX_IDLE_MS, round((self._clock() - handover.handed_at) * 1000))),
             )
             self._sent = (values.step, values.vouch)
         return values, seq
@@ -275,20 +282,24 @@ class PublisherState:
                 f"reported into generation {self.generation} only and stops reporting",
             )
             return False
-        if result.created and not self.contributor:
-            # no valid state was stored: this write made it; it vouches for
-            # nothing until a newer chief, if there is one, could have fenced it
-            self.probation_until = self._clock() + fence_time(self._config.heartbeat)
+        new_probation = not self.contributor and result.probation != self._probation_id
+        if new_probation and result.probation:
+            # this write (or one whose reply was lost) made or replaced the state
+            # without this generation's begin on record: a newer chief may exist
+            # whose state Redis forgot, so the state vouches for nothing until
+            # that chief, if there is one, could have replaced it
+            self.probation_until = self._clock() + FENCE
             log.info(
-                "job %s: no state was stored (a new job, or Redis forgot it); this chief's "
-                "step releases workers after %.1f s of probation",
+                "job %s: this chief's write made the job's state anew (a new job, or Redis "
+                "forgot the state); its step releases workers after %.1f s of probation",
                 self._config.job,
-                fence_time(self._config.heartbeat),
+                FENCE,
             )
-        self._written = True
-        if result.created:
-            self._vouched_step = -1  # this write's vouch was dropped: probation
-        elif self._sent[1]:
+        if not self.contributor:
+            self._probation_id = result.probation
+        if new_probation and result.probation:
+            self._vouched_step = -1  # the stored vouch was dropped: probation
+        elif self._sent[1] and not result.probation:
             self._vouched_step = max(self._vouched_step, self._sent[0])
         stored = -1 if result.stored_step is None else result.stored_step
         self._stored_step = stored

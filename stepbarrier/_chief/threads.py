@@ -20,7 +20,7 @@ from stepbarrier._chief.publish_call import Beginning, StepWriter
 from stepbarrier._chief.registrations import RegistrationListener
 from stepbarrier._chief.state import Handover, PublisherState, log
 from stepbarrier._config.settings import BarrierConfig
-from stepbarrier._protocol.freshness import confirm_window, fence_time
+from stepbarrier._protocol.freshness import FENCE, confirm_window
 from stepbarrier._redis.client import RedisClient, make_client
 from stepbarrier._redis.failures import REDIS_ERRORS, is_transient, translate
 from stepbarrier._redis.retries import backoff as retry_backoff
@@ -29,6 +29,11 @@ from stepbarrier.errors import RedisUnavailable, StepBarrierError
 
 LOG_EVERY = 30.0
 """Seconds between repeated log lines about the same outage."""
+
+LOST_REDIS_WAIT = 0.5
+"""Seconds ``close`` and ``pause`` wait for the last step to be stored once a write
+failed because Redis could not be reached: the end of a training session waits
+for a Redis that answers, never for one that is gone."""
 
 
 class PublisherLoop:
@@ -75,6 +80,7 @@ class PublisherLoop:
         self._final_done: bool | None = None
         self._idle_said = False
         self._close_deadline = math.inf
+        self.failing = False  # the last write failed for want of Redis (it retries)
         self.writes = 0  # these three: see StepPublisher's properties
         self._last_error: str | None = None
         self.last_failure: StepBarrierError | None = None
@@ -160,8 +166,13 @@ class PublisherLoop:
         """Drop the handed-over step and, for a chief, ask for a new generation."""
         self.state.new_generation()
 
-    def wait_stored(self, wanted: int, deadline: float | None) -> bool:
-        """Wait until the ``wanted``-th handed-over step is stored; see ``StepPublisher.flush``."""
+    def wait_stored(
+        self, wanted: int, deadline: float | None, *, while_reachable: bool = False
+    ) -> bool:
+        """Wait until the ``wanted``-th handed-over step is stored; see ``StepPublisher.flush``.
+
+        ``while_reachable``: give up once a write fails for want of Redis.
+        """
         state = self.state
         self.wake.set()
         with state.stored:
@@ -174,6 +185,7 @@ class PublisherLoop:
                     or state.ended is not None
                     or state.refusals != refusals
                     or not self.thread.is_alive()
+                    or (while_reachable and self.failing)
                 ):
                     return False
                 self.wake.set()
@@ -191,8 +203,11 @@ class PublisherLoop:
         self._stopping.set()
         self.wake.set()
         self._stop_listener(0.0)
-        self.thread.join(max(0.0, deadline - self._clock()) + 1.0)
-        self._stop_listener(1.0)
+        # with Redis lost, a thread still in a call to it is not waited for long:
+        # training never waits for Redis (the thread is a daemon)
+        slack = 0.1 if self.failing else 1.0
+        self.thread.join(max(0.0, deadline - self._clock()) + slack)
+        self._stop_listener(slack)
         if self._owns_client and self._client is not None:
             self._client.close()
         return (
@@ -244,6 +259,7 @@ class PublisherLoop:
                 if failures:
                     log.info("Redis is back; published step %s", self.handover.latest)
                 failures = 0
+                self.failing = False
                 next_beat = self._clock() + self.config.heartbeat
                 if self.state.probation_until > self._clock():
                     # the probation's end is a write: it is what releases workers
@@ -253,6 +269,7 @@ class PublisherLoop:
             except Exception as exc:  # the chief must never die of a Redis problem
                 failures += 1
                 transient = self._note_failure(exc)
+                self.failing = transient
                 if not self.active:
                     break  # told once, by PublisherState
                 now = self._clock()
@@ -309,19 +326,37 @@ class PublisherLoop:
             if wait > 0:
                 time.sleep(wait + 0.001)
             try:
-                call_with_retries(
-                    lambda: self._write(done=done),
-                    self.config,
-                    action="publish the final step",
-                    deadline=self._close_deadline,
-                    clock=self._clock,
-                    sleep=time.sleep,
-                )
+                self._final_write(done)
             except Exception as exc:
                 self._note_failure(exc)  # stop() reports it
                 return
             if self.ended is not None or self.state.probation_until <= self._clock():
                 return
+
+    def _final_write(self, done: bool) -> None:
+        """The final write, retried until the close's deadline while Redis answers
+        something; once it is found unreachable, for at most ``LOST_REDIS_WAIT``
+        more (a session's end never waits for a Redis that is gone)."""
+        deadline = self._close_deadline
+        if self.failing:
+            deadline = min(deadline, self._clock() + LOST_REDIS_WAIT)
+        else:
+            try:
+                self._write(done=done)
+                return
+            except (*REDIS_ERRORS, OSError, RedisUnavailable) as exc:
+                if not (is_transient(exc) or isinstance(exc, RedisUnavailable)):
+                    raise  # noted once, by the caller
+                self.failing = True
+                deadline = min(deadline, self._clock() + LOST_REDIS_WAIT)
+        call_with_retries(
+            lambda: self._write(done=done),
+            self.config,
+            action="publish the final step",
+            deadline=deadline,
+            clock=self._clock,
+            sleep=time.sleep,
+        )
 
     def _write(self, *, done: bool) -> bool:
         """One write; False if there was nothing (new) to write."""
@@ -347,7 +382,7 @@ class PublisherLoop:
         """Begin a generation, unless another run's chief is live (docs/protocol.md#runs).
 
         A chief that finds the state of another run id, not finished, watches it
-        for ``fence_time`` on its own clock: if that run's writes went on, both
+        for ``FENCE`` on its own clock: if that run's writes went on, both
         runs would share one job's keys, so this chief refuses (an ERROR naming
         both runs) instead of silently superseding it.
         """
@@ -355,7 +390,7 @@ class PublisherLoop:
         found = beginning.stored
         if self.operator or found is None or found.done or found.run_id == self.config.run_id:
             return beginning
-        fence = fence_time(self.config.heartbeat)
+        fence = FENCE
         log.info(
             "job %s: the stored state belongs to run %s (chief %s); watching it for %.1f s "
             "before taking the job over",

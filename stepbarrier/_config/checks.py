@@ -149,7 +149,9 @@ def check_url(url: str, variable: str, *, tls_insecure: bool = False) -> None:
     one is always refused, naming the argument (never its value if it may be
     a secret).
     """
-    masked = mask_url(url) if isinstance(url, str) else repr(url)
+    # a control character (a newline from a file or a shell) is shown escaped:
+    # the error stays one line, and says where the URL went wrong
+    masked = _visible(mask_url(url)) if isinstance(url, str) else repr(url)
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -197,6 +199,11 @@ def check_url(url: str, variable: str, *, tls_insecure: bool = False) -> None:
             variable=variable,
         )
     _check_query(parts, variable, tls_insecure=tls_insecure)
+
+
+def _visible(text: str) -> str:
+    """``text`` with each character that is not printable escaped (``\\n``, ``\\x00``)."""
+    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
 
 
 def url_tls_weakening(url: str) -> dict[str, str | bool]:

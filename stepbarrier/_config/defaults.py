@@ -11,6 +11,16 @@ from typing import Literal
 
 Role = Literal["chief", "worker"]
 OnTimeout = Literal["raise", "proceed"]
+RunIdSource = Literal["STEPBARRIER_RUN_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"]
+"""The variable a run id came from (``BarrierConfig.run_id_source``)."""
+
+RUN_ID_SOURCES: tuple[RunIdSource, ...] = (
+    "STEPBARRIER_RUN_ID",
+    "TORCHELASTIC_RUN_ID",
+    "SLURM_JOB_ID",
+)
+"""Where ``from_env`` looks for the run id, first to last: the first one set
+wins (docs/configuration.md#run-id)."""
 
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 """Where Redis is when ``STEPBARRIER_REDIS_URL`` is unset."""
@@ -62,4 +72,14 @@ ENVIRONMENT_VARIABLES: tuple[str, ...] = (
     "STEPBARRIER_NO_CHIEF_WARNING",
     "STEPBARRIER_USE_EVAL",
     "STEPBARRIER_REDIS_CLUSTER",
+)
+
+#: The launchers' variables ``from_env`` reads for the run id when
+#: ``STEPBARRIER_RUN_ID`` is not set (docs/configuration.md#run-id): torchrun's
+#: rendezvous id, the Slurm job and how often Slurm requeued it. A test or a
+#: tool that must see no run id unsets these along with ``STEPBARRIER_*``.
+LAUNCHER_VARIABLES: tuple[str, ...] = (
+    "TORCHELASTIC_RUN_ID",
+    "SLURM_JOB_ID",
+    "SLURM_RESTART_COUNT",
 )

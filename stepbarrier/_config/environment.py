@@ -2,7 +2,9 @@
 
 ``BarrierConfig.from_env`` builds its configuration of ``settings_from_env``, and
 ``hooks_from_env`` and ``callbacks_from_env`` first ask ``barrier_role_from_env``;
-nothing else in the library looks at the environment. Each variable is parsed
+nothing else in the library looks at the environment. When
+``STEPBARRIER_RUN_ID`` is not set, the run id is the launcher's own
+(torchrun's, Slurm's): ``run_id_from_env``. Each variable is parsed
 here and checked again by ``BarrierConfig``; an error names the variable and
 what was expected, and never contains a secret. This module builds no
 ``BarrierConfig`` itself: ``stepbarrier._config.settings`` depends on it, not the reverse.
@@ -10,6 +12,7 @@ what was expected, and never contains a secret. This module builds no
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import re
@@ -35,6 +38,7 @@ from stepbarrier._config.defaults import (
     DEFAULT_STALL_TIMEOUT,
     OnTimeout,
     Role,
+    RunIdSource,
 )
 from stepbarrier._config.schedule import validate_schedule
 from stepbarrier._config.tf_config import (
@@ -44,7 +48,8 @@ from stepbarrier._config.tf_config import (
     trainer_count,
 )
 from stepbarrier._protocol.barrier_record import validate_parties
-from stepbarrier._protocol.wire import MAX_STEP
+from stepbarrier._protocol.freshness import MAX_HEARTBEAT
+from stepbarrier._protocol.wire import MAX_STEP, RUN_ID
 from stepbarrier.errors import ConfigurationError
 
 
@@ -177,6 +182,7 @@ class EnvSettings(TypedDict):
     heartbeat: float
     key_ttl: int
     run_id: str | None
+    run_id_source: RunIdSource | None
     done_ttl: int
     progress_timeout: float | None
     no_chief_warning: float
@@ -214,7 +220,7 @@ def settings_from_env(env: Mapping[str, str]) -> EnvSettings:
             f"STEPBARRIER_ON_TIMEOUT must be 'raise' or 'proceed', got {on_timeout!r}",
             variable="STEPBARRIER_ON_TIMEOUT",
         )
-    heartbeat = _env_seconds(env, "STEPBARRIER_HEARTBEAT", high=3600.0)
+    heartbeat = _env_seconds(env, "STEPBARRIER_HEARTBEAT", high=MAX_HEARTBEAT)
     stall = _env_seconds(env, "STEPBARRIER_STALL_TIMEOUT")
     if stall is not None and stall <= (heartbeat or DEFAULT_HEARTBEAT):
         raise ConfigurationError(
@@ -247,9 +253,7 @@ def settings_from_env(env: Mapping[str, str]) -> EnvSettings:
         )
     ttl = _env_int(env, "STEPBARRIER_KEY_TTL", low=60, high=10 * 365 * 24 * 3600)
     done_ttl = _env_int(env, "STEPBARRIER_DONE_TTL", low=1, high=10 * 365 * 24 * 3600)
-    run_id = _get(env, "STEPBARRIER_RUN_ID")
-    if run_id is not None:
-        validate_run_id(run_id)
+    run_id, run_id_source = run_id_from_env(env)
     return EnvSettings(
         job=job,
         redis_url=url,
@@ -270,6 +274,7 @@ def settings_from_env(env: Mapping[str, str]) -> EnvSettings:
         heartbeat=heartbeat if heartbeat is not None else DEFAULT_HEARTBEAT,
         key_ttl=ttl if ttl is not None else DEFAULT_KEY_TTL,
         run_id=run_id,
+        run_id_source=run_id_source,
         done_ttl=done_ttl if done_ttl is not None else DEFAULT_DONE_TTL,
         progress_timeout=_env_seconds(env, "STEPBARRIER_PROGRESS_TIMEOUT"),
         no_chief_warning=_env_seconds(env, "STEPBARRIER_NO_CHIEF_WARNING")
@@ -278,6 +283,84 @@ def settings_from_env(env: Mapping[str, str]) -> EnvSettings:
         redis_cluster=_env_flag(env, "STEPBARRIER_REDIS_CLUSTER"),
         tls_insecure=tls_insecure,
     )
+
+
+LAUNCHER_ID_KEPT = 40
+"""How many characters of a launcher's id a mapped run id keeps (``launcher_run_id``)."""
+_NOT_IN_RUN_ID = re.compile(r"[^A-Za-z0-9._-]+")
+_COUNT = re.compile(r"[0-9]{1,18}")
+
+
+def run_id_from_env(
+    environ: Mapping[str, str] | None = None,
+) -> tuple[str | None, RunIdSource | None]:
+    """The run id in force, and the variable it came from (docs/configuration.md#run-id).
+
+    The first of these that is set wins:
+
+    1. ``STEPBARRIER_RUN_ID``: the run id itself; set but empty (or blank) it
+       means *no run id*, and no launcher's id is looked at either;
+    2. ``TORCHELASTIC_RUN_ID`` (torchrun's ``--rdzv-id``), unless ``none``,
+       which torchrun sets when no id was given;
+    3. ``SLURM_JOB_ID``, as ``slurm-<id>``, with ``-r<n>`` appended when
+       ``SLURM_RESTART_COUNT`` is above 0: a requeued job is a new run.
+
+    A launcher's id that is no valid run id is mapped by ``launcher_run_id``.
+
+    Returns:
+        ``(run_id, source)``: ``(None, "STEPBARRIER_RUN_ID")`` when that is set
+        empty, ``(None, None)`` when none of them is set.
+
+    Raises:
+        ConfigurationError: ``STEPBARRIER_RUN_ID`` is no valid run id (a
+            launcher's id never raises: it is mapped).
+    """
+    env = os.environ if environ is None else environ
+    explicit = env.get("STEPBARRIER_RUN_ID")
+    if explicit is not None:
+        # set, even empty, it is the user's word: an empty one switches the
+        # launchers' ids off (e.g. a Slurm chief and workers in separate jobs)
+        text = explicit.strip()
+        return (validate_run_id(text) if text else None), "STEPBARRIER_RUN_ID"
+    torch_id = _get(env, "TORCHELASTIC_RUN_ID")
+    if torch_id is not None and torch_id.lower() != "none":
+        return launcher_run_id(torch_id), "TORCHELASTIC_RUN_ID"
+    slurm_id = _get(env, "SLURM_JOB_ID")
+    if slurm_id is not None:
+        # a requeued job keeps its id but starts again: its own run, so that a
+        # worker of the requeue never trusts a final step the earlier try left
+        restarts = _get(env, "SLURM_RESTART_COUNT")
+        suffix = ""
+        if restarts is not None and _COUNT.fullmatch(restarts) is not None:
+            suffix = f"-r{int(restarts)}" if int(restarts) > 0 else ""
+        elif restarts is not None:
+            suffix = f"-r{restarts}"  # not Slurm's form: kept, and mapped with the rest
+        return launcher_run_id(f"slurm-{slurm_id}{suffix}"), "SLURM_JOB_ID"
+    return None, None
+
+
+def launcher_run_id(text: str) -> str:
+    """A launcher's id (non-empty) as a run id: itself when it is a valid one.
+
+    Otherwise (over 64 characters, or characters a run id refuses, e.g. a
+    torchrun id ``job/7:a``) it is mapped, deterministically, so that every
+    process of the run maps it alike, and two different ids stay different: its
+    first ``LAUNCHER_ID_KEPT`` characters with each run of refused characters
+    replaced by ``_``, then ``-`` and the first 16 hex digits of the SHA-256 of
+    the whole id (UTF-8). A launcher's id is never refused: the user did not
+    choose its form.
+
+    Examples:
+        >>> launcher_run_id("7f3c-run.1")
+        '7f3c-run.1'
+        >>> launcher_run_id("job/7:a")
+        'job_7_a-3585317eb9ed3b7b'
+    """
+    if RUN_ID.fullmatch(text) is not None:
+        return text
+    # surrogatepass: an undecodable byte of the environment maps too, never raises
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"{_NOT_IN_RUN_ID.sub('_', text[:LAUNCHER_ID_KEPT])}-{digest}"
 
 
 def _env_int(env: Mapping[str, str], name: str, *, low: int, high: int) -> int | None:

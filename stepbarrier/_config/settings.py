@@ -11,7 +11,9 @@ The defaults live in ``stepbarrier._config.defaults``, the checks of single sett
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from functools import cached_property
@@ -34,14 +36,19 @@ from stepbarrier._config.defaults import (
     DEFAULT_SENTINEL_SERVICE,
     DEFAULT_STALL_TIMEOUT,
     FALLBACK_INTERVAL,
+    RUN_ID_SOURCES,
     OnTimeout,
     Role,
+    RunIdSource,
 )
 from stepbarrier._config.environment import settings_from_env
 from stepbarrier._config.schedule import schedule_wait_until_step, validate_schedule
+from stepbarrier._protocol.freshness import FENCE, MAX_HEARTBEAT
 from stepbarrier._protocol.keys import JobKeys
 from stepbarrier._protocol.wire import MAX_STEP
 from stepbarrier.errors import ConfigurationError
+
+log = logging.getLogger("stepbarrier.config")
 
 
 @dataclass(frozen=True)
@@ -49,7 +56,11 @@ class BarrierConfig:
     """Settings for a chief, a worker or an operator tool of one job.
 
     Build it directly in code, or from the environment with ``from_env``.
-    Unset optional settings are ``None``.
+    Unset optional settings are ``None``. ``run_id_source`` says which variable
+    ``run_id`` came from (docs/configuration.md#run-id): ``"STEPBARRIER_RUN_ID"``,
+    ``"TORCHELASTIC_RUN_ID"`` or ``"SLURM_JOB_ID"``; ``None`` for a run id given
+    in code, or when nothing gave one. ``"STEPBARRIER_RUN_ID"`` with ``run_id``
+    ``None`` is that variable set empty: no run id, on purpose.
 
     Examples:
         >>> cfg = BarrierConfig(job="mnist-42", redis_url="redis://redis:6379/0")
@@ -83,11 +94,13 @@ class BarrierConfig:
     use_eval: bool = False
     redis_cluster: bool = False
     tls_insecure: bool = False
+    run_id_source: RunIdSource | None = None
 
     def __post_init__(self) -> None:
         validate_job(self.job, variable="job")
         if self.run_id is not None:
             validate_run_id(self.run_id, variable="run_id")
+        _check_run_id_source(self.run_id, self.run_id_source)
         check_int(self.done_ttl, "done_ttl", low=1, high=10 * 365 * 24 * 3600)
         if self.progress_timeout is not None:
             check_seconds(self.progress_timeout, "progress_timeout")
@@ -123,7 +136,16 @@ class BarrierConfig:
         if self.timeout is not None:
             check_seconds(self.timeout, "timeout")
         check_seconds(self.stall_timeout, "stall_timeout")
-        check_seconds(self.heartbeat, "heartbeat", high=3600.0)
+        check_seconds(self.heartbeat, "heartbeat")
+        if self.heartbeat > MAX_HEARTBEAT:
+            # FENCE is one value for the whole job: a chief must write three
+            # times within it, whatever another process's heartbeat
+            raise ConfigurationError(
+                f"heartbeat must be at most {MAX_HEARTBEAT:g} s (a third of the protocol's "
+                f"{FENCE:g} s fence, the same for every process of a job), got "
+                f"{self.heartbeat!r}",
+                variable="heartbeat",
+            )
         check_seconds(self.fallback_interval, "fallback_interval", high=5.0)
         check_int(self.key_ttl, "key_ttl", low=60, high=10 * 365 * 24 * 3600)
         if self.on_timeout not in ("raise", "proceed"):
@@ -165,6 +187,18 @@ class BarrierConfig:
     def safe_url(self) -> str:
         """The Redis URL with any password masked, for messages and logs."""
         return mask_url(self.redis_url)
+
+    def describe_run_id(self) -> str:
+        """The run id in force and where it came from, for logs, ``status`` and ``doctor``.
+
+        Examples:
+            >>> config = BarrierConfig(job="j", run_id="slurm-81", run_id_source="SLURM_JOB_ID")
+            >>> config.describe_run_id()
+            'slurm-81 (from SLURM_JOB_ID, the Slurm job)'
+            >>> BarrierConfig(job="j", run_id="r-1").describe_run_id()
+            'r-1 (given in code)'
+        """
+        return describe_run_id(self.run_id, self.run_id_source)
 
     def resolved_wait_until_step(self) -> int:
         """The step this host waits for: the explicit value, else its schedule.
@@ -225,9 +259,70 @@ def _check_cluster(config: BarrierConfig) -> None:
 
 
 def config_from_env(env: Mapping[str, str]) -> BarrierConfig:
-    """The configuration that ``env`` (``STEPBARRIER_*`` and ``TF_CONFIG``) describes.
+    """The configuration that ``env`` (``STEPBARRIER_*``, ``TF_CONFIG`` and the
+    launchers' run ids) describes. The first time a process reads a job's run
+    id (and whenever it differs from the last one logged), one INFO line says
+    which run id is in force and where it came from.
 
     Raises:
         ConfigurationError: A variable is missing or invalid; the message names it.
     """
-    return BarrierConfig(**settings_from_env(env))
+    config = BarrierConfig(**settings_from_env(env))
+    _log_run_id(config)
+    return config
+
+
+def _check_run_id_source(run_id: str | None, source: object) -> None:
+    if source is not None and source not in RUN_ID_SOURCES:
+        raise ConfigurationError(
+            f"run_id_source must be None or one of {', '.join(RUN_ID_SOURCES)} (the "
+            f"variable the run id came from), got {str(source)[:80]!r}",
+            variable="run_id_source",
+        )
+    if run_id is None and source not in (None, "STEPBARRIER_RUN_ID"):
+        # only STEPBARRIER_RUN_ID can say "no run id" (set empty); a launcher's
+        # variable always gives one
+        raise ConfigurationError(
+            f"run_id_source {source} names where the run id came from, but run_id is None: "
+            "give the run id too, or no run_id_source",
+            variable="run_id_source",
+        )
+
+
+_LAUNCHERS = {
+    "TORCHELASTIC_RUN_ID": "torchrun's rendezvous id",
+    "SLURM_JOB_ID": "the Slurm job",
+}
+
+
+def describe_run_id(run_id: str | None, source: RunIdSource | None) -> str:
+    """``run_id`` and where it came from, in words: ``"slurm-81 (from SLURM_JOB_ID, the
+    Slurm job)"``, ``"none (...)"`` saying why there is none."""
+    if run_id is None and source == "STEPBARRIER_RUN_ID":
+        return "none (STEPBARRIER_RUN_ID is set empty, so no launcher's id is used either)"
+    if run_id is None:
+        return f"none (no {', '.join(RUN_ID_SOURCES[:-1])} or {RUN_ID_SOURCES[-1]} is set)"
+    if source is None:
+        return f"{run_id} (given in code)"
+    if source in _LAUNCHERS:
+        return f"{run_id} (from {source}, {_LAUNCHERS[source]})"
+    return f"{run_id} (from {source})"
+
+
+_logged_lock = threading.Lock()
+_logged: dict[str, tuple[str | None, RunIdSource | None]] = {}
+_MAX_LOGGED_JOBS = 64
+
+
+def _log_run_id(config: BarrierConfig) -> None:
+    """One INFO line per job and run id: hooks, callbacks and waiters of one
+    process each read the environment, and one line is enough to tell which run
+    the process belongs to (a new one when it changes)."""
+    shown = (config.run_id, config.run_id_source)
+    with _logged_lock:
+        if _logged.get(config.job) == shown:
+            return
+        if len(_logged) >= _MAX_LOGGED_JOBS:
+            _logged.clear()  # bounded, whatever a process reads; a line again costs nothing
+        _logged[config.job] = shown
+    log.info("job %s: run id %s", config.job, config.describe_run_id())

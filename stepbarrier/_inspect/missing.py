@@ -6,6 +6,10 @@ Redis. The names come from a short ``SCAN`` (``SUGGEST_SCAN_CALLS`` calls of
 ``SCAN_COUNT`` keys per master), never a walk of a large keyspace; a user
 that may not ``SCAN`` (a worker's or a chief's password) learns how to list
 them instead.
+
+A job of named barriers only (``stepbarrier arrive``, no chief state) is there
+too: ``reset`` looks for its barrier index and epoch (``has_barrier_keys``),
+whether or not one of its barriers is open.
 """
 
 from __future__ import annotations
@@ -59,6 +63,39 @@ def is_missing(status: JobStatus, waiting: int = 0) -> bool:
         and status.reset_at is None
         and not (status.done or status.waiters or waiting or status.problems or status.barriers)
     )
+
+
+def has_barrier_keys(config: BarrierConfig, client: RedisClient | None = None) -> bool:
+    """True if the job's barrier index or barrier epoch is there.
+
+    Every arrival refreshes both with its barrier's TTL, so a job with a barrier
+    (open, complete or stale) has them; a reset leaves a new epoch (and its
+    marker). ``TYPE`` of the two keys: O(1), and every role may run it.
+
+    Raises:
+        RedisUnavailable: Redis was unreachable for ``STATUS_RETRY_SECONDS``.
+        RedisRefused: Redis refused the read (authentication, ACL).
+    """
+    keys = config.keys
+
+    def run(active: RedisClient) -> bool:
+        pipe = active.pipeline(transaction=False)
+        pipe.type(keys.barrier_index)
+        pipe.type(keys.barrier_epoch)
+        kinds = pipe.execute()
+        return any(_text(kind) != "none" for kind in kinds)
+
+    return with_client(
+        config,
+        client,
+        run,
+        action="read the job's barrier keys",
+        retry_seconds=STATUS_RETRY_SECONDS,
+    )
+
+
+def _text(raw: object) -> str:
+    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
 
 
 def other_jobs(config: BarrierConfig, client: RedisClient | None = None) -> OtherJobs:

@@ -71,11 +71,17 @@ class JobStatus:
         chief: ``host:pid`` of the chief, with control characters escaped.
         reset_at: Unix time of the last reset, if the job was reset since.
         run_id: The run id the chief stored (``None``: none, or malformed).
-        beat: The chief generation's write counter (waiters judge liveness by
-            it moving; docs/protocol.md#observed-writes).
+        beat: The state's write counter, as stored (``status --json`` only).
+            No count of writes: it starts from the Redis clock in microseconds
+            when the state is made or replaced, and each write adds one, so
+            only its moving means something (waiters judge liveness by it;
+            docs/protocol.md#observed-writes).
         vouch: The last writer vouches for the step (out of probation, its loop
             handed a step over lately).
         pinned: The step was published by an operator (``stepbarrier publish``).
+        probation: The state is on probation: a chief made it anew without its own
+            begin on record (Redis forgot the state), and it vouches for nothing
+            until that chief has waited the fence (docs/protocol.md#probation).
         heartbeat_period: The chief's own heartbeat period in seconds, if it
             stored a plausible one.
         waiters: Registered waiters, lowest target first (at most ``MAX_INDEXED``,
@@ -98,6 +104,7 @@ class JobStatus:
     pinned: bool = False
     heartbeat_period: float | None = None
     waiters: tuple[WaiterInfo, ...] = ()
+    probation: bool = False
     problems: tuple[str, ...] = field(default=())
     barriers: tuple[BarrierInfo, ...] = ()
 
@@ -194,6 +201,7 @@ def _read(
         beat=state.beat,
         vouch=state.vouch,
         pinned=state.pinned,
+        probation=state.probation != 0,
         heartbeat_period=_period(state.heartbeat_period_ms),
         waiters=tuple(sorted(waiters, key=lambda w: (w.wait_until_step, w.task_id or 0))),
         problems=tuple(problems),

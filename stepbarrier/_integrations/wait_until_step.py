@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import numbers
 
-from stepbarrier._protocol.wire import MAX_STEP
+from stepbarrier._protocol.wire import MAX_STEP, MAX_STEP_TEXT
 from stepbarrier.errors import ConfigurationError
 
 
@@ -45,7 +45,8 @@ def target_step(wait_until_step: object, *, name: str = "wait_until_step") -> in
         step = _ceil(wait_until_step, name)
     if step > MAX_STEP:
         raise ConfigurationError(
-            f"{name} must be at most {MAX_STEP} (2**53), got a larger number", variable=name
+            f"{name} must be at most {MAX_STEP} ({MAX_STEP_TEXT}), got a larger number",
+            variable=name,
         )
     return step
 

@@ -38,7 +38,8 @@ def publish_step_call(
     reset_marker: str,
     mode: WriterMode,
     publish_command: str,
-    first: bool,
+    served: int,
+    idle_ms: int,
 ) -> Call:
     """One write of the job's step (``lua/publish_step.lua``)."""
     return (
@@ -59,7 +60,8 @@ def publish_step_call(
             reset_marker,
             mode,
             publish_command,
-            int(first),
+            served,
+            idle_ms,
         ],
     )
 

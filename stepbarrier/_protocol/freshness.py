@@ -10,7 +10,7 @@ clock (docs/protocol.md#vouch). It vouches when both hold:
   the state, and whoever wrote it may be a zombie whose newer successor has
   not written since Redis forgot it. Any live newer chief writes within one
   heartbeat and supersedes it, so the state vouches only after
-  ``fence_time`` has passed on the writer's clock with its writes accepted;
+  ``FENCE`` has passed on the writer's clock since it learned of it;
 - its training loop handed the step over within the **confirmation window**
   (``confirm_window``): a chief whose session is recovering (a preempted
   parameter server, a checkpoint restore) keeps writing a step it may never
@@ -28,18 +28,21 @@ MIN_CONFIRM = 5.0
 """Seconds a handed-over step vouches for itself at least."""
 CONFIRM_STEPS = 4.0
 """How many of the loop's mean step times a handed-over step vouches for itself."""
-MIN_FENCE = 3.0
-"""Seconds of probation at least, whatever the heartbeat."""
-FENCE_HEARTBEATS = 3.0
-"""Probation in heartbeats: a live newer chief writes within one."""
+FENCE = 3.0
+"""Seconds a state made anew stays on probation, and a chief watches another run's
+state before taking it over: one value for the whole job, whatever each process's
+heartbeat (a zombie with a short heartbeat must not end its probation before a
+newest chief with a long one writes: docs/protocol.md#probation)."""
+MAX_HEARTBEAT = FENCE / 3
+"""The longest heartbeat a chief may have: a live chief writes three times within
+``FENCE``, so one lost or late write does not let a zombie's state vouch."""
+GRACE = FENCE
+"""Seconds a waiter reads a finished or pinned state it did not see written, unchanged
+and with no newer begin on record, before it trusts it without a run id: a rerun's
+chief that begins within it leaves its begin on the state (docs/protocol.md#grace)."""
 STALE_HEARTBEATS = 3.0
 """For operators' views only: a chief unheard for this many heartbeats (at least
 ``MIN_CONFIRM`` seconds, by Redis's clock) is shown as stale."""
-
-
-def fence_time(heartbeat: float) -> float:
-    """Seconds a writer that created the state stays on probation."""
-    return max(FENCE_HEARTBEATS * heartbeat, MIN_FENCE)
 
 
 def confirm_window(step_time: float | None) -> float:

@@ -2,8 +2,8 @@
 
 Each piece runs atomically in Redis, so a store and its announcement can never
 be seen apart. All keys share the job's hash tag and are passed in ``KEYS``.
-Numbers are formatted with ``%.0f`` because Lua numbers are doubles: steps and
-generations stay below 2**53, where doubles are exact.
+Numbers are formatted with ``%.0f`` because Lua numbers are doubles: every stored
+number is at most ``MAX_STEP`` (2**53 - 2), so that it and one more are exact.
 
 ``BODIES`` holds each piece once, read from its ``.lua`` file
 (``stepbarrier/_protocol/lua/``); ``HELPERS`` is what every piece shares, with
@@ -60,6 +60,8 @@ STATE_FIELDS = (
     "run_id",
     "vouch",
     "fence",
+    "begun",
+    "probation",
     "done",
     "pinned",
     "reset_seen",
@@ -67,6 +69,7 @@ STATE_FIELDS = (
     "heartbeat_ms",
     "done_ms",
     "heartbeat_period_ms",
+    "idle_ms",
 )
 """The fields of the state hash (docs/protocol.md#keys): all that is ever read of it."""
 BARRIER_FIELDS = ("parties", "arrived", "created_ms", "run_id", "epoch", "last_ms", "completed_ms")

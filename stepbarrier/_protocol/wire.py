@@ -14,9 +14,15 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-MAX_STEP = 2**53
-"""Largest step (and generation) carried exactly through Lua's doubles: the one
-number range of the protocol (the Lua library takes it from here)."""
+MAX_STEP = 2**53 - 2
+"""Largest stored number (a step, generation, beat, fence, ``begun`` or
+``probation``): the one number range of the protocol, which the Lua library
+takes from this constant. Lua's numbers are doubles, exact up to 2**53; at most ``2**53 - 2``,
+every stored ``n`` has an exact ``n + 1`` (at 2**53, ``n + 1 == n``: a newer
+generation would equal the older one). A larger stored number reads as
+malformed, here and in the Lua's ``whole()``."""
+MAX_STEP_TEXT = "2**53 - 2"
+"""``MAX_STEP`` as messages name it."""
 
 NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 """The one name pattern: of a job, a run id and a barrier (each becomes part of
@@ -40,6 +46,8 @@ class StepAnnouncement:
         beat: The generation's write counter after the write (0 if not said).
         vouch: The writer vouches for the step (docs/protocol.md#vouch).
         pinned: An operator's pinned step (``stepbarrier publish``).
+        idle_ms: How long ago the writer's training loop handed its last step
+            over, by its own clock (0 in a pause; ``None``: not said).
     """
 
     step: int | None
@@ -50,6 +58,7 @@ class StepAnnouncement:
     beat: int = 0
     vouch: bool = False
     pinned: bool = False
+    idle_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -73,6 +82,13 @@ class ChiefState:
         pinned: An operator's pinned step.
         heartbeat_period_ms: The chief's own heartbeat period (ms), if stored.
         done_ms: Redis time (ms) at which the job was marked finished (display only).
+        begun: The newest generation whose begin is on record in the state (its
+            ``begun`` or ``fence``; 0: none). Above ``generation``, a newer chief
+            has begun and not written yet: the state is no final fact any more.
+        probation: The id of the probation the state is on (0: none;
+            docs/protocol.md#probation).
+        idle_ms: How long before its last write the writer's training loop had
+            handed its last step over (its own clock; 0 in a pause).
     """
 
     step: int | None
@@ -87,6 +103,9 @@ class ChiefState:
     pinned: bool = False
     heartbeat_period_ms: int | None = None
     done_ms: int | None = None
+    begun: int = 0
+    probation: int = 0
+    idle_ms: int | None = None
 
     @classmethod
     def empty(cls, problem: str | None = None) -> ChiefState:
@@ -140,13 +159,13 @@ def checked_step(value: object, *, what: str, low: int = 1) -> int:
         TypeError: ``value`` is not an integer (a ``bool`` is not one: ``True`` is
             no step 1; a float is not one either).
         ValueError: ``value`` is out of range: no chief can publish a step
-            above ``MAX_STEP`` (2**53, the largest Lua's doubles carry exactly).
+            above ``MAX_STEP`` (2**53 - 2: one more is still exact in Lua's doubles).
     """
     if isinstance(value, bool) or not hasattr(value, "__index__"):
         raise TypeError(f"{what} must be an integer, got {type(value).__name__} {value!r}")
     number = operator.index(value)
     if not low <= number <= MAX_STEP:
-        raise ValueError(f"{what} must be from {low} to 2**53 ({MAX_STEP}), got {number}")
+        raise ValueError(f"{what} must be from {low} to {MAX_STEP_TEXT} ({MAX_STEP}), got {number}")
     return number
 
 
@@ -165,7 +184,7 @@ def parse_state(raw: object) -> ChiefState:
     if not isinstance(raw, dict) or not raw:
         return ChiefState.empty()
     fields = {_to_text(k): v for k, v in raw.items()}
-    if set(fields) <= {"fence"}:
+    if set(fields) <= {"fence", "begun"}:
         return ChiefState.empty()  # a chief has begun, and not written yet
     step = parse_int(fields.get("step"), low=0)
     generation = parse_int(fields.get("generation"), low=0)
@@ -203,6 +222,9 @@ def parse_state(raw: object) -> ChiefState:
         pinned=_to_text(fields.get("pinned")) == "1",
         heartbeat_period_ms=parse_int(fields.get("heartbeat_period_ms"), low=1),
         done_ms=parse_int(fields.get("done_ms")),
+        begun=max(parse_int(fields.get("begun")) or 0, parse_int(fields.get("fence")) or 0),
+        probation=parse_int(fields.get("probation")) or 0,
+        idle_ms=parse_int(fields.get("idle_ms")),
     )
 
 
@@ -236,8 +258,10 @@ def parse_announcement(raw: object) -> StepAnnouncement | None:
     beat_value = parse_int(beat) if isinstance(beat, int) else None
     if beat_value is None or not isinstance(vouch, bool) or not isinstance(pinned, bool):
         return None
+    idle = data.get("idle")
+    idle_value = parse_int(idle) if isinstance(idle, int) and not isinstance(idle, bool) else None
     return StepAnnouncement(
-        step_value, generation_value, done, False, run_id, beat_value, vouch, pinned
+        step_value, generation_value, done, False, run_id, beat_value, vouch, pinned, idle_value
     )
 
 

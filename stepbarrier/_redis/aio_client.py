@@ -157,8 +157,13 @@ async def call_with_retries(
     """
     try:  # the first try without tenacity's machinery: thousands of waits call this
         return await operation()
-    except (*REDIS_ERRORS, OSError):
-        pass  # judged again below, by one more try and its retries
+    except (*REDIS_ERRORS, OSError) as exc:
+        if deadline is not None and clock() >= deadline:
+            # as tenacity would: no try starts after the deadline (the first one
+            # may have ended past it: a bounded call, at a passed limit)
+            error = exc if isinstance(exc, REDIS_ERRORS) else rex.ConnectionError(str(exc))
+            raise translate(error, config, action=action, probe=False) from exc
+        # else judged again below, by one more try and its retries
     settings = retry_settings(config, action=action, deadline=deadline, clock=clock)
     try:
         return await AsyncRetrying(sleep=sleep, **settings)(operation)
@@ -167,6 +172,39 @@ async def call_with_retries(
         raise translate(exc, config, action=action, probe=False) from exc
     except OSError as exc:  # a raw socket error (or a timeout) that redis-py did not wrap
         raise translate(rex.ConnectionError(str(exc)), config, action=action, probe=False) from exc
+
+
+async def within(awaitable: Awaitable[T], seconds: float) -> T:
+    """``await awaitable``, for ``seconds`` at most (a bounded call: see
+    ``stepbarrier._redis.bounded``); a future or task is cancelled at the bound
+    unless shielded.
+
+    Raises:
+        redis.TimeoutError: It took longer (transient: the caller retries within
+            its deadline).
+    """
+    try:
+        return await asyncio.wait_for(awaitable, seconds)
+    except asyncio.TimeoutError as exc:
+        raise _no_reply(seconds) from exc
+
+
+def expiring(future: asyncio.Future[T], seconds: float) -> asyncio.Future[T]:
+    """``future``, failed with ``redis.TimeoutError`` unless it is done within
+    ``seconds``: ``within`` for a future of the caller's own, at the cost of a timer
+    (a wait's read, on the path of every wait)."""
+    timer = future.get_loop().call_later(seconds, _expire, future, seconds)
+    future.add_done_callback(lambda _done: timer.cancel())
+    return future
+
+
+def _expire(future: asyncio.Future[Any], seconds: float) -> None:
+    if not future.done():
+        future.set_exception(_no_reply(seconds))
+
+
+def _no_reply(seconds: float) -> rex.TimeoutError:
+    return rex.TimeoutError(f"no reply from Redis within {seconds:.3g} s")
 
 
 class AsyncRedisCode:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,14 +30,18 @@ from redis.commands.core import Script
 from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._protocol import library as scripts
 from stepbarrier._protocol.calls import Call
+from stepbarrier._redis.bounded import HeldConnection, HeldConnections
 from stepbarrier._redis.client import RedisClient, refresh_topology
 from stepbarrier.errors import RedisRefused
 
-LIBRARY_VERSION = 2
+LIBRARY_VERSION = 3
 """Version of the Functions library; raise it whenever ``scripts.BODIES`` change
 (a test compares ``LIBRARY_SHA256`` with the code)."""
 LIBRARY_NAME = f"stepbarrier_v{LIBRARY_VERSION}"
 """Name of the library in Redis (``FUNCTION LIST LIBRARYNAME stepbarrier``)."""
+LOAD_FLOOR = 0.1
+"""Seconds a bounded call's loading of missing code (and its calls' second try)
+is given at least, once Redis has answered that the code is missing."""
 
 
 def publish_command(config: BarrierConfig) -> str:
@@ -144,6 +149,11 @@ class RedisCode:
             pool (re-authenticating with a streaming credential provider,
             maintenance notifications) does not happen to it, and the client's
             ``Retry`` is not used (stepbarrier's clients make no retries).
+
+    A call given a ``timeout`` (a wait's calls: ``call``, ``replies``,
+    ``pipeline``) ends within it, against a Redis that hangs too: it runs on a
+    ``HeldConnection`` whose connect and replies are bounded by it, and loading
+    missing code is part of it (thread-safe; ``close`` closes the idle ones).
     """
 
     def __init__(
@@ -155,19 +165,29 @@ class RedisCode:
         self._lock = threading.Lock()
         self._own = own_connection and not config.use_eval and not isinstance(client, RedisCluster)
         self._connection: Any = None  # a redis-py Connection (untyped)
+        self._held = HeldConnections()  # for the calls given a timeout
         if config.use_eval:
             for name, (body, _read_only) in scripts.BODIES.items():
                 self._scripts[name] = client.register_script(scripts.HELPERS + body)
 
-    def call(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+    def call(
+        self, name: str, keys: Sequence[Any], args: Sequence[Any], *, timeout: float | None = None
+    ) -> Any:
         """Run one piece of code (one try; the caller retries transient errors).
+
+        Args:
+            name: The code's name (``scripts.BODIES``).
+            keys: Its keys.
+            args: Its arguments.
+            timeout: Seconds the call may take at most, connecting and loading
+                the code included (``None``: the client's own timeouts).
 
         Raises:
             RedisRefused: As ``pipeline``.
-            redis.RedisError: What the call raised.
+            redis.RedisError: What the call raised (``TimeoutError`` past ``timeout``).
         """
-        if self._config.use_eval or isinstance(self._client, RedisCluster):
-            return self.pipeline([(name, keys, args)])[0]
+        if timeout is not None or self._config.use_eval or isinstance(self._client, RedisCluster):
+            return self.pipeline([(name, keys, args)], timeout=timeout)[0]
         # One call is one plain command, not a pipeline of one: the chief's write
         # to release workers runs on this path, and a pipeline runs about twice
         # the code of redis-py between the call and the socket (bench/wake_path.py)
@@ -202,33 +222,44 @@ class RedisCode:
             raise
 
     def close(self) -> None:
-        """Give the connection held for ``own_connection`` back to the pool."""
+        """Give the connection held for ``own_connection`` back to the pool, and close
+        the idle connections of the calls given a timeout."""
         connection, self._connection = self._connection, None
         if connection is not None and not isinstance(self._client, RedisCluster):
             self._client.connection_pool.release(connection)
+        self._held.close()
 
-    def pipeline(self, calls: Sequence[Call]) -> list[Any]:
+    def pipeline(self, calls: Sequence[Call], *, timeout: float | None = None) -> list[Any]:
         """Run several pieces in one round trip, in order (not as a transaction).
+
+        Args:
+            calls: The calls.
+            timeout: Seconds the round trip may take at most (see ``call``).
 
         Raises:
             RedisRefused: The library is missing and this user may not load it,
                 or the server has no Functions.
             redis.RedisError: Whatever else a call raised (the first error).
         """
-        replies = self.replies(calls)
+        replies = self.replies(calls, timeout=timeout)
         for reply in replies:
             if isinstance(reply, Exception):
                 raise reply
         return replies
 
-    def replies(self, calls: Sequence[Call]) -> list[Any]:
+    def replies(self, calls: Sequence[Call], *, timeout: float | None = None) -> list[Any]:
         """Like ``pipeline``, but each call's error is returned in its reply's place.
 
         Raises:
             RedisRefused: The library is missing and this user may not load it,
                 or the server has no Functions.
-            redis.RedisError: The round trip itself failed (a connection error).
+            redis.RedisError: The round trip itself failed (a connection error, or
+                no reply within ``timeout``).
         """
+        if timeout is not None:
+            pool = self._pool_of(calls)
+            if pool is not None:
+                return self._bounded(pool, calls, timeout)
         replies = self._run(calls)
         if not self._config.use_eval and any(
             isinstance(r, Exception) and is_missing_function(r) for r in replies
@@ -247,6 +278,86 @@ class RedisCode:
         if any(isinstance(r, moved) for r in replies):
             refresh_topology(self._client)
         return replies
+
+    # -- calls given a timeout ----------------------------------------------------------
+
+    def _pool_of(self, calls: Sequence[Call]) -> Any:
+        """The pool whose settings a bounded round trip of ``calls`` connects with: the
+        client's, or on a Cluster its slot owner's (``None``: calls without keys,
+        which a cluster client routes itself)."""
+        if not isinstance(self._client, RedisCluster):
+            return self._client.connection_pool
+        if not calls[0][1]:
+            return None
+        owner = self._client.get_node_from_key(calls[0][1][0])  # type: ignore[no-untyped-call]
+        return self._client.get_redis_connection(owner).connection_pool
+
+    def _bounded(self, pool: Any, calls: Sequence[Call], timeout: float) -> list[Any]:
+        """``replies`` within ``timeout`` seconds, on a held connection of ``pool``."""
+        until = time.monotonic() + timeout
+        held = self._held.take(pool)
+        try:
+            replies = held.run(self._commands(calls), timeout)
+            if self._config.use_eval:
+                named = zip(calls, replies, strict=True)
+                unknown = {call[0] for call, reply in named if _no_script(reply)}
+                if unknown:
+                    loads = [("SCRIPT", "LOAD", self._scripts[n].script) for n in sorted(unknown)]
+                    self._raise_first(held.run(loads, _left(until)))
+                    replies = held.run(self._commands(calls), _left(until))
+            else:
+                absent = [r for r in replies if isinstance(r, Exception) and is_missing_function(r)]
+                if absent:
+                    self._load_bounded(held, absent[0], until)
+                    replies = held.run(self._commands(calls), _left(until))
+            if any(isinstance(r, rex.ReadOnlyError) for r in replies):
+                held.disconnect()  # a replica now (a failover behind one name): reconnect
+        except (rex.ConnectionError, rex.TimeoutError, OSError):
+            refresh_topology(self._client)  # (a cluster's) the retry then reaches the owner
+            raise
+        finally:
+            if held.connected:
+                self._held.give(held)
+        if any(
+            isinstance(r, (rex.ConnectionError, rex.TimeoutError, rex.AskError)) for r in replies
+        ):
+            refresh_topology(self._client)
+        return replies
+
+    def _commands(self, calls: Sequence[Call]) -> list[tuple[Any, ...]]:
+        if not self._config.use_eval:
+            return [function_command(name, keys, args) for name, keys, args in calls]
+        return [
+            ("EVALSHA", self._scripts[name].sha, len(keys), *keys, *args)
+            for name, keys, args in calls
+        ]
+
+    def _load_bounded(self, held: HeldConnection, missing: BaseException, until: float) -> None:
+        """Load the library on ``held`` (within the call's time), or explain why not."""
+        if "unknown command" in str(missing).lower():
+            raise self._explain(missing, missing) from missing  # no Functions at all
+        if isinstance(self._client, RedisCluster):
+            self._load_or_explain(missing)  # on every master, with the cluster's client
+            return
+        (loaded,) = held.run([("FUNCTION", "LOAD", library_source())], _left(until))
+        if not isinstance(loaded, Exception) or "already exists" in str(loaded):
+            return  # (another client loaded it meanwhile)
+        try:
+            (listed,) = held.run(
+                [("FUNCTION", "LIST", "LIBRARYNAME", "stepbarrier_v*")], _left(until)
+            )
+            versions = None if isinstance(listed, Exception) else parse_versions(listed)
+        except rex.RedisError:
+            versions = None
+        raise explain_refusal(self._config, missing, versions) from loaded
+
+    @staticmethod
+    def _raise_first(replies: list[Any]) -> None:
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+
+    # -- calls on the client's pool -----------------------------------------------------
 
     def _send(self, calls: Sequence[Call]) -> list[Any]:
         pipe: Any
@@ -287,6 +398,16 @@ class RedisCode:
         if "unknown command" not in str(missing).lower():
             versions = loaded_versions(self._client)
         return explain_refusal(self._config, missing, versions)
+
+
+def _no_script(reply: object) -> bool:
+    return isinstance(reply, rex.NoScriptError)
+
+
+def _left(until: float) -> float:
+    """Seconds left of a bounded call: the rest of its round trips (loading missing
+    code, then the calls again) get that, and a little at least (Redis answered)."""
+    return max(LOAD_FLOOR, until - time.monotonic())
 
 
 def _ready(connection: Any) -> None:

@@ -20,9 +20,9 @@ from collections.abc import Callable
 from typing import Any
 
 import redis
-from redis.client import PubSub
 from redis.cluster import RedisCluster
 
+from stepbarrier._redis.bounded import HeldConnection
 from stepbarrier._redis.client import CONNECT_TIMEOUT, RedisClient
 
 
@@ -33,20 +33,29 @@ class SubscriptionLost(redis.ConnectionError):
 class Subscription:
     """One confirmed subscription; ``get_message`` yields the payloads.
 
+    It has a connection of its own (a ``HeldConnection``, made from the client's
+    settings), so that opening it is bounded by its caller's time, the connect
+    and its handshake included, against a Redis that hangs as well.
+
     Args:
-        pubsub: The redis-py subscription, already confirmed.
+        connection: Its connection, subscribed and confirmed.
         channel: The channel's name.
         sharded: ``SSUBSCRIBE`` rather than ``SUBSCRIBE``.
     """
 
-    def __init__(self, pubsub: PubSub, channel: str, *, sharded: bool) -> None:
-        self._pubsub = pubsub
+    def __init__(self, connection: HeldConnection, channel: str, *, sharded: bool) -> None:
+        self._connection = connection
         self._channel = channel
         self.sharded = sharded
 
     @classmethod
     def open(
-        cls, client: RedisClient, channel: str, *, refresh_topology: bool = False
+        cls,
+        client: RedisClient,
+        channel: str,
+        *,
+        refresh_topology: bool = False,
+        timeout: float | None = None,
     ) -> Subscription:
         """Subscribe and wait for Redis's confirmation (one try).
 
@@ -56,9 +65,12 @@ class Subscription:
             channel: The channel.
             refresh_topology: Re-read the cluster's slot map first (after a
                 subscription was lost to a slot migration or a failover).
+            timeout: Seconds it may take at most, connecting included (``None``:
+                the client's own timeouts); the confirmation is awaited for
+                ``CONNECT_TIMEOUT`` at most.
 
         Raises:
-            redis.TimeoutError: No confirmation within ``CONNECT_TIMEOUT``.
+            redis.TimeoutError: No confirmation in time.
             redis.RedisError: The subscription failed.
         """
         sharded = isinstance(client, RedisCluster)
@@ -66,25 +78,24 @@ class Subscription:
             if refresh_topology:
                 client.nodes_manager.initialize()
             node = client.get_node_from_key(channel)  # type: ignore[no-untyped-call]
-            pubsub: PubSub = client.get_redis_connection(node).pubsub(  # type: ignore[no-untyped-call]
-                ignore_subscribe_messages=False
-            )
+            pool = client.get_redis_connection(node).connection_pool
         else:
-            pubsub = client.pubsub(ignore_subscribe_messages=False)  # type: ignore[no-untyped-call]
+            pool = client.connection_pool
+        started = time.monotonic()
+        connection = HeldConnection(pool)
         try:
-            if sharded:
-                pubsub.ssubscribe(channel)
-            else:
-                pubsub.subscribe(channel)
+            connection.send(("SSUBSCRIBE" if sharded else "SUBSCRIBE", channel), timeout)
             expected = "ssubscribe" if sharded else "subscribe"
             until = time.monotonic() + CONNECT_TIMEOUT
-            while time.monotonic() < until:
-                message = pubsub.get_message(timeout=max(0.001, until - time.monotonic()))
-                if message is not None and _text(message.get("type")) == expected:
-                    return cls(pubsub, channel, sharded=sharded)
+            if timeout is not None:
+                until = min(until, started + timeout)
+            while (left := until - time.monotonic()) > 0:
+                message = connection.receive(left)
+                if message is not None and _kind(message) == expected:
+                    return cls(connection, channel, sharded=sharded)
             raise redis.TimeoutError("no subscription confirmation from Redis")
         except BaseException:
-            pubsub.close()
+            connection.disconnect()
             raise
 
     def get_message(self, timeout: float) -> Any:
@@ -95,14 +106,14 @@ class Subscription:
             redis.ConnectionError: The connection broke (a ``MOVED`` reply counts).
         """
         try:
-            message = self._pubsub.get_message(timeout=timeout)
+            message = self._connection.receive(timeout)
         except redis.ResponseError as exc:  # e.g. MOVED: the slot is elsewhere now
             raise SubscriptionLost(str(exc)) from exc
         if message is None:
             return None
-        kind = _text(message.get("type"))
+        kind = _kind(message)
         if kind in ("message", "smessage"):
-            return message.get("data")
+            return message[2] if len(message) > 2 else None
         if kind in ("unsubscribe", "sunsubscribe"):
             raise SubscriptionLost(f"the server ended the subscription to {self._channel}")
         return None
@@ -114,8 +125,8 @@ class Subscription:
             False if the subscription has ended or its connection broke.
         """
         try:
-            while (message := self._pubsub.get_message(timeout=0)) is not None:
-                if _text(message.get("type")) in ("unsubscribe", "sunsubscribe"):
+            while (message := self._connection.receive(0)) is not None:
+                if _kind(message) in ("unsubscribe", "sunsubscribe"):
                     return False
         except Exception:  # a broken connection, a MOVED reply: subscribe anew
             return False
@@ -124,7 +135,7 @@ class Subscription:
     def close(self) -> None:
         """Close it, even if its connection is already dead."""
         with contextlib.suppress(Exception):
-            self._pubsub.close()
+            self._connection.disconnect()
 
 
 class KeptSubscription:
@@ -172,5 +183,9 @@ class KeptSubscription:
             idle.close()
 
 
-def _text(raw: object) -> str:
+def _kind(message: Any) -> str:
+    """A pub/sub message's type (``"message"``, ``"subscribe"``...); ``""`` for any other reply."""
+    if not isinstance(message, list) or not message:
+        return ""
+    raw = message[0]
     return raw.decode() if isinstance(raw, bytes) else str(raw)

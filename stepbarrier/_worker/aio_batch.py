@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from stepbarrier._protocol.calls import Call
@@ -59,7 +59,8 @@ class CallBatcher:
         return self._submit(register, reads=True)
 
     def leave(self, call: Call) -> asyncio.Future[None]:
-        """Queue a wait's unregistration; the future ends when Redis has run it."""
+        """Queue a wait's unregistration; the future ends when Redis has run it. It is
+        sent whatever happens to the future (a wait that gave up on it, cancelled)."""
         future = self._submit(call, reads=False)
         future.add_done_callback(_consume)  # a wait that gave up on it must not log
         return future
@@ -90,9 +91,16 @@ class CallBatcher:
             batch: list[_Request] = []
             calls = 0
             while self._queue and calls < MAX_BATCH:
-                batch.append(self._queue.popleft())
-                calls += batch[-1].call is not None
-            await self._send(batch)
+                request = self._queue.popleft()
+                if request.reads and request.future.done():
+                    # its wait gave up on it (its bound passed while a round trip
+                    # hung, or it was cancelled): not sent, a hung Redis is not
+                    # sent the retries of every wait
+                    continue
+                batch.append(request)
+                calls += request.call is not None
+            if batch:
+                await self._send(batch)
 
     async def _send(self, batch: list[_Request]) -> None:
         calls = [request.call for request in batch if request.call is not None]
@@ -125,9 +133,13 @@ class CallBatcher:
             elif isinstance(snapshot, BaseException) and request.reads:
                 request.future.set_exception(snapshot)
             else:
+                mine = snapshot
                 if isinstance(reply, Exception):
+                    # Redis refused this wait's registration: it is full
                     warn_unregistered(self._keys.job, reply)
-                request.future.set_result(snapshot if request.reads else None)
+                    if isinstance(snapshot, Snapshot):
+                        mine = replace(snapshot, full=True)
+                request.future.set_result(mine if request.reads else None)
 
     @staticmethod
     def _fail(batch: list[_Request], exc: BaseException) -> None:

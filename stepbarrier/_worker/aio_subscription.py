@@ -34,6 +34,7 @@ import redis
 from redis.asyncio.client import PubSub
 
 from stepbarrier._protocol.wire import StepAnnouncement, parse_announcement, preview
+from stepbarrier._redis.aio_client import within
 from stepbarrier._redis.client import CONNECT_TIMEOUT
 from stepbarrier._redis.subscription import SubscriptionLost
 from stepbarrier._worker.snapshot import Snapshot
@@ -185,14 +186,19 @@ class SharedSubscription:
         if not self._listeners:
             self._shut()
 
-    async def ensure(self) -> int:
+    async def ensure(self, timeout: float | None = None) -> int:
         """The number of a confirmed subscription, opened now if there is none (one try).
 
-        Concurrent callers share one attempt; a caller that is cancelled does
-        not cancel it for the others.
+        Concurrent callers share one attempt; a caller that is cancelled, or
+        whose ``timeout`` passes, does not cancel it for the others.
+
+        Args:
+            timeout: Seconds the caller waits for it at most (``None``: until the
+                attempt ends, within the connection's timeouts).
 
         Raises:
-            redis.TimeoutError: No confirmation within ``CONNECT_TIMEOUT``.
+            redis.TimeoutError: No confirmation within ``CONNECT_TIMEOUT``, or
+                none within ``timeout``.
             redis.RedisError: The subscription failed.
         """
         if self._pubsub is not None:
@@ -200,7 +206,10 @@ class SharedSubscription:
         if self._opening is None:
             self._opening = asyncio.create_task(self._open())
             self._opening.add_done_callback(_consume)
-        return await asyncio.shield(self._opening)
+        opening = asyncio.shield(self._opening)
+        if timeout is None:
+            return await opening
+        return await within(opening, timeout)
 
     def restart(self, number: int, why: str) -> None:
         """End subscription ``number`` (if it is still the current one): it seems dead."""

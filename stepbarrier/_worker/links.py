@@ -13,6 +13,7 @@ import os
 import secrets
 import socket
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from stepbarrier._config.settings import BarrierConfig
@@ -52,10 +53,21 @@ class WaiterLink:
         config: The job's settings.
         target: The step waited for.
         since: Unix time the wait began (shown by ``stepbarrier status``).
+        code: Returns the code runner to call on (the waiter's, shared by its
+            waits, made on first use); one of this link's own if omitted.
+        call_timeout: Returns the seconds the next call may take (the time
+            left to the wait's nearest limit); ``None``: the client's timeouts.
     """
 
     def __init__(
-        self, connect: Callable[[], RedisClient], config: BarrierConfig, target: int, since: float
+        self,
+        connect: Callable[[], RedisClient],
+        config: BarrierConfig,
+        target: int,
+        since: float,
+        *,
+        code: Callable[[], RedisCode] | None = None,
+        call_timeout: Callable[[], float] | None = None,
     ):
         self._connect = connect
         self._config = config
@@ -63,20 +75,39 @@ class WaiterLink:
         self.id = new_waiter_id(config)
         self.target = target
         self.registered = False
+        self.answered = True
+        """False once a call failed (Redis unreachable, or no reply in time), until
+        one succeeds."""
+        self._code_source = code
         self._code_of: RedisCode | None = None
+        self._call_timeout = call_timeout
         self._entry = registry_entry(config, target, since)
 
     @property
     def _code(self) -> RedisCode:
+        if self._code_source is not None:
+            return self._code_source()
         if self._code_of is None:
             self._code_of = RedisCode(self._connect(), self._config)
         return self._code_of
 
+    def _timeout(self) -> float | None:
+        return None if self._call_timeout is None else self._call_timeout()
+
     def subscribe(self, *, refresh_topology: bool = False) -> Subscription:
         """A subscription to the job's channel, confirmed by Redis before it returns."""
-        return Subscription.open(
-            self._connect(), self._keys.channel, refresh_topology=refresh_topology
-        )
+        try:
+            subscription = Subscription.open(
+                self._connect(),
+                self._keys.channel,
+                refresh_topology=refresh_topology,
+                timeout=self._timeout(),
+            )
+        except Exception:
+            self.answered = False
+            raise
+        self.answered = True
+        return subscription
 
     def register_and_read(self) -> Snapshot:
         """Register (or refresh the entry), then read the state: one round trip.
@@ -85,26 +116,42 @@ class WaiterLink:
         only what a waiter writes, the reading one (``FCALL_RO``) what it only
         reads, so the worker role needs no write permission on the state.
         """
-        registered, reply = self._code.replies(
-            [
-                register_call(self._config, self.id, self.target, self._entry, self._keys),
-                read_call(self._keys),
-            ]
-        )
+        try:
+            registered, reply = self._code.replies(
+                [
+                    register_call(self._config, self.id, self.target, self._entry, self._keys),
+                    read_call(self._keys),
+                ],
+                timeout=self._timeout(),
+            )
+        except Exception:
+            self.answered = False
+            raise
+        self.answered = True
         if isinstance(reply, Exception):
             raise reply
         if isinstance(registered, Exception):
             if not is_out_of_memory(registered):
                 raise registered
             warn_unregistered(self._config.job, registered)
-        else:
-            self.registered = True
+            return replace(parse_snapshot(reply), full=True)
+        self.registered = True
         return parse_snapshot(reply)
 
-    def leave(self) -> None:
-        """Remove the registry entry and its target (one try; raises on failure)."""
+    def leave(self, timeout: float | None = None) -> None:
+        """Remove the registry entry and its target (one try within ``timeout``
+        seconds, else the link's call timeout; raises on failure)."""
         if self.registered:
-            self._code.call(*leave_call(self._keys, self.id))
+            self._code.call(
+                *leave_call(self._keys, self.id),
+                timeout=self._timeout() if timeout is None else timeout,
+            )
+
+    def close(self) -> None:
+        """Close this link's own code runner's connections (not a shared one's)."""
+        code, self._code_of = self._code_of, None
+        if code is not None:
+            code.close()
 
 
 _unregistered_warned: set[str] = set()

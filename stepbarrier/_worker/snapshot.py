@@ -23,11 +23,14 @@ class Snapshot:
         reset_marker: The job's reset marker (an opaque token), if one is there.
         state: The chief's stored state (empty, possibly with a problem, if absent
             or malformed).
+        full: Redis refused the wait's registration because it is out of memory
+            (so it refuses the chief's writes too).
     """
 
     now_ms: int
     reset_marker: str | None
     state: ChiefState
+    full: bool = False
 
 
 def _marker(raw: object) -> str | None:

@@ -135,9 +135,15 @@ class WaitTiming:
         self.read_at = self.clock() + self.fallback_interval
 
     def retry_deadline(self) -> float:
-        """How long the wait may retry a failing call: the stall or the overall timeout."""
-        stall = self.stall_at()
-        return stall if self.deadline is None else min(stall, self.deadline)
+        """How long the wait may retry a failing call: its nearest limit (stall,
+        progress or overall)."""
+        limits = [self.stall_at()]
+        if self.deadline is not None:
+            limits.append(self.deadline)
+        progress_at = self.progress_at()
+        if progress_at is not None:
+            limits.append(progress_at)
+        return min(limits)
 
     def next_stop(self, *, reading: bool = True) -> float:
         """The earliest moment the driver must act by itself (``reading``: its

@@ -29,7 +29,14 @@ import operator
 from collections.abc import Callable
 
 from stepbarrier._config.settings import BarrierConfig
-from stepbarrier._protocol.wire import MAX_STEP, ChiefState, StepAnnouncement, preview
+from stepbarrier._protocol.freshness import GRACE
+from stepbarrier._protocol.wire import (
+    MAX_STEP,
+    MAX_STEP_TEXT,
+    ChiefState,
+    StepAnnouncement,
+    preview,
+)
 from stepbarrier._worker.snapshot import Snapshot
 from stepbarrier._worker.timing import PROGRESS_EVERY, Limit, WaitTiming
 from stepbarrier.errors import BarrierAborted, BarrierTimeout, RedisUnavailable
@@ -53,8 +60,8 @@ def wait_target(until_step: object) -> int:
     target = operator.index(until_step)
     if target > MAX_STEP:
         raise ValueError(
-            f"until_step must be at most 2**53 ({MAX_STEP}), the largest step a chief can "
-            f"publish, got {target}"
+            f"until_step must be at most {MAX_STEP_TEXT} ({MAX_STEP}), the largest step a "
+            f"chief can publish, got {target}"
         )
     return target
 
@@ -131,6 +138,14 @@ class WaitRules(WaitTiming):
         self.last_progress = self.started
         self.warned: set[str] = set()
         self.released_by: str | None = None  # what released the wait, once it was
+        # a finished or pinned state this wait did not see written, and since when
+        # it has read it unchanged (docs/protocol.md#grace)
+        self.final_mark: Mark | None = None
+        self.final_since = self.started
+        self.redis_full = False  # Redis refused this wait's registration: out of memory
+        # when (on this wait's clock) the chief's training loop last handed a step
+        # over, by what its writes said (None: none said it)
+        self.loop_alive: float | None = None
 
     @property
     def reached(self) -> bool:
@@ -176,7 +191,7 @@ class WaitRules(WaitTiming):
         if announcement.generation < self.generation:
             return None  # an older chief's write, overtaken by what we read
         mark = (announcement.generation, announcement.beat)
-        self._observed(mark)
+        self._observed(mark, idle_ms=announcement.idle_ms)
         if announcement.generation > self.generation:
             # a chief generation this wait has not read yet: the state (and a
             # reset marker this wait may have missed the announcement of) decide
@@ -210,7 +225,8 @@ class WaitRules(WaitTiming):
             and after.run_id == self.config.run_id
             and after.generation >= self.generation
         ):
-            self._observed((after.generation, after.beat))
+            self._observed((after.generation, after.beat), idle_ms=after.idle_ms)
+        self.redis_full = snapshot.full
         marker = snapshot.reset_marker
         if self.reset_marker is _UNSET:
             self.reset_marker = marker
@@ -228,7 +244,7 @@ class WaitRules(WaitTiming):
         if state.generation is not None and state.generation < self.generation:
             return None  # e.g. a failover lost the newest write; the chief rewrites it
         if self.read_mark is not None and mark > self.read_mark:
-            self._observed(mark)  # a write happened between two of our reads
+            self._observed(mark, idle_ms=state.idle_ms)  # a write happened between two reads
         self.read_mark = mark
         self.generation = mark[0]
         self._seen_step(state.step)
@@ -240,19 +256,55 @@ class WaitRules(WaitTiming):
             pinned=state.pinned,
             live=live,
             by="a read of the state",
+            settled=self._settled(state, mark),
         )
         if released is None:
             self._check_subscription(state.step)
         return released
 
+    def _settled(self, state: ChiefState, mark: Mark) -> bool:
+        """True once a finished or pinned state has stood unchanged for ``GRACE``.
+
+        Without a run id, such a state the wait did not see written may be an
+        earlier run's under the same job name. A rerun's chief that begins
+        records its begin on the state (``begun``), and its first write replaces
+        it; so a state read unchanged for ``GRACE``, with no newer begin on record,
+        is trusted as the job's final fact (docs/protocol.md#grace).
+        """
+        if not (state.done or state.pinned) or state.begun > mark[0]:
+            self.final_mark = None
+            return False
+        now = self.clock()
+        if self.final_mark != mark:
+            self.final_mark, self.final_since = mark, now
+        due = self.final_since + GRACE
+        if now < due:
+            self.read_at = min(self.read_at, due)  # read it again when the grace ends
+            return False
+        return True
+
+    def read_done(self) -> None:
+        super().read_done()
+        if self.final_mark is not None and self.final_since + GRACE > self.clock():
+            self.read_at = min(self.read_at, self.final_since + GRACE)
+
     def _judge(
-        self, step: int, *, vouch: bool, done: bool, pinned: bool, live: bool, by: str
+        self,
+        step: int,
+        *,
+        vouch: bool,
+        done: bool,
+        pinned: bool,
+        live: bool,
+        by: str,
+        settled: bool = False,
     ) -> int | None:
         """Release, abort or go on, by docs/protocol.md#release."""
         # a final fact (a finished job, an operator's pinned step) stands without
-        # a live writer only when it names this wait's own run: without a run id
-        # it may be an earlier run's under the same job name
-        final_trusted = live or self.config.run_id is not None
+        # a live writer when it names this wait's own run, or once it has stood
+        # unchanged for the grace with no newer chief begun on it: without a run
+        # id it may be an earlier run's under the same job name
+        final_trusted = live or settled or self.config.run_id is not None
         if step >= self.target:
             if pinned and not done:
                 # an operator pinned the step (docs/protocol.md#operator-publish): a
@@ -261,8 +313,8 @@ class WaitRules(WaitTiming):
                 if final_trusted:
                     return self.released(step, by=f"{by} (a step pinned by an operator)")
                 self.holding = (
-                    f"an operator pinned step {step}, but this wait did not see it happen "
-                    "and has no run id to tell it is this run's"
+                    f"an operator pinned step {step}, but this wait did not see it happen, "
+                    "has no run id to tell it is this run's, and " + self._grace_situation()
                 )
                 self._warn_final(step)
                 return None
@@ -270,9 +322,9 @@ class WaitRules(WaitTiming):
                 if final_trusted and vouch:
                     return self.released(step, by=by)
                 self.holding = (
-                    "the job's state says finished (or published by an operator) at step "
-                    f"{step}, but this wait did not see it happen and has no run id to tell "
-                    "it is this run's"
+                    f"the job's state says finished at step {step}, but this wait did not "
+                    "see it happen, has no run id to tell it is this run's, and "
+                    + self._grace_situation()
                     if not final_trusted
                     else "the finished job's last write came while its chief was on probation"
                 )
@@ -299,16 +351,23 @@ class WaitRules(WaitTiming):
         self.holding = None
         return None
 
+    def _grace_situation(self) -> str:
+        if self.final_mark is None:
+            return "a newer chief has begun on it (it has not written yet)"
+        return f"gives a new chief {GRACE:g} s to begin before trusting it"
+
     def _warn_final(self, step: int) -> None:
+        if self.final_mark is not None:
+            return  # within the grace: trusted or not in a few seconds
         if self.config.run_id is None and not self.chief_seen:
             self._warn_once(
                 "old-done",
                 logging.WARNING,
                 "job %s: found a job finished at step %s that this worker did not see "
-                "finish; without a run id it may be an earlier run's, so it neither releases "
-                "nor aborts this wait, which waits for a chief. Give each run its own "
-                "STEPBARRIER_RUN_ID, clear it with `stepbarrier reset`, or let it expire "
-                "(STEPBARRIER_DONE_TTL)",
+                "finish, and a newer chief has begun on it without writing yet; without a "
+                "run id it may be an earlier run's, so it neither releases nor aborts this "
+                "wait, which waits for the new chief. Give each run its own run id "
+                "(STEPBARRIER_RUN_ID, or the launcher's), or clear it with `stepbarrier reset`",
                 self.config.job,
                 step,
             )
@@ -344,7 +403,7 @@ class WaitRules(WaitTiming):
         if announcement.run_id != self.config.run_id or announcement.generation < self.generation:
             return
         mark = (announcement.generation, announcement.beat)
-        self._observed(mark, at)
+        self._observed(mark, at, idle_ms=announcement.idle_ms)
         if announcement.generation == self.generation and (
             self.read_mark is None or mark >= self.read_mark
         ):
@@ -372,10 +431,12 @@ class WaitRules(WaitTiming):
         if self.outside_step is not None and step != self.outside_step:
             self.last_alive = max(self.last_alive, now)
             self.last_progress = max(self.last_progress, now)
+            if self.loop_alive is not None:
+                self.loop_alive = max(self.loop_alive, now)  # training goes on
         self.outside_step = step
         if step < self.target:
             return None
-        if not self.chief_seen:
+        if self._no_chief_in_redis():
             self._warn_once(
                 "outside",
                 logging.WARNING,
@@ -388,15 +449,35 @@ class WaitRules(WaitTiming):
             )
         return self.released(step, by=str(self.outside))
 
+    def _no_chief_in_redis(self) -> bool:
+        """True if Redis answered this wait and shows no sign that a chief publishes
+        (no state of this job at all): only then is "add a publisher" the advice.
+        A witness that released the wait before Redis was asked, a Redis that
+        refused, or a state found (another run's, or this run's) says nothing so."""
+        return (
+            not self.chief_seen
+            and self.reached
+            and not self.redis_lost
+            and self.read_mark is None
+            and self.other_run is None
+        )
+
     def subscribed(self) -> None:
         """A new confirmed subscription: what the old one missed no longer counts."""
         self.reads_without_message = 0
         self.read_step = None
         self.resubscribe = False
 
-    def _observed(self, mark: Mark, at: float | None = None) -> None:
-        """A write ``mark`` of this run happened while the wait watched."""
+    def _observed(self, mark: Mark, at: float | None = None, *, idle_ms: int | None = None) -> None:
+        """A write ``mark`` of this run happened while the wait watched; its
+        writer's training loop had handed a step over ``idle_ms`` before it."""
         when = self.clock() if at is None else at
+        if idle_ms is not None:
+            # a duration on the writer's clock, laid back from when this wait saw
+            # the write: no clock is compared with another
+            handed = when - idle_ms / 1000
+            if self.loop_alive is None or handed > self.loop_alive:
+                self.loop_alive = handed
         if self.live_mark is None or mark > self.live_mark:
             self.live_mark = mark
         self.chief_seen = True
@@ -439,7 +520,12 @@ class WaitRules(WaitTiming):
         """
         if self.outside is not None and (not self.chief_seen or self.redis_lost):
             return math.inf
-        return self.last_alive + self.stall_timeout
+        # a live process whose training loop died writes on: the stall timeout
+        # judges the loop (its writes say how long it has been quiet)
+        alive = (
+            self.last_alive if self.loop_alive is None else min(self.last_alive, self.loop_alive)
+        )
+        return alive + self.stall_timeout
 
     def progress_at(self) -> float | None:
         """When the progress timeout passes, unless the step moves."""
@@ -525,10 +611,28 @@ class WaitRules(WaitTiming):
                 f"Redis at {self.config.safe_url} did not answer this wait (see the error "
                 "above): is the URL right, and is Redis up?"
             )
-        if self.other_run is not None:
+        if self.redis_full:
             return (
-                f"The stored state belongs to run {self.other_run}: is STEPBARRIER_RUN_ID "
-                "the same on the chief and this worker?"
+                f"Redis at {self.config.safe_url} refuses writes because it is full (out of "
+                "memory: it refused this wait's registration, and refuses the chief's writes "
+                "the same way): raise its maxmemory or free memory (docs/operations.md#memory)."
+            )
+        if self.other_run is not None and self.read_mark is None:
+            source = self.config.run_id_source
+            return (
+                f"The stored state belongs to run {self.other_run}, not this worker's run "
+                f"{self.config.run_id or '(none)'}"
+                + (f" (from {source})" if source else "")
+                + ": do the chief and this worker share one run id (STEPBARRIER_RUN_ID, or "
+                "the launcher's: a chief and workers launched as separate Slurm jobs or "
+                "torchrun runs get different ones; set STEPBARRIER_RUN_ID on both)?"
+            )
+        if self.read_mark is not None:
+            return (
+                f"This run's chief state is stored (step {self.last_step}, generation "
+                f"{self.read_mark[0]}), but no write of its chief happened while this wait "
+                "watched: the chief may have stopped, crashed or paused, or may be unable to "
+                "write to Redis (refused, cut off); `stepbarrier status` shows its last write."
             )
         return (
             "Likely causes: the chief runs no publisher (add GlobalStepPublisherHook, "
@@ -550,6 +654,14 @@ class WaitRules(WaitTiming):
         self.released_by = by
         return step
 
+    def _loop_quiet(self) -> bool:
+        """True if the chief was heard within the stall timeout but its loop was not."""
+        return (
+            self.loop_alive is not None
+            and self.clock() - self.last_alive < self.stall_timeout
+            and self.loop_alive < self.last_alive
+        )
+
     def timeout(self, *, stalled: bool, progress: bool = False) -> BarrierTimeout:
         """The error of a passed limit, with the wait's context."""
         self.heartbeat_age = self.writer_age()
@@ -557,6 +669,13 @@ class WaitRules(WaitTiming):
             why = (
                 f"the chief's step did not move for {self.config.progress_timeout:g} s "
                 "(progress timeout, STEPBARRIER_PROGRESS_TIMEOUT)"
+            )
+        elif stalled and self._loop_quiet():
+            why = (
+                "the chief's process still writes, but its training loop has handed no "
+                f"step over for {self.config.stall_timeout:g} s (stall timeout: a loop that "
+                "died or hangs in a process that lives on, such as a caught error or a "
+                "notebook)"
             )
         elif stalled:
             why = (
@@ -570,7 +689,7 @@ class WaitRules(WaitTiming):
             hint = f"; no write of this job's chief was ever seen on {self.config.safe_url}. " + (
                 self.no_chief_causes()
             )
-        elif stalled and not progress:
+        elif stalled and not progress and not self._loop_quiet():
             hint = (
                 "; if the job finished while this worker was cut off from Redis and Redis "
                 "has since forgotten it (a restart, an eviction), no record of it is left"
@@ -594,9 +713,13 @@ class WaitRules(WaitTiming):
         the message says why); one that never reached Redis at all (a wrong URL, a
         server that is down) ends with ``RedisUnavailable``.
         """
-        overall = self.deadline is not None and self.deadline <= self.stall_at()
+        nearest = self.retry_deadline()
+        overall = self.deadline is not None and self.deadline <= nearest
+        progress = not overall and self.progress_at() == nearest < self.stall_at()
         if overall and self.deadline is not None:
             limit = f"overall timeout ({self.deadline - self.started:g} s)"
+        elif progress:
+            limit = f"progress timeout ({self.config.progress_timeout:g} s)"
         else:
             limit = f"stall timeout ({self.config.stall_timeout:g} s)"
         age = self.writer_age()
@@ -616,7 +739,7 @@ class WaitRules(WaitTiming):
             last_step=last,
             heartbeat_age=age,
             stalled=not overall,
-            limit="deadline" if overall else "stall",
+            limit="deadline" if overall else "progress" if progress else "stall",
         )
 
     def proceed_after(self, exc: BarrierTimeout | RedisUnavailable) -> int:

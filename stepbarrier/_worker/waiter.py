@@ -40,7 +40,9 @@ import redis
 
 from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._protocol.wire import StepAnnouncement, parse_announcement
+from stepbarrier._redis.bounded import LEAVE_WITHIN, call_timeout
 from stepbarrier._redis.client import SOCKET_TIMEOUT, RedisClient, make_client
+from stepbarrier._redis.functions import RedisCode
 from stepbarrier._redis.retries import call_with_retries
 from stepbarrier._redis.subscription import KeptSubscription, Subscription
 from stepbarrier._worker.links import WaiterLink
@@ -121,7 +123,10 @@ class StepWaiter:
             waiter makes may take before the connection counts as dead. A
             waiter whose waits read a ``StepSource`` takes a short one
             (``SOURCE_SOCKET_TIMEOUT``): a Redis that hangs delays the
-            source's reads by no more.
+            source's reads by no more. Whatever it is, each call of a wait is
+            also bounded by the time left to the wait's nearest limit (at
+            least ``CALL_FLOOR``), so a wait ends within its limits against a
+            Redis that hangs, and leaving takes ``LEAVE_WITHIN`` at most.
 
     Example:
         ```python
@@ -146,6 +151,7 @@ class StepWaiter:
         # slot map at once, and Redis may be down)
         self._client: RedisClient | None = client
         self._client_lock = threading.Lock()
+        self._code_of: RedisCode | None = None  # shared by the waits (its connections too)
         self._clock = clock
         self._sleep = sleep
         self._kept = KeptSubscription(clock, config.fallback_interval)  # for the next wait
@@ -168,7 +174,7 @@ class StepWaiter:
         """Block until the chief's published step is at least ``until_step``.
 
         Args:
-            until_step: The step to wait for (an integer up to 2**53, the
+            until_step: The step to wait for (an integer up to 2**53 - 2, the
                 largest a chief can publish); ``<= 0`` returns 0 at once without
                 touching Redis.
             timeout: Overall limit in seconds; ``None`` uses ``config.timeout``
@@ -192,7 +198,7 @@ class StepWaiter:
             RedisUnavailable: Redis could not be reached at all before a deadline.
             RedisRefused: Redis refused us (authentication, ACL, TLS).
             TypeError: ``until_step`` is not an integer (``True`` is not step 1).
-            ValueError: ``until_step`` is above 2**53.
+            ValueError: ``until_step`` is above 2**53 - 2 (``MAX_STEP``).
         """
         target = wait_target(until_step)
         if target <= 0:
@@ -213,7 +219,10 @@ class StepWaiter:
         """Close the last wait's subscription, and the client if the waiter made it."""
         with self._client_lock:
             client, self._client = self._client, None
+            code, self._code_of = self._code_of, None
         self._kept.close()
+        if code is not None:
+            code.close()
         if self._owns_client and client is not None:
             client.close()
         elif client is not None:
@@ -225,6 +234,15 @@ class StepWaiter:
             if self._client is None:
                 self._client = make_client(self.config, socket_timeout=self._socket_timeout)
             return self._client
+
+    def _code(self) -> RedisCode:
+        """The code runner of the waits (made on first use; its bounded calls keep
+        their idle connection for the next wait)."""
+        client = self._connected()
+        with self._client_lock:
+            if self._code_of is None:
+                self._code_of = RedisCode(client, self.config)
+            return self._code_of
 
     def __enter__(self) -> StepWaiter:
         return self
@@ -258,9 +276,19 @@ class _Wait:
             outside=None if source is None else source.name,
             outside_every=(0.5, 5.0) if source is None else source.intervals,
         )
-        self.link = WaiterLink(waiter._connected, self.config, target, since=time.time())
+        self.link = WaiterLink(
+            waiter._connected,
+            self.config,
+            target,
+            since=time.time(),
+            code=waiter._code,
+            call_timeout=self._call_timeout,
+        )
         self.pubsub: Subscription | None = None
         self.subscriptions = 0
+        self.calls_until = self.clock()
+        """When the current call's retries end (``clock()`` time): each try of it
+        may take the time left to then (a wait's calls end within its limits)."""
 
     # -- the loop -----------------------------------------------------------------
 
@@ -313,7 +341,15 @@ class _Wait:
         if self.source is not None:
             # Redis is only one of two witnesses: do not hang on it
             deadline = min(deadline, self.clock() + SOURCE_RETRY_WITHIN)
+        # each try of the call is bounded by what is left to it (_call_timeout)
+        self.calls_until = deadline
         return deadline
+
+    def _call_timeout(self) -> float:
+        """Seconds the Redis call about to be made may take: the time left to the
+        wait's nearest limit (the end of the current call's retries), ``CALL_FLOOR``
+        at least (the last read at a passed limit)."""
+        return call_timeout(self.calls_until, self.clock())
 
     def _on_source_alone(self, exc: RedisUnavailable | RedisRefused) -> int | None:
         """Redis is lost or refuses: wait on the source alone, as without stepbarrier.
@@ -453,7 +489,7 @@ class _Wait:
 
     def _last_chance(self) -> int | None:
         try:
-            return self._read()
+            return self._read()  # (past the limit: bounded by CALL_FLOOR)
         except RedisUnavailable:
             return None
         except RedisRefused:
@@ -467,19 +503,22 @@ class _Wait:
             pubsub.close()
 
     def leave(self) -> None:
-        """Unregister (one quick try: an entry left behind expires by itself).
+        """Unregister (one try within ``LEAVE_WITHIN``: an entry left behind expires
+        by itself).
 
         The subscription stays open for the waiter's next wait (``StepWaiter.close``
         closes it): closing it here would cost every released worker a socket
         shutdown, and Redis a disconnection, on the release's path.
         """
         if self.rules.redis_lost:
-            # no try: against a Redis that hangs it would block up to the socket
-            # timeout after the release; the entry expires by itself
+            # no try: Redis is lost (it may hang); the entry expires by itself
             self._close_pubsub()
             return
         try:
-            self.link.leave()
+            if self.link.answered:
+                self.link.leave(timeout=LEAVE_WITHIN)
+            # else the wait's last call found Redis unreachable (or hung): no
+            # try, and the entry expires by itself
         except Exception as exc:
             log.debug("job %s: could not unregister (%s); it expires", self.config.job, exc)
         finally:

@@ -10,6 +10,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import redis
@@ -178,7 +179,7 @@ def test_a_wait_across_a_slot_migration_is_woken_by_the_next_announcement(
 
 
 def test_a_wait_across_a_failover_is_released_after_the_promotion_never_before(
-    cluster: LocalCluster, timings: Timings
+    cluster: LocalCluster, timings: Timings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     job = f"failover-{uuid.uuid4().hex[:8]}"
     owner = cluster.owner_of(cluster_config(cluster, job).keys.state)
@@ -187,8 +188,25 @@ def test_a_wait_across_a_failover_is_released_after_the_promotion_never_before(
         cluster, job, fallback_interval=1.0, redis_url=f"redis://127.0.0.1:{owner}/0"
     )
     keys = config.keys
+    # publish() only hands the step over: it never waits on Redis (here: a dead
+    # master), whatever the time it takes. Any Redis I/O of the training thread
+    # while in publish() is recorded
+    publishing = threading.local()
+    io_in_publish: list[str] = []
+
+    def watched(name: str) -> Callable[..., Any]:
+        original = getattr(redis.connection.AbstractConnection, name)
+
+        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if getattr(publishing, "on", False):
+                io_in_publish.append(name)
+            return original(self, *args, **kwargs)
+
+        return call
+
+    for name in ("connect", "send_packed_command", "read_response"):
+        monkeypatch.setattr(redis.connection.AbstractConnection, name, watched(name))
     chief = StepPublisher(config)
-    slowest = 0.0
     try:
         chief.publish(5)
         assert chief.flush(10)
@@ -200,9 +218,11 @@ def test_a_wait_across_a_failover_is_released_after_the_promotion_never_before(
         killed = time.monotonic()
         cluster.kill_master(owner)
         for step in range(6, 40):  # the chief trains on through the failover
-            began = time.monotonic()
-            chief.publish(step)
-            slowest = max(slowest, time.monotonic() - began)
+            publishing.on = True
+            try:
+                chief.publish(step)
+            finally:
+                publishing.on = False
             time.sleep(0.05)
         promoted = cluster.wait_promoted(owner)
         timings.record("promotion after the kill", time.monotonic() - killed)
@@ -214,20 +234,23 @@ def test_a_wait_across_a_failover_is_released_after_the_promotion_never_before(
         assert waiting.error is None and waiting.result is not None and waiting.result >= 40
     finally:
         chief.close(done=False, timeout=2.0)
-    assert slowest < 1.0, f"publish() blocked for {slowest:.3f} s"  # it only hands over
+    assert io_in_publish == [], "publish() waited on Redis"  # it only hands over
 
 
 def test_status_and_reset_read_the_slots_owner(cluster: LocalCluster) -> None:
     job = f"status-{uuid.uuid4().hex[:8]}"
     config = cluster_config(cluster, job)
+    before = time.time()  # the clock of the cluster's nodes, on this machine
     with StepPublisher(config) as chief:
         chief.publish(3)
         assert chief.flush(10)
         waiting = Waiting(config, 9)
         eventually(registered(config))
         status = read_status(config)
+        lasted = time.time() - before + 0.01  # (the age is rounded to the millisecond)
         assert status.step == 3 and [w.wait_until_step for w in status.waiters] == [9]
-        assert status.heartbeat_age is not None and status.heartbeat_age < 60
+        # the owner's clock: the chief's write is no older than this test
+        assert status.heartbeat_age is not None and 0 <= status.heartbeat_age <= lasted
         assert reset_job(config) == 1
         waiting.join()
     assert waiting.error is not None and type(waiting.error).__name__ == "BarrierAborted"

@@ -57,6 +57,7 @@ EXPECTED_STEPBARRIER_LINES = (
     "waiting for step",
     "released at step",
     "this worker does not report the global step",  # INFO: the worker role may not write
+    ": run id ",  # INFO: which run id is in force, and where it came from
 )
 """What stepbarrier logs, at INFO, in a run without faults. The example's log
 format has no level name, so any other stepbarrier line fails the clean runs:

@@ -168,11 +168,14 @@ def test_the_chief_killed_the_workers_end_with_the_stall_timeout(
     killed = time.time()
     statuses = worker_statuses(project, timeout=STALL + 60)
     after = time.time() - killed  # when the last one printed it (polled every 0.5 s)
-    assert STALL - 5 <= after <= STALL + 30, after
+    print(f"the workers gave up {after:.1f} s after the chief was killed (stall timeout {STALL} s)")
     assert statuses == {worker: 1 for worker in WORKERS}, statuses
     for worker in WORKERS:
         logs = project.logs(worker)
         assert "gave up waiting: BarrierTimeout" in logs, logs[-3000:]
+        # the stall timeout ended each wait (no write of the chief for STALL s), no
+        # other limit: the cause, not the seconds, which a busy host stretches
+        assert "(stall timeout)" in logs, logs[-3000:]
         assert TRACEBACK not in logs, logs[-3000:]
         record = read_record(tmp_path, worker)
         assert record["released_at_step"] is None and record["steps_trained"] == 0, record

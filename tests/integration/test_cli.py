@@ -281,6 +281,53 @@ def test_reset_without_yes_off_a_terminal_is_refused(
     assert read_status(job_config).step == 3
 
 
+def test_reset_of_a_job_with_only_barriers_aborts_a_party_waiting_in_one(
+    env: dict[str, str], job_config: BarrierConfig, redis_server: RedisServer
+) -> None:
+    """Issue 32, case 10: a barrier-only job (`stepbarrier arrive`, no chief state)
+    was refused as "no job ...; nothing reset", and its barriers survived."""
+    keys = job_config.keys
+    waiting = start(env, "arrive", "start", "--parties", "2", "--task-id", "1", "--timeout", "60")
+    client = redis_server.client()
+    try:
+        deadline = time.monotonic() + 30
+        while len(read_status(job_config).barriers) < 1:
+            assert waiting.poll() is None, waiting.communicate()
+            assert time.monotonic() < deadline, "the arrival was never recorded"
+            time.sleep(0.05)
+        assert not client.exists(keys.state)  # no chief: only the barrier's keys
+        result = run(env, "reset", "--yes")
+        assert result.returncode == 0, result.stderr
+        assert f"job {job_config.job}: reset" in result.stdout
+        code, _, err = finish(waiting)
+        assert code == 4, err
+        assert "was reset" in err and "barrier 'start'" in err
+        assert not client.exists(keys.barrier("start"), keys.barrier_index)
+        assert client.hget(keys.barrier_epoch, "by") == b"reset"
+    finally:
+        client.close()
+
+
+def test_reset_of_a_job_whose_barriers_all_completed_removes_them(
+    env: dict[str, str], job_config: BarrierConfig, redis_server: RedisServer
+) -> None:
+    """No barrier is open, so `status` shows none; the job is there all the same."""
+    keys = job_config.keys
+    arrived = run(env, "arrive", "start", "--parties", "1", "--task-id", "0", "--timeout", "60")
+    assert arrived.returncode == 0, arrived.stderr
+    client = redis_server.client()
+    try:
+        epoch = client.hget(keys.barrier_epoch, "token")
+        assert client.exists(keys.barrier("start"), keys.barrier_index) == 2
+        result = run(env, "reset", "--yes")
+        assert result.returncode == 0, result.stderr
+        assert not client.exists(keys.barrier("start"), keys.barrier_index)
+        assert client.hget(keys.barrier_epoch, "by") == b"reset"
+        assert client.hget(keys.barrier_epoch, "token") != epoch
+    finally:
+        client.close()
+
+
 def test_wait_timeout_is_exit_3(env: dict[str, str]) -> None:
     assert run(env, "publish", "1").returncode == 0
     result = run(env, "wait", "--until", "100", "--timeout", "0.5")
@@ -328,7 +375,15 @@ def test_watch_with_unreachable_redis_is_exit_5() -> None:
 def test_in_process_status_matches_the_library(
     redis_server: RedisServer, job: str, job_config: BarrierConfig
 ) -> None:
-    env = {"STEPBARRIER_REDIS_URL": redis_server.url, "STEPBARRIER_JOB": job}
+    # STEPBARRIER_RUN_ID set empty: no launcher's id of the test's own environment
+    env = {
+        "STEPBARRIER_REDIS_URL": redis_server.url,
+        "STEPBARRIER_JOB": job,
+        "STEPBARRIER_RUN_ID": "",
+    }
     result = CliRunner().invoke(cli, ["status", "--json"], env=env)
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout) == read_status(job_config).to_dict()
+    data = json.loads(result.stdout)
+    # the command's own run id, beside the library's status of the job
+    assert data.pop("config") == {"run_id": None, "run_id_source": "STEPBARRIER_RUN_ID"}
+    assert data == read_status(job_config).to_dict()

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -38,11 +39,13 @@ def test_a_live_job_is_served_as_gauges_labelled_job_name(
 ) -> None:
     name = prefix("served")
     job = f"{name}-job"
+    before = time.time()  # the clock of Redis and of the waiters, on this machine
     with (
         live_job(make(job), 7, waits=(9, 15)),
         serve(make("any"), port=0, pattern=f"{name}-*") as server,
     ):
         samples = scrape(server.url)
+    lasted = time.time() - before + 0.01  # (the ages are rounded to the millisecond)
     assert samples["stepbarrier_up"] == [({}, 1.0)]
     assert samples["stepbarrier_jobs"] == [({}, 1.0)]
     assert samples["stepbarrier_scrape_duration_seconds"][0][1] >= 0
@@ -52,8 +55,9 @@ def test_a_live_job_is_served_as_gauges_labelled_job_name(
     assert job_value(samples, "stepbarrier_done", job) == 0
     assert job_value(samples, "stepbarrier_problems", job) == 0
     assert (job_value(samples, "stepbarrier_generation", job) or 0) >= 1
-    assert 0 <= (job_value(samples, "stepbarrier_heartbeat_age_seconds", job) or -1) < 30
-    assert 0 <= (job_value(samples, "stepbarrier_oldest_wait_seconds", job) or -1) < 60
+    # both began within the test: no older than it (however long it took)
+    assert 0 <= (job_value(samples, "stepbarrier_heartbeat_age_seconds", job) or -1) <= lasted
+    assert 0 <= (job_value(samples, "stepbarrier_oldest_wait_seconds", job) or -1) <= lasted
 
 
 def test_every_series_is_labelled_job_name_alone_never_job_or_a_worker(

@@ -145,6 +145,7 @@ def test_writes_stay_bounded_under_a_fast_step_loop(
     assert stored(client, cfg)["step"] == "50000"
 
 
+@pytest.mark.usefixtures("long_heartbeats")
 def test_a_crossed_threshold_is_published_without_waiting_for_the_heartbeat(
     make_config: Callable[..., BarrierConfig], client: redis.Redis
 ) -> None:

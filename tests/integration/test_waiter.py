@@ -191,12 +191,14 @@ def test_reset_aborts_waiters(config: BarrierConfig) -> None:
 def test_overall_timeout_with_an_injected_clock(
     make_config: Callable[..., BarrierConfig],
 ) -> None:
-    config = make_config(stall_timeout=1000.0)
-    waiter = StepWaiter(config, clock=FakeClock(step=7.0))
-    started = time.monotonic()
+    config = make_config(stall_timeout=100_000.0)
+    clock = FakeClock(step=7.0)
+    waiter = StepWaiter(config, clock=clock)
+    # far longer than any test may run (pytest's --timeout): only the fake clock,
+    # not real time, can have run out
     with pytest.raises(BarrierTimeout) as info:
-        waiter.wait(10, timeout=100.0)
-    assert time.monotonic() - started < 60  # the fake clock, not real time, ran out
+        waiter.wait(10, timeout=3600.0)
+    assert clock.now >= 1000.0 + 3600.0  # the wait read the fake time past its deadline
     error = info.value
     assert not error.stalled
     assert error.target == 10 and error.job == config.job
@@ -270,11 +272,15 @@ def test_a_dead_chiefs_step_is_not_trusted(make_config: Callable[..., BarrierCon
 
 def test_the_registry_shows_waiters_and_forgets_them(config: BarrierConfig) -> None:
     cfg = BarrierConfig(job=config.job, redis_url=config.redis_url, task_id=4, heartbeat=0.2)
+    before = time.time()
     waiting = Background(cfg, 25)
     wait_for_waiters(cfg, 1)
     (entry,) = read_status(cfg).waiters
     assert (entry.task_id, entry.wait_until_step) == (4, 25)
-    assert entry.host and entry.pid and abs(entry.since - time.time()) < 60
+    # when the wait began: after `before`, and before the entry was read (the 1 ms is
+    # its rounding to "%.3f")
+    assert entry.host and entry.pid and entry.since is not None
+    assert before - 0.001 <= entry.since <= time.time() + 0.001
     with StepPublisher(cfg) as publisher:
         publisher.publish(25)
         waiting.join()

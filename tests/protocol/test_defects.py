@@ -30,6 +30,7 @@ from stepbarrier import (
     StepWaiter,
     read_status,
 )
+from stepbarrier._protocol.wire import MAX_STEP
 from stepbarrier.cli import cli as cli_main
 from tests.conftest import subprocess_env
 from tests.redis_harness import RedisServer
@@ -120,17 +121,6 @@ def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
         time.sleep(0.02)
 
 
-@pytest.fixture
-def own_server() -> Iterator[RedisServer]:
-    """A redis-server of this test alone (it restarts it, or fills it)."""
-    server = RedisServer()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.cleanup()
-
-
 # -- early releases --------------------------------------------------------------
 
 
@@ -191,8 +181,8 @@ def test_a_killed_chiefs_stored_step_releases_no_newcomer_whatever_its_heartbeat
     make_config: Callable[..., BarrierConfig], chief_process: Callable[..., ChiefProcess]
 ) -> None:
     """Defect 4: a release needs a write the waiter sees happen (no confirmation window)."""
-    config = make_config(heartbeat=10.0, stall_timeout=60.0)
-    chief = chief_process(config, 10.0)
+    config = make_config(heartbeat=1.0, stall_timeout=60.0)  # the longest heartbeat
+    chief = chief_process(config, 1.0)
     chief.send("publish 50")
     chief.send("flush")
     chief.signal(signal.SIGKILL)
@@ -500,9 +490,9 @@ def test_a_wait_refuses_a_target_that_is_not_an_integer(config: BarrierConfig, b
 
 
 def test_a_wait_refuses_a_target_no_chief_can_publish(config: BarrierConfig) -> None:
-    """Defect 14: above 2**53 a wait would never end while its chief lives."""
-    with StepWaiter(config) as waiter, pytest.raises(ValueError, match="at most 2\\*\\*53"):
-        waiter.wait(2**53 + 1)
+    """Defect 14: above ``MAX_STEP`` a wait would never end while its chief lives."""
+    with StepWaiter(config) as waiter, pytest.raises(ValueError, match="at most 2\\*\\*53 - 2"):
+        waiter.wait(MAX_STEP + 1)
 
 
 @pytest.mark.parametrize("bad", [True, 2.0])

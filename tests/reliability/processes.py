@@ -304,15 +304,17 @@ class Fleet:
             process.stop()
 
 
-def assert_chief_never_blocked(record: Record, limit: float = 0.2) -> None:
-    """The training thread's ``publish`` calls all returned at once, without error.
+def assert_chief_never_blocked(record: Record) -> None:
+    """The training thread's ``publish`` calls did no Redis I/O and raised nothing.
 
-    A call that waited on Redis would take seconds (a connect or socket timeout,
-    a paused server); ``limit`` only leaves room for scheduling noise.
+    A call that waited on Redis would connect, send or read on the training
+    thread (then take seconds: a connect or socket timeout, a paused server);
+    its duration is not asserted, as a busy machine can stall any call.
     """
     assert record["publish_errors"] == [], record["publish_errors"]
-    assert record["max_publish_seconds"] < limit, (
-        f"a publish() call took {record['max_publish_seconds']:.3f} s"
+    assert record["publish_redis_io"] == [], (
+        f"publish() did Redis I/O on the training thread: {record['publish_redis_io']} "
+        f"(the slowest call took {record['max_publish_seconds']:.3f} s)"
     )
 
 

@@ -15,9 +15,11 @@ The chief trains on command: it reads one JSON object a line from stdin.
 - ``{"close": true, "done": true}``: ``close(done=...)``, a ``closed`` record, exit;
 - end of input: ``close(done=False)`` and exit, as a chief that crashed cleanly.
 
-Every ``trained`` and ``closed`` record says how long the slowest ``publish``
-call took and lists any exception it raised: the training thread must never
-block on Redis nor see its errors.
+Every ``trained`` and ``closed`` record counts the Redis I/O (connect, send,
+read) the training thread did inside ``publish`` calls, says how long the
+slowest call took (for information only: a busy machine can stall any call),
+and lists any exception it raised: the training thread must never wait on
+Redis nor see its errors.
 """
 
 from __future__ import annotations
@@ -28,10 +30,17 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
+from collections.abc import Callable
 from typing import Any, TextIO
 
+import redis.connection
+
 from stepbarrier import BarrierConfig, StepBarrierError, StepPublisher, StepWaiter
+
+REDIS_IO = ("connect", "send_packed_command", "read_response")
+"""What every redis-py connection (plain, TLS, Sentinel-managed) does on the wire."""
 
 
 class Records:
@@ -57,6 +66,36 @@ class WarningLog(logging.Handler):
         self.messages.append(record.getMessage())
 
 
+class RedisIoWatch:
+    """Counts the Redis I/O that a thread does while it is marked (``with watch:``).
+
+    Patches redis-py's connections for the whole process: the publisher's own
+    threads go on unmarked, so only I/O of the marked training thread counts.
+    """
+
+    def __init__(self) -> None:
+        self._marked = threading.local()
+        self.calls: list[str] = []
+        for name in REDIS_IO:
+            setattr(redis.connection.AbstractConnection, name, self._watched(name))
+
+    def _watched(self, name: str) -> Callable[..., Any]:
+        original = getattr(redis.connection.AbstractConnection, name)
+
+        def call(connection: Any, *args: Any, **kwargs: Any) -> Any:
+            if getattr(self._marked, "on", False):
+                self.calls.append(name)
+            return original(connection, *args, **kwargs)
+
+        return call
+
+    def __enter__(self) -> None:
+        self._marked.on = True
+
+    def __exit__(self, *exc: object) -> None:
+        self._marked.on = False
+
+
 def load_config(overrides: str | None) -> BarrierConfig:
     config = BarrierConfig.from_env()
     extra = json.loads(overrides) if overrides else {}
@@ -72,6 +111,7 @@ class TrainingChief:
         self.calls = 0
         self.slowest = 0.0
         self.errors: list[str] = []
+        self.io = RedisIoWatch()
         self.publisher = StepPublisher(config)
         if start_step > 0:  # restored from a checkpoint: say so at once
             self._publish(start_step)
@@ -79,7 +119,8 @@ class TrainingChief:
     def _publish(self, step: int) -> None:
         started = time.perf_counter()
         try:
-            self.publisher.publish(step)
+            with self.io:
+                self.publisher.publish(step)
         except Exception as exc:  # recorded: the test asserts there is none
             self.errors.append(f"{type(exc).__name__}: {exc}")
         self.slowest = max(self.slowest, time.perf_counter() - started)
@@ -90,6 +131,7 @@ class TrainingChief:
             "step": self.step,
             "publish_calls": self.calls,
             "max_publish_seconds": self.slowest,
+            "publish_redis_io": self.io.calls[:20],
             "publish_errors": self.errors[:20],
             "writes": self.publisher.writes,
             "chief": f"{os.uname().nodename}:{os.getpid()}",

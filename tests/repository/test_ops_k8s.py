@@ -21,6 +21,7 @@ import secrets
 import shutil
 import subprocess
 import sys
+import textwrap
 import time
 import uuid
 from pathlib import Path
@@ -609,3 +610,60 @@ def test_the_docs_give_the_readmes_commands() -> None:
     operations = shell_blocks(OPERATIONS)
     for block in readme[:3]:  # the Secrets, the first run, the next run
         assert block in operations, block
+
+
+# -- the run id: not the Jobs' uids ----------------------------------------------------
+
+CONFIGURATION = Path(ROOT) / "docs" / "configuration.md"
+UID_LABEL = "batch.kubernetes.io/controller-uid"
+"""The label the Job controller gives each pod of a Job: the Job's uid (Kubernetes 1.27+)."""
+
+
+def field_ref_env(env: list[dict[str, Any]], labels: dict[str, str]) -> dict[str, str]:
+    """What the kubelet makes of ``env`` entries that are downward-API label references."""
+    resolved = {}
+    for entry in env:
+        path = entry.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath", "")
+        label = re.fullmatch(r"metadata\.labels\['([^']+)'\]", path)
+        if label is not None:
+            resolved[entry["name"]] = labels.get(label.group(1), "")  # a missing label: ""
+    return resolved
+
+
+def test_neither_training_job_passes_its_own_uid_as_the_run_id(tmp_path: Path) -> None:
+    """Two Jobs have two uids: a worker given its Job's uid would never trust the
+    chief, given the other Job's. The shipped run id is "set empty" instead: none,
+    on purpose, which keeps any launcher's id out too (docs/configuration.md#run-id)."""
+    for name in (CHIEF_JOB, WORKERS_JOB):
+        env = container(job(name))["env"]
+        assert field_ref_env(env, {UID_LABEL: f"uid-of-{name}"}) == {}, name
+        assert "valueFrom" not in next(e for e in env if e["name"] == "STEPBARRIER_RUN_ID")
+    chief = task_config(job(CHIEF_JOB), 0, tmp_path)
+    worker = task_config(job(WORKERS_JOB), 1, tmp_path)
+    assert (chief.run_id, chief.run_id_source) == (None, "STEPBARRIER_RUN_ID")
+    assert (worker.run_id, worker.run_id_source) == (None, "STEPBARRIER_RUN_ID")
+    header = (K8S / "training.yaml").read_text().split("\napiVersion:", 1)[0]
+    assert f"metadata.labels['{UID_LABEL}']" in header  # says why not
+
+
+def one_job_recipe() -> list[dict[str, Any]]:
+    """The ``env`` of docs/configuration.md#run-id for a run whose pods are one Job."""
+    section = CONFIGURATION.read_text().split("## Run id", 1)[1].split("\n## ", 1)[0]
+    [block] = re.findall(r"^ *```yaml\n(.*?)^ *```$", section, re.MULTILINE | re.DOTALL)
+    env: list[dict[str, Any]] = yaml.safe_load(textwrap.dedent(block))["env"]
+    return env
+
+
+def test_the_one_job_recipe_gives_every_pod_of_the_job_its_uid_as_the_run_id() -> None:
+    recipe = one_job_recipe()
+    uid, other = str(uuid.uuid4()), str(uuid.uuid4())
+    pods = [field_ref_env(recipe, {UID_LABEL: uid, "job-name": "train"}) for _ in range(3)]
+    configs = [BarrierConfig.from_env({"STEPBARRIER_JOB": "k8s-demo", **pod}) for pod in pods]
+    assert {(c.run_id, c.run_id_source) for c in configs} == {(uid, "STEPBARRIER_RUN_ID")}
+    rerun = BarrierConfig.from_env(
+        {"STEPBARRIER_JOB": "k8s-demo", **field_ref_env(recipe, {UID_LABEL: other})}
+    )
+    assert rerun.run_id == other  # the next Job is the next run
+    # a cluster older than 1.27 has no such label: the variable is empty, no run id
+    older = field_ref_env(recipe, {"controller-uid": uid})
+    assert BarrierConfig.from_env({"STEPBARRIER_JOB": "k8s-demo", **older}).run_id is None

@@ -36,7 +36,7 @@ from stepbarrier._inspect.registry import entry_key
 from stepbarrier._inspect.reset import reset_job
 from stepbarrier._protocol.library import MAX_FIELDS, MAX_REMOVED, MAX_RESET_KEYS
 from stepbarrier._protocol.roles import JOB_ROLES, role_rules
-from stepbarrier._redis.functions import function_name, install_functions
+from stepbarrier._redis.functions import LIBRARY_VERSION, function_name, install_functions
 from tests.redis_harness import RedisServer
 
 LIMIT_US = 50_000
@@ -256,7 +256,7 @@ def test_a_chiefs_oversized_state_is_reported_and_replaced_in_constant_time(
     assert read_status(roles.config("monitor", job)).step == 3
     calls = library_calls(slowlog)
     assert {"begin_generation", "publish_step", "waiter_read"} <= {
-        words[1].rsplit("_v2_", 1)[-1] for _, words in calls
+        words[1].rsplit(f"_v{LIBRARY_VERSION}_", 1)[-1] for _, words in calls
     }
     assert_short(calls)
     chief.close()

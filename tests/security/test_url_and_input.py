@@ -18,6 +18,7 @@ import asyncio
 import datetime
 import ipaddress
 import logging
+import math
 import os
 import subprocess
 import sys
@@ -537,12 +538,11 @@ def password_file_error(path: str) -> ConfigurationError:
 
 @pytest.mark.timeout(10)
 def test_dev_zero_as_the_password_file_fails_fast(tmp_path: Path) -> None:
-    started = time.monotonic()
+    # refused for what it is, before a byte is read (a read would never end)
     assert "not a regular file" in str(password_file_error("/dev/zero"))
     link = tmp_path / "innocent.password"
     link.symlink_to("/dev/zero")
     assert "not a regular file" in str(password_file_error(str(link)))
-    assert time.monotonic() - started < 5
 
 
 @pytest.mark.timeout(10)
@@ -587,7 +587,6 @@ LONG_JOB = "a" * 100_000
 
 @pytest.mark.timeout(10)
 def test_a_100k_character_job_name_fails_fast_and_shortly() -> None:
-    started = time.monotonic()
     with pytest.raises(ConfigurationError) as info:
         BarrierConfig(job=LONG_JOB)
     message = str(info.value)
@@ -596,7 +595,8 @@ def test_a_100k_character_job_name_fails_fast_and_shortly() -> None:
     with pytest.raises(ConfigurationError) as from_env:
         BarrierConfig.from_env({"STEPBARRIER_JOB": LONG_JOB})
     assert from_env.value.variable == "STEPBARRIER_JOB" and len(str(from_env.value)) < 300
-    assert time.monotonic() - started < 1
+    # fast: the masking of a message is linear (test_masking_is_linear), and the name
+    # is checked by a bounded pattern
 
 
 @pytest.mark.timeout(10)
@@ -611,7 +611,6 @@ def test_a_100k_character_job_name_fails_fast_and_shortly() -> None:
     ],
 )
 def test_a_100k_character_job_name_through_the_cli_fails_fast(args: list[str]) -> None:
-    started = time.monotonic()
     result = invoke(*args)
     assert result.exit_code == 2
     # --debug adds the traceback, and the error line still comes last
@@ -619,7 +618,6 @@ def test_a_100k_character_job_name_through_the_cli_fails_fast(args: list[str]) -
     assert line.startswith("Error:")
     assert "--job" in line and "64" in line and "100000" in line
     assert len(line) < 400
-    assert time.monotonic() - started < 5
 
 
 @pytest.mark.timeout(10)
@@ -633,9 +631,18 @@ def test_a_100k_character_job_name_through_the_cli_fails_fast(args: list[str]) -
     ],
 )
 def test_masking_is_linear(text: str) -> None:
-    started = time.monotonic()
-    mask_secrets(text, ["not-there"])
-    assert time.monotonic() - started < 2
+    # eight times the text costs about eight times the CPU (a quadratic masking: 64
+    # times); a ratio of CPU times, so neither a slow machine nor a busy one fails it
+    def cpu_seconds(part: str) -> float:
+        best = math.inf
+        for _ in range(5):
+            started = time.process_time()
+            mask_secrets(part, ["not-there"])
+            best = min(best, time.process_time() - started)
+        return best
+
+    whole, eighth = cpu_seconds(text), cpu_seconds(text[: len(text) // 8])
+    assert whole <= 24 * max(eighth, 1e-4), (whole, eighth)
 
 
 @pytest.mark.parametrize(

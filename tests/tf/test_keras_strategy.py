@@ -1,15 +1,18 @@
-"""The Keras callbacks under ``tf.distribute`` strategies.
+"""The Keras callbacks under the ``tf.distribute`` strategies that Keras 3's
+``model.fit`` trains under (all of them in one process; what it does under the
+cluster strategies is in test_keras_strategies_keras3.py).
 
-A step wait under a synchronous strategy is a deadlock by construction (the
-chief blocks in its first all-reduce while the worker waits for its step), so
-``StepWaiterCallback`` refuses one before it waits; the default strategy and
-``OneDeviceStrategy`` are not refused, and the publisher is harmless under any.
+``StepWaiterCallback`` refuses a synchronous strategy before it waits (across
+workers a step wait would be a deadlock: the chief blocks in its first
+all-reduce while the worker waits for its step); the default strategy and
+``OneDeviceStrategy`` are not refused, and the publisher and the start and end
+barriers run under any.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
-import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
@@ -21,7 +24,12 @@ import tensorflow as tf
 
 from stepbarrier import BarrierConfig, ConfigurationError, StepPublisher, read_status
 from stepbarrier import keras_callbacks as callbacks
-from stepbarrier.keras_callbacks import StepPublisherCallback, StepWaiterCallback
+from stepbarrier.keras_callbacks import (
+    EndBarrierCallback,
+    StartBarrierCallback,
+    StepPublisherCallback,
+    StepWaiterCallback,
+)
 
 pytestmark = pytest.mark.tensorflow
 
@@ -80,24 +88,38 @@ def mirrored() -> tf.distribute.Strategy:
     return tf.distribute.MirroredStrategy()
 
 
+SYNCHRONOUS_IN_ONE_PROCESS = {
+    "tf.distribute.MirroredStrategy": tf.distribute.MirroredStrategy,
+    "tf.distribute.experimental.CentralStorageStrategy": (
+        tf.distribute.experimental.CentralStorageStrategy
+    ),
+}
+"""The synchronous strategies Keras 3's ``fit`` trains under here, by the name
+the refusal gives (``MultiWorkerMirroredStrategy`` without a cluster needs a
+process of its own: test_keras_strategies_keras3.py)."""
+
+
+@pytest.mark.usefixtures("no_redis_client")  # a wait begun would fail on its own
 @pytest.mark.parametrize("wait_until_step", [5, 2.5, 0])
 @pytest.mark.parametrize("fit_in_scope", [False, True])
-def test_the_waiter_refuses_a_mirrored_strategy_at_once_before_touching_redis(
-    mirrored: tf.distribute.Strategy,
+@pytest.mark.parametrize("name", list(SYNCHRONOUS_IN_ONE_PROCESS))
+def test_the_waiter_refuses_a_synchronous_strategy_at_once_before_touching_redis(
+    name: str,
     closed_config: BarrierConfig,
     wait_until_step: float,
     fit_in_scope: bool,
 ) -> None:
+    strategy = SYNCHRONOUS_IN_ONE_PROCESS[name]()
     waiter = StepWaiterCallback(wait_until_step, closed_config)
     batches = Batches()
-    started = time.monotonic()
+    # refused before any wait began: no StepWaiter was made (the fixture would
+    # raise AssertionError instead), whatever the machine's speed
     with pytest.raises(ConfigurationError) as refused:
-        fit_under(mirrored, 3, waiter, batches, fit_in_scope=fit_in_scope)
-    assert time.monotonic() - started < 4.0  # a wait would take the 5 s timeout
+        fit_under(strategy, 3, waiter, batches, fit_in_scope=fit_in_scope)
     assert batches.count == 0
     assert waiter.released_at_step is None
     message = str(refused.value)
-    assert "tf.distribute.MirroredStrategy" in message
+    assert f"under {name}," in message
     assert "deadlock" in message and "all-reduce" in message
     assert "StartBarrierCallback" in message and "EndBarrierCallback" in message
     assert "docs/tensorflow-keras.md#distribution-strategies" in message
@@ -144,3 +166,26 @@ def test_the_publisher_under_a_mirrored_strategy_publishes_its_steps(
     fit_under(mirrored, 4, StepPublisherCallback(config))
     status = read_status(config)
     assert (status.step, status.done) == (4, False)
+
+
+def test_the_waiter_refuses_tpu_strategy_by_its_class() -> None:
+    """No TPU here: the rule is checked on a bare instance of the class."""
+
+    class Model:
+        distribute_strategy = tf.distribute.TPUStrategy.__new__(tf.distribute.TPUStrategy)
+
+    assert callbacks._synchronous_strategy(Model()) == "tf.distribute.TPUStrategy"
+
+
+def test_the_start_and_end_barrier_callbacks_run_under_a_mirrored_strategy(
+    mirrored: tf.distribute.Strategy, config: BarrierConfig
+) -> None:
+    """They look at no strategy: a chief alone (one party) starts, trains and finishes the job."""
+    chief = dataclasses.replace(config, task_id=0)
+    start, end = StartBarrierCallback(1, config=chief), EndBarrierCallback(1, config=chief)
+    batches = Batches()
+    fit_under(mirrored, 3, start, StepPublisherCallback(chief), batches, end)
+    assert start.released_at is not None and batches.count == 3
+    assert end.complete
+    status = read_status(config)
+    assert (status.step, status.done) == (3, True)

@@ -88,6 +88,7 @@ def test_with_redis_down_the_hook_reads_no_extra_global_step(
     assert hook.verifications == 0
 
 
+@pytest.mark.usefixtures("long_heartbeats")
 def test_a_new_session_publishes_its_step_without_waiting_for_a_heartbeat(
     make_config: Callable[..., BarrierConfig], graph: tuple[Any, Any]
 ) -> None:
@@ -106,6 +107,7 @@ def test_a_new_session_publishes_its_step_without_waiting_for_a_heartbeat(
     assert isinstance(worker.outcome(), BarrierAborted)  # the job ended at 3, below 1000
 
 
+@pytest.mark.usefixtures("long_heartbeats")
 def test_the_first_publish_writes_at_once_even_when_a_registration_came_first(
     make_config: Callable[..., BarrierConfig],
 ) -> None:

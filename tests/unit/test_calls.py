@@ -40,7 +40,8 @@ PUBLISH_STEP = [
     ("reset_marker", "mark", "reset marker", 12),
     ("mode", "contributor", "'contributor'", 13),
     ("publish_command", "SPUBLISH", "'SPUBLISH'", 14),
-    ("first", True, "first write", 15),
+    ("served", 1515, "probation this writer has served", 15),
+    ("idle_ms", 1616, "training loop handed its last step over", 16),
 ]
 
 
@@ -75,7 +76,11 @@ def test_barrier_arrive_call_lays_out_each_argument_where_the_lua_reads_it(
 ) -> None:
     values = {name: value for name, value, _word, _n in BARRIER_ARRIVE}
     name, keys, args = barrier_arrive_call(
-        barrier="b", index="i", epoch="e", restore=restore, **values  # type: ignore[arg-type]
+        barrier="b",
+        index="i",
+        epoch="e",
+        restore=restore,
+        **values,  # type: ignore[arg-type]
     )
     assert name == "barrier_arrive" and list(keys) == ["b", "i", "e"]
     documented = documented_argv("barrier_arrive")

@@ -241,7 +241,16 @@ def test_numeric_settings() -> None:
 
 def test_stall_timeout_must_exceed_heartbeat() -> None:
     with pytest.raises(ConfigurationError, match="STEPBARRIER_STALL_TIMEOUT"):
-        BarrierConfig.from_env(env(heartbeat="10", stall_timeout="5"))
+        BarrierConfig.from_env(env(heartbeat="1", stall_timeout="0.5"))
+
+
+def test_the_heartbeat_is_at_most_a_third_of_the_job_wide_fence() -> None:
+    # issue 32, case 8: one FENCE for every process of a job
+    with pytest.raises(ConfigurationError, match=r"STEPBARRIER_HEARTBEAT.*at most 1 s"):
+        BarrierConfig.from_env(env(heartbeat="4"))
+    with pytest.raises(ConfigurationError, match="heartbeat must be at most 1 s"):
+        BarrierConfig(job="j", heartbeat=4.0)
+    assert BarrierConfig(job="j", heartbeat=1.0).heartbeat == 1.0
 
 
 def test_wait_until_step_from_schedule_or_explicit() -> None:

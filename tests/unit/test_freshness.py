@@ -5,9 +5,11 @@ from __future__ import annotations
 import math
 
 from stepbarrier._protocol.freshness import (
+    FENCE,
+    GRACE,
+    MAX_HEARTBEAT,
     MIN_CONFIRM,
     confirm_window,
-    fence_time,
     stale_after,
     vouches,
 )
@@ -46,9 +48,9 @@ def test_a_final_step_vouches_without_the_window() -> None:
     assert vouches(now=1e6, probation_until=-math.inf, handed_at=0.0, step_time=0.1, done=True)
 
 
-def test_the_fence_is_three_heartbeats_and_at_least_three_seconds() -> None:
-    assert fence_time(0.1) == 3.0
-    assert fence_time(10.0) == 30.0
+def test_the_fence_is_one_value_for_the_job_three_of_the_longest_heartbeats() -> None:
+    assert FENCE == 3.0 == 3 * MAX_HEARTBEAT
+    assert GRACE == FENCE
 
 
 def test_an_operator_view_calls_a_chief_stale_after_three_heartbeats() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -66,6 +67,17 @@ def test_parse_int_bounds() -> None:
     assert parse_int(True) is None
     assert parse_int(None) is None
     assert parse_int(b"2" * 25) is None
+
+
+@pytest.mark.parametrize("number", [2**53 - 1, 2**53])
+def test_a_stored_number_above_max_step_is_malformed(number: int) -> None:
+    """Issue 32, case 7: above 2**53 - 2, ``n + 1`` is not exact in Lua's doubles."""
+    assert parse_int(str(2**53 - 2)) == 2**53 - 2
+    assert parse_int(str(number)) is None
+    state = parse_state({b"step": b"5", b"generation": str(number).encode()})
+    assert state.generation is None and state.problem is not None
+    message = json.dumps({"step": 5, "generation": number})
+    assert parse_announcement(message) is None
 
 
 @given(st.binary(max_size=300))

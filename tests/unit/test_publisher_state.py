@@ -12,10 +12,9 @@ from stepbarrier import BarrierConfig
 from stepbarrier._chief.publish_call import Beginning, StepWrite, WriteResult
 from stepbarrier._chief.state import Handover, PublisherState
 from stepbarrier._protocol import library as scripts
-from stepbarrier._protocol.freshness import fence_time
+from stepbarrier._protocol.freshness import FENCE
 
 HEARTBEAT = 1.0
-FENCE = fence_time(HEARTBEAT)
 
 
 class Clock:
@@ -45,10 +44,8 @@ def hand_over(state: PublisherState, step: int, at: float | None = None) -> None
         state.handover.handed_at = at
 
 
-def accepted(
-    stored_step: int, targets: tuple[int, ...] = (), *, created: bool = False
-) -> WriteResult:
-    return WriteResult(scripts.ACCEPTED, stored_step, 1, False, targets, created=created)
+def accepted(stored_step: int, targets: tuple[int, ...] = (), *, probation: int = 0) -> WriteResult:
+    return WriteResult(scripts.ACCEPTED, stored_step, 1, False, targets, probation=probation)
 
 
 def begun(state: PublisherState, generation: int = 1, marker: str = "") -> int:
@@ -229,7 +226,7 @@ def test_a_write_that_created_the_state_puts_the_chief_on_probation() -> None:
     wanted = begun(state)
     hand_over(state, 10, at=clock.now)
     assert next_values(state).vouch
-    assert state.take_reply(accepted(10, created=True), 1, wanted)
+    assert state.take_reply(accepted(10, probation=77), 1, wanted)
     assert state.probation_until == pytest.approx(clock.now + FENCE)
     hand_over(state, 11, at=clock.now)  # the loop is busy: only probation stops the vouch
     assert not next_values(state).vouch
@@ -257,7 +254,7 @@ def test_a_contributor_is_never_on_probation() -> None:
     state = make_state(contributor=True, clock=clock)
     state.join(5)
     hand_over(state, 10, at=clock.now)
-    assert state.take_reply(accepted(10, created=True), 1, 1)
+    assert state.take_reply(accepted(10, probation=77), 1, 1)
     assert state.probation_until == -math.inf
     assert next_values(state).vouch
 
@@ -299,43 +296,67 @@ def test_a_write_that_did_not_vouch_leaves_its_step_news() -> None:
     state = make_state(clock=clock)
     wanted = begun(state)
     hand_over(state, 10, at=clock.now)
-    assert state.take_reply(accepted(10, created=True), 1, wanted)  # probation
+    assert state.take_reply(accepted(10, probation=77), 1, wanted)  # probation
     clock.now += FENCE + 60.0  # probation over, and the window long passed
     assert next_values(state).vouch  # step 10 was never vouched for: it is news
 
 
-def test_only_the_first_write_of_a_generation_just_begun_is_first() -> None:
+def test_a_chief_says_it_served_its_probation_once_fence_passed_since_it_learned_of_it() -> None:
     clock = Clock()
     state = make_state(clock=clock)
     wanted = begun(state)
     hand_over(state, 10, at=clock.now)
-    assert next_values(state).first
-    assert state.take_reply(accepted(10), 1, wanted)
-    hand_over(state, 11, at=clock.now)
-    assert not next_values(state).first
-    state.new_generation()
-    wanted = begun(state, generation=2)
-    hand_over(state, 3, at=clock.now)
-    assert next_values(state).first  # each generation's first write is
-
-
-def test_a_first_write_long_after_its_begin_is_not_trusted_as_first() -> None:
-    clock = Clock()
-    state = make_state(clock=clock)
-    begun(state)
-    hand_over(state, 10, at=clock.now)
+    assert next_values(state).served == 0  # no probation known
+    assert state.take_reply(accepted(10, probation=77), 1, wanted)
+    assert next_values(state).served == 0
     clock.now += FENCE - 0.01
-    assert next_values(state).first
-    clock.now += 0.02  # paused (SIGSTOP, GC) between its begin and its write
-    assert not next_values(state).first
+    assert next_values(state).served == 0
+    clock.now += 0.02
+    assert next_values(state).served == 77  # the very probation Redis named
+    assert state.take_reply(accepted(10), 2, wanted)  # Redis cleared it
+    assert next_values(state).served == 0
 
 
-def test_a_refused_first_write_stays_first() -> None:
-    state = make_state()
+def test_a_lost_reply_costs_no_probation_the_next_reply_names_it() -> None:
+    # the write that made the state on probation had its reply lost; the retry's
+    # reply shows the stored probation, and the chief counts FENCE from then
+    clock = Clock()
+    state = make_state(clock=clock)
     wanted = begun(state)
-    hand_over(state, 10)
-    assert not state.take_reply(WriteResult(scripts.NOTHING_TO_JOIN, None, 0, False, ()), 1, wanted)
-    assert next_values(state).first
+    hand_over(state, 10, at=clock.now)
+    clock.now += 2.0
+    assert state.take_reply(accepted(10, probation=77), 1, wanted)  # the retry's reply
+    assert state.probation_until == pytest.approx(clock.now + FENCE)
+    clock.now += FENCE - 0.01
+    hand_over(state, 11, at=clock.now)
+    assert not next_values(state).vouch and next_values(state).served == 0
+
+
+def test_the_same_probation_named_again_does_not_restart_it_a_new_one_does() -> None:
+    clock = Clock()
+    state = make_state(clock=clock)
+    wanted = begun(state)
+    hand_over(state, 10, at=clock.now)
+    assert state.take_reply(accepted(10, probation=77), 1, wanted)
+    until = state.probation_until
+    clock.now += 1.0
+    assert state.take_reply(accepted(10, probation=77), 2, wanted)
+    assert state.probation_until == until
+    assert state.take_reply(accepted(10, probation=99), 3, wanted)  # Redis forgot again
+    assert state.probation_until == pytest.approx(clock.now + FENCE)
+
+
+def test_a_new_generation_forgets_the_old_ones_probation() -> None:
+    clock = Clock()
+    state = make_state(clock=clock)
+    wanted = begun(state)
+    hand_over(state, 10, at=clock.now)
+    assert state.take_reply(accepted(10, probation=77), 1, wanted)
+    state.new_generation()
+    begun(state, generation=2)
+    hand_over(state, 3, at=clock.now)
+    values = next_values(state)
+    assert values.vouch and values.served == 0  # Redis says at the first reply
 
 
 # -- the reset marker ------------------------------------------------------------------
@@ -413,11 +434,12 @@ def test_a_contributor_with_nothing_to_join_tries_again() -> None:
     assert state.next_write(done=False) is not None
 
 
-def test_a_contributors_write_is_never_a_first_write() -> None:
+def test_a_contributor_never_says_it_served_a_probation() -> None:
     state = make_state(contributor=True)
     state.join(7)
     hand_over(state, 10)
-    assert not next_values(state).first
+    assert state.take_reply(accepted(10, probation=77), 1, 1)
+    assert next_values(state).served == 0
 
 
 def test_a_refused_contributor_ends_and_a_refused_chief_carries_on() -> None:

@@ -43,15 +43,28 @@ def publish(
     vouch: bool = True,
     marker: str = "",
     mode: str = "chief",
-    first: bool = False,
+    begun: bool = True,
+    served: int = 0,
+    idle_ms: int = 0,
     command: str = "PUBLISH",
 ) -> list[int]:
-    """One ``publish_step`` call, in the script's ARGV layout; the reply as numbers."""
+    """One ``publish_step`` call, in the script's ARGV layout; the reply as numbers,
+    its probation id as 1 (on probation) or 0.
+
+    ``begun``: the writer's begin is on record (``begun`` = its generation, as
+    ``begin_generation`` leaves it), unless the hash shows another begin already:
+    the normal case. ``False``: a writer whose begin Redis forgot (a zombie).
+    """
+    on_record = client.type(KEYS.state) in (b"hash", b"none") and client.hget(KEYS.state, "begun")
+    if begun and mode == "chief" and on_record is None:
+        client.hset(KEYS.state, "begun", generation)
     script = client.register_script(eval_source("publish_step"))
     args: list[Any] = [generation, step, int(done), KEY_TTL, KEYS.channel, "host:1", 10]
-    args += [run_id, int(vouch), 1000, DONE_TTL, marker, mode, command, int(first)]
+    args += [run_id, int(vouch), 1000, DONE_TTL, marker, mode, command, served, idle_ms]
     reply = script(keys=[KEYS.state, KEYS.targets, KEYS.reset], args=args)
-    return [int(float(x)) for x in reply]
+    numbers = [int(float(x)) for x in reply]
+    numbers[4] = int(numbers[4] != 0)
+    return numbers
 
 
 def text(raw: object) -> str:
@@ -139,7 +152,7 @@ def test_a_state_made_again_after_redis_forgot_it_beats_above_what_was_seen(
 def test_the_vouch_is_stored_and_announced_as_the_writer_says(fake: fakeredis.FakeRedis) -> None:
     pubsub = fake.pubsub()
     pubsub.subscribe(KEYS.channel)
-    publish(fake, 5, 10, vouch=True, first=True)
+    publish(fake, 5, 10, vouch=True, begun=True)
     assert fake.hget(KEYS.state, "vouch") == b"1"
     publish(fake, 5, 11, vouch=False)
     assert fake.hget(KEYS.state, "vouch") == b"0"
@@ -151,7 +164,7 @@ def test_the_vouch_is_stored_and_announced_as_the_writer_says(fake: fakeredis.Fa
 def test_an_announcement_carries_the_write_it_tells_of(fake: fakeredis.FakeRedis) -> None:
     pubsub = fake.pubsub()
     pubsub.subscribe(KEYS.channel)
-    publish(fake, 9, 4, run_id="run-7", first=True)
+    publish(fake, 9, 4, run_id="run-7", begun=True, idle_ms=1250)
     (said,) = announcements(pubsub)
     assert said["beat"] == beat(fake)
     assert said == {
@@ -162,8 +175,10 @@ def test_an_announcement_carries_the_write_it_tells_of(fake: fakeredis.FakeRedis
         "done": False,
         "pinned": False,
         "run_id": "run-7",
+        "idle": 1250,
     }
     assert fake.hget(KEYS.state, "run_id") == b"run-7"
+    assert fake.hget(KEYS.state, "idle_ms") == b"1250"
 
 
 def test_targets_above_the_step_come_back_and_vouched_crossed_ones_go(
@@ -190,7 +205,7 @@ def test_released_waiters_leave_the_index_with_the_announcement_and_nothing_else
     for waiter, target in (("a", 5), ("b", 20)):
         fake.hset(KEYS.waiter(waiter), mapping={"wait_until_step": str(target)})
         fake.zadd(KEYS.targets, {waiter: target})
-    publish(fake, 1, 6, first=True)
+    publish(fake, 1, 6, begun=True)
     assert fake.zrange(KEYS.targets, 0, -1) == [b"b"]
     # the entries are keys the script does not declare: they expire by themselves
     assert fake.exists(KEYS.waiter("a")) and fake.exists(KEYS.waiter("b"))
@@ -232,21 +247,58 @@ def test_a_chief_write_that_finds_no_state_creates_it_without_vouching(
     fake: fakeredis.FakeRedis,
 ) -> None:
     fake.zadd(KEYS.targets, {"a": 5})
-    # not a generation's first write: its writer may be a zombie whose successor's
+    # its begin is not on record: its writer may be a zombie whose successor's
     # state Redis forgot, so the state it makes vouches for nothing yet
-    status, step, generation, repaired, created, *targets = publish(fake, 3, 10, vouch=True)
-    assert (status, step, generation, repaired, created) == (scripts.ACCEPTED, 10, 3, 0, 1)
+    reply = publish(fake, 3, 10, vouch=True, begun=False)
+    status, step, generation, repaired, on_probation, *targets = reply
+    assert (status, step, generation, repaired, on_probation) == (scripts.ACCEPTED, 10, 3, 0, 1)
     assert fake.hget(KEYS.state, "vouch") == b"0"
     assert targets == [] and fake.zrange(KEYS.targets, 0, -1) == [b"a"]  # nobody released
-    # the next write finds the state: no longer created, and its vouch stands
-    assert publish(fake, 3, 11, vouch=True)[4] == 0
+    probation = fake.hget(KEYS.state, "probation")
+    assert probation == fake.hget(KEYS.state, "beat")  # the id: the making write's beat
+    # the probation is Redis's: later writes stay on it, whatever they say...
+    assert publish(fake, 3, 11, vouch=True)[4] == 1
+    assert fake.hget(KEYS.state, "vouch") == b"0"
+    # ...one that names another probation as served too...
+    assert publish(fake, 3, 11, vouch=True, served=int(probation or 0) + 1)[4] == 1
+    assert fake.hget(KEYS.state, "vouch") == b"0"
+    # ...until the writer says it served this very one
+    assert publish(fake, 3, 12, vouch=True, served=int(probation or 0))[4] == 0
     assert fake.hget(KEYS.state, "vouch") == b"1"
+    assert fake.hget(KEYS.state, "probation") == b"0"  # served (no role may HDEL)
+
+
+def test_a_lost_reply_does_not_skip_probation(fake: fakeredis.FakeRedis) -> None:
+    # issue 32, case 5: the write that made the state on probation applied, its
+    # reply was lost; the retry finds its own generation and must still not vouch
+    publish(fake, 3, 1000, vouch=True, begun=False)  # the reply is lost
+    retry = publish(fake, 3, 1000, vouch=True, begun=False)
+    assert retry[:2] == [scripts.ACCEPTED, 1000] and retry[4] == 1  # it says so
+    assert fake.hget(KEYS.state, "vouch") == b"0"
+
+
+def test_a_second_zombie_replacing_the_first_ones_state_is_on_probation(
+    fake: fakeredis.FakeRedis,
+) -> None:
+    # issue 32, case 4: Redis forgot; zombie 1 (generation 1) made the state on
+    # probation; zombie 2 (generation 2) finds it, a lower generation without
+    # zombie 2's begin on record: it may be a zombie too, so probation again
+    publish(fake, 1, 1007, vouch=True, begun=False)
+    reply = publish(fake, 2, 2004, vouch=True, begun=False)
+    assert reply[:3] == [scripts.ACCEPTED, 2004, 2] and reply[4] == 1
+    assert fake.hget(KEYS.state, "vouch") == b"0"
+    # the newest chief (generation 3, whose begin Redis forgot as well) replaces
+    # it, on probation too: none of them can tell it is the newest; the zombies'
+    # next writes are superseded
+    assert publish(fake, 3, 30, vouch=True, begun=False)[4] == 1
+    assert publish(fake, 2, 2005, vouch=True)[0] == scripts.SUPERSEDED
+    assert publish(fake, 1, 1008, vouch=True)[0] == scripts.SUPERSEDED
 
 
 def test_the_first_write_of_a_generation_just_begun_needs_no_probation(
     fake: fakeredis.FakeRedis,
 ) -> None:
-    assert publish(fake, 3, 10, vouch=True, first=True)[:5] == [scripts.ACCEPTED, 10, 3, 0, 0]
+    assert publish(fake, 3, 10, vouch=True, begun=True)[:5] == [scripts.ACCEPTED, 10, 3, 0, 0]
     assert fake.hget(KEYS.state, "vouch") == b"1"
 
 
@@ -260,12 +312,31 @@ def test_a_chief_replacing_a_lower_generation_is_not_on_probation(
 
 def test_a_write_that_replaces_malformed_state_creates_it(fake: fakeredis.FakeRedis) -> None:
     fake.hset(KEYS.state, mapping={"generation": "9", "step": "x", "vouch": "1"})
-    status, step, _generation, repaired, created = publish(fake, 3, 4, vouch=True)[:5]
+    status, step, _generation, repaired, created = publish(fake, 3, 4, vouch=True, begun=False)[:5]
     assert (status, step, repaired, created) == (scripts.ACCEPTED, 4, 1, 1)
     assert fake.hget(KEYS.state, "vouch") == b"0"
 
 
 # -- reset markers ---------------------------------------------------------------------
+
+
+def test_begin_generation_is_above_the_callers_floor(fake: fakeredis.FakeRedis) -> None:
+    # issue 32, case 6: a Redis restarted empty with its clock behind must not
+    # number this writer's next generation below one it already knows of
+    script = fake.register_script(eval_source("begin_generation"))
+    floor = 2**52
+    assert int(text(script(keys=[KEYS.state, KEYS.reset], args=["", floor])[0])) == floor + 1
+
+
+def test_a_begin_records_itself_on_another_runs_state_without_fencing_it(
+    fake: fakeredis.FakeRedis,
+) -> None:
+    publish(fake, 5, 10, run_id="other")
+    newer = int(begin(fake, run_id="mine")[0])
+    assert state(fake)["begun"] == str(newer) and "fence" not in state(fake)
+    assert publish(fake, 5, 11, run_id="other")[0] == scripts.ACCEPTED  # not fenced
+    # the taker's first write finds its begin on record: no probation
+    assert publish(fake, newer, 1, run_id="mine", begun=False)[4] == 0
 
 
 def test_begin_generation_is_above_the_stored_one(fake: fakeredis.FakeRedis) -> None:
@@ -282,7 +353,7 @@ def test_begin_generation_follows_the_redis_clock_and_reports_what_it_found(
     assert (marker, run, beat0, done, chief, stored) == ("", "", "0", "0", "", "0")
     # the begin left its fence: a write of an older generation is refused
     assert publish(fake, 5, 10, run_id="run-1")[0] == scripts.SUPERSEDED
-    publish(fake, int(generation), 10, run_id="run-1", first=True)
+    publish(fake, int(generation), 10, run_id="run-1", begun=True)
     publish(fake, int(generation), 11, run_id="run-1", done=True)
     fake.set(KEYS.reset, "12345")
     _next, marker, run, beat_, done, chief, stored = begin(fake, run_id="run-1")
@@ -319,8 +390,8 @@ def test_a_reset_token_is_new_even_within_one_millisecond(
     tokens = [reset(fake) for _ in range(3)]
     assert len(set(tokens)) == 3
     # a chief that began under any earlier token is refused
-    assert publish(fake, 2, 1, marker=tokens[1], first=True)[0] == scripts.WAS_RESET
-    assert publish(fake, 2, 1, marker=tokens[2], first=True)[0] == scripts.ACCEPTED
+    assert publish(fake, 2, 1, marker=tokens[1], begun=True)[0] == scripts.WAS_RESET
+    assert publish(fake, 2, 1, marker=tokens[2], begun=True)[0] == scripts.ACCEPTED
 
 
 def test_a_reset_after_a_chief_began_refuses_it_and_creates_nothing(
@@ -328,10 +399,10 @@ def test_a_reset_after_a_chief_began_refuses_it_and_creates_nothing(
 ) -> None:
     publish(fake, 1, 7)  # began with no marker
     token = reset(fake)
-    assert publish(fake, 1, 8, marker="")[0] == scripts.WAS_RESET
+    assert publish(fake, 1, 8, marker="", begun=False)[0] == scripts.WAS_RESET
     assert not fake.exists(KEYS.state)
     # a chief that began after the reset carries its token and starts the job anew
-    assert publish(fake, 2, 1, marker=token, first=True)[0] == scripts.ACCEPTED
+    assert publish(fake, 2, 1, marker=token, begun=True)[0] == scripts.ACCEPTED
     assert fake.hget(KEYS.state, "reset_seen") == token.encode()
     assert fake.get(KEYS.reset) == token.encode()
 
@@ -341,14 +412,14 @@ def test_a_reset_marker_is_compared_for_equality_only(fake: fakeredis.FakeRedis)
     # a chief that began under an earlier token is refused, and so is one that
     # began under a later-looking one: no order is read into the token
     for other in (str(int(token) - 1), str(int(token) + 1), ""):
-        assert publish(fake, 2, 1, marker=other, first=True)[0] == scripts.WAS_RESET
+        assert publish(fake, 2, 1, marker=other, begun=False)[0] == scripts.WAS_RESET
     assert not fake.exists(KEYS.state)
 
 
 def test_a_contributor_is_not_refused_by_the_marker_but_finds_nothing_after_a_reset(
     fake: fakeredis.FakeRedis,
 ) -> None:
-    publish(fake, 5, 10, run_id="r", first=True)
+    publish(fake, 5, 10, run_id="r", begun=True)
     reset(fake)
     reply = publish(fake, 5, 12, mode="contributor", run_id="r")
     assert reply[0] == scripts.NOTHING_TO_JOIN
@@ -395,7 +466,7 @@ def test_a_non_finite_target_score_is_skipped(fake: fakeredis.FakeRedis) -> None
 
 def test_a_malformed_run_id_is_refused(fake: fakeredis.FakeRedis) -> None:
     with pytest.raises(Exception, match="malformed run id"):
-        publish(fake, 1, 4, run_id='x"}')
+        publish(fake, 1, 4, run_id='x"}', begun=False)
     assert not fake.exists(KEYS.state)
 
 
@@ -407,7 +478,7 @@ def test_a_contributor_only_raises_the_step_of_the_generation_it_joined(
 ) -> None:
     assert publish(fake, 0, 9, mode="contributor")[0] == scripts.NOTHING_TO_JOIN
     assert not fake.exists(KEYS.state)  # no chief yet: nothing is created
-    publish(fake, 5, 10, run_id="r", first=True)
+    publish(fake, 5, 10, run_id="r", begun=True)
     # another generation: it learns the stored one, and nothing changes
     assert publish(fake, 0, 9, mode="contributor", run_id="r")[:3] == [
         scripts.OTHER_GENERATION,
@@ -457,7 +528,7 @@ def test_an_operator_pins_its_step_until_a_newer_chief_replaces_it(
     assert reply[:5] == [scripts.ACCEPTED, 20, 7, 0, 0] and reply[5:] == [50]
     assert fake.hget(KEYS.state, "pinned") == b"1"
     assert fake.zrange(KEYS.targets, 0, -1) == [b"b"]
-    publish(fake, 8, 3, first=True)
+    publish(fake, 8, 3, begun=True)
     assert fake.hget(KEYS.state, "pinned") == b"0"
     said = [(a["generation"], a["pinned"]) for a in announcements(pubsub)]
     assert said == [(7, True), (8, False)]
@@ -467,20 +538,20 @@ def test_an_operator_pins_its_step_until_a_newer_chief_replaces_it(
 
 
 def test_the_writer_sends_what_the_script_reads(fake: fakeredis.FakeRedis) -> None:
-    config = BarrierConfig(job="unit", use_eval=True, run_id="run-3", heartbeat=2.0)
+    config = BarrierConfig(job="unit", use_eval=True, run_id="run-3", heartbeat=0.5)
     writer = StepWriter(fake, config, "trainer:9", contributor=False)
     fake.zadd(KEYS.targets, {"a": 5, "b": 40})
     beginning = writer.begin_generation()
     assert beginning.stored is None and beginning.reset_marker == ""
     result = writer.write(
-        StepWrite(beginning.generation, 10, done=False, vouch=True, reset_marker="", first=True)
+        StepWrite(beginning.generation, 10, done=False, vouch=True, reset_marker="")
     )
     assert result.status == scripts.ACCEPTED
     assert (result.stored_step, result.stored_generation) == (10, beginning.generation)
-    assert (result.repaired, result.created, result.targets) == (False, False, (40,))
+    assert (result.repaired, result.probation, result.targets) == (False, 0, (40,))
     stored = state(fake)
     assert (stored["run_id"], stored["chief"], stored["vouch"]) == ("run-3", "trainer:9", "1")
-    assert stored["heartbeat_period_ms"] == "2000" and stored["pinned"] == "0"
+    assert stored["heartbeat_period_ms"] == "500" and stored["pinned"] == "0"
     again = writer.begin_generation()
     assert again.generation > beginning.generation
     assert again.stored is not None
@@ -492,13 +563,18 @@ def test_the_writer_sends_what_the_script_reads(fake: fakeredis.FakeRedis) -> No
     assert (again.stored.chief, again.stored.generation) == ("trainer:9", beginning.generation)
 
 
-def test_the_writer_reads_created_and_refusals_back(fake: fakeredis.FakeRedis) -> None:
+def test_the_writer_reads_probation_and_refusals_back(fake: fakeredis.FakeRedis) -> None:
     config = BarrierConfig(job="unit", use_eval=True)
     writer = StepWriter(fake, config, "trainer:9", contributor=False)
     created = writer.write(StepWrite(5, 1, done=False, vouch=True, reset_marker=""))
-    assert created.status == scripts.ACCEPTED and created.created
+    assert created.status == scripts.ACCEPTED
+    assert created.probation == int(fake.hget(KEYS.state, "probation") or 0) > 0
+    served = writer.write(
+        StepWrite(5, 2, done=False, vouch=True, reset_marker="", served=created.probation)
+    )
+    assert served.probation == 0 and fake.hget(KEYS.state, "vouch") == b"1"
     reset(fake)
-    refused = writer.write(StepWrite(5, 2, done=False, vouch=True, reset_marker=""))
+    refused = writer.write(StepWrite(5, 3, done=False, vouch=True, reset_marker=""))
     assert refused.status == scripts.WAS_RESET and refused.stored_step is None
 
 
@@ -508,31 +584,31 @@ def test_the_writer_reads_created_and_refusals_back(fake: fakeredis.FakeRedis) -
 def test_a_begun_generation_fences_older_ones_before_its_first_write(
     fake: fakeredis.FakeRedis,
 ) -> None:
-    assert publish(fake, 5, 100, first=True)[0] == scripts.ACCEPTED
+    assert publish(fake, 5, 100, begun=True)[0] == scripts.ACCEPTED
     newer = int(begin(fake)[0])  # a new chief began, its first write not yet made
     # the older generation (a zombie, or the chief it replaces) may write no more
     assert publish(fake, 5, 120)[0] == scripts.SUPERSEDED
     assert state(fake)["step"] == "100"
-    assert publish(fake, newer, 10, first=True)[0] == scripts.ACCEPTED
+    assert publish(fake, newer, 10, begun=True)[0] == scripts.ACCEPTED
     assert state(fake)["generation"] == str(newer) and "fence" not in state(fake)
 
 
 def test_a_contributor_of_an_older_generation_stops_at_the_fence_and_a_new_one_waits(
     fake: fakeredis.FakeRedis,
 ) -> None:
-    assert publish(fake, 5, 100, first=True)[0] == scripts.ACCEPTED
+    assert publish(fake, 5, 100, begun=True)[0] == scripts.ACCEPTED
     newer = int(begin(fake)[0])
     assert publish(fake, 5, 101, mode="contributor")[0] == scripts.OTHER_GENERATION
     assert publish(fake, 0, 101, mode="contributor")[0] == scripts.NOTHING_TO_JOIN
     assert state(fake)["step"] == "100"
-    assert publish(fake, newer, 10, first=True)[0] == scripts.ACCEPTED
+    assert publish(fake, newer, 10, begun=True)[0] == scripts.ACCEPTED
     joined = publish(fake, 0, 11, mode="contributor")
     assert joined[0] == scripts.OTHER_GENERATION and joined[2] == newer  # join this one
 
 
 def test_a_begin_does_not_fence_another_runs_state(fake: fakeredis.FakeRedis) -> None:
     # another run's chief is watched for liveness, not cut off by a begin
-    assert publish(fake, 5, 100, run_id="run-a", first=True)[0] == scripts.ACCEPTED
+    assert publish(fake, 5, 100, run_id="run-a", begun=True)[0] == scripts.ACCEPTED
     begin(fake, run_id="run-b")
     assert "fence" not in state(fake)
     assert publish(fake, 5, 101, run_id="run-a")[0] == scripts.ACCEPTED
@@ -545,8 +621,8 @@ def test_a_begin_on_an_empty_job_leaves_its_fence_for_older_first_writes(
     newer = int(begin(fake)[0])  # another begins meanwhile
     assert newer > older
     # the paused one's first write (no state: it would need no probation) is refused
-    assert publish(fake, older, 99, first=True)[0] == scripts.SUPERSEDED
-    assert publish(fake, newer, 5, first=True)[0] == scripts.ACCEPTED
+    assert publish(fake, older, 99, begun=True)[0] == scripts.SUPERSEDED
+    assert publish(fake, newer, 5, begun=True)[0] == scripts.ACCEPTED
     assert state(fake)["step"] == "5" and "fence" not in state(fake)
 
 

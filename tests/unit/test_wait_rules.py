@@ -5,8 +5,11 @@ from __future__ import annotations
 import logging
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from stepbarrier import BarrierAborted, BarrierConfig
+from stepbarrier._protocol.freshness import GRACE
 from stepbarrier._protocol.wire import ChiefState, StepAnnouncement
 from stepbarrier._worker.links import Snapshot
 from stepbarrier._worker.wait_state import READ_NOW, WaitRules
@@ -40,6 +43,7 @@ def chief(
     vouch: bool = True,
     done: bool = False,
     pinned: bool = False,
+    begun: int = 0,
 ) -> ChiefState:
     return ChiefState(
         step,
@@ -51,6 +55,7 @@ def chief(
         beat=beat,
         vouch=vouch,
         pinned=pinned,
+        begun=begun,
     )
 
 
@@ -216,17 +221,53 @@ def test_a_finished_state_of_its_own_run_below_the_target_aborts_on_the_first_re
     assert caught.value.reason == "done"
 
 
-def test_an_unobserved_finished_state_without_a_run_id_is_not_trusted(
+def test_an_unobserved_finished_state_without_a_run_id_is_trusted_after_the_grace() -> None:
+    # it may be an earlier run's under the same job name: a rerun's chief that
+    # begins within the grace leaves its begin on it; none did, so it is this job's
+    clock = Clock()
+    rules = make_rules(clock)
+    assert rules.on_snapshot(read(chief(60, done=True))) is None
+    assert rules.holding is not None and "no run id" in rules.holding
+    assert rules.read_at <= clock.now + GRACE  # the wait reads again when the grace ends
+    clock.now += GRACE - 0.01
+    assert rules.on_snapshot(read(chief(60, done=True))) is None
+    clock.now += 0.02
+    assert rules.on_snapshot(read(chief(60, done=True))) == 60
+    # a late worker above the finished step: aborted after the grace, not before
+    clock = Clock()
+    rules = make_rules(clock)
+    assert rules.on_snapshot(read(chief(20, done=True))) is None
+    clock.now += GRACE
+    with pytest.raises(BarrierAborted) as caught:
+        rules.on_snapshot(read(chief(20, done=True)))
+    assert caught.value.reason == "done"
+
+
+def test_a_finished_state_a_new_chief_began_on_is_not_trusted(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    # most likely an earlier run's under the same job name: neither release nor abort
-    rules = make_rules(Clock())
+    # a rerun's chief began (its begin is on record, above the state's
+    # generation): the finished state is the previous run's
+    clock = Clock()
+    rules = make_rules(clock)
+    assert rules.on_snapshot(read(chief(60, done=True))) is None
+    clock.now += GRACE - 1.0
     with caplog.at_level(logging.WARNING, logger="test.wait_rules"):
-        assert rules.on_snapshot(read(chief(60, done=True))) is None
-    assert rules.holding is not None and "no run id" in rules.holding
-    assert "STEPBARRIER_RUN_ID" in caplog.text
-    rules = make_rules(Clock())
-    assert rules.on_snapshot(read(chief(20, done=True))) is None  # no abort
+        newer = chief(60, done=True, begun=GENERATION + 1)
+        assert rules.on_snapshot(read(newer)) is None
+        clock.now += 2 * GRACE
+        assert rules.on_snapshot(read(newer)) is None
+    assert rules.holding is not None and "newer chief has begun" in rules.holding
+    assert "run id" in caplog.text
+
+
+def test_a_final_write_seen_happening_within_the_grace_is_trusted_at_once() -> None:
+    clock = Clock()
+    rules = make_rules(clock)
+    assert rules.on_snapshot(read(chief(20, done=False))) is None
+    clock.now += 0.5
+    # the state moved between two reads: a write happened while the wait watched
+    assert rules.on_snapshot(read(chief(60, beat=2, done=True))) == 60
 
 
 def test_an_observed_finished_state_without_a_run_id_is_trusted() -> None:
@@ -253,12 +294,22 @@ def test_a_pinned_step_of_this_run_releases_on_the_first_read() -> None:
     assert rules.on_snapshot(read(state)) == 60
 
 
-def test_a_pinned_step_without_a_run_id_releases_only_a_wait_that_saw_it_happen() -> None:
-    # an earlier run's pin under the same job name must not release a rerun
+def test_a_pinned_step_without_a_run_id_releases_a_wait_that_saw_it_or_after_the_grace() -> None:
+    # an earlier run's pin under the same job name must not release a rerun at
+    # once: a rerun's chief that begins within the grace is on record by then
     rules = make_rules(Clock())
     assert rules.on_snapshot(read(chief(60, vouch=False, pinned=True))) is None
     assert rules.holding is not None and "pinned" in rules.holding
     assert rules.on_announcement(announced(60, beat=2, vouch=False, pinned=True), b"") == 60
+    clock = Clock()
+    rules = make_rules(clock)
+    assert rules.on_snapshot(read(chief(60, vouch=False, pinned=True))) is None
+    clock.now += GRACE
+    assert rules.on_snapshot(read(chief(60, vouch=False, pinned=True))) == 60
+    rules = make_rules(clock)
+    assert rules.on_snapshot(read(chief(60, vouch=False, pinned=True, begun=9))) is None
+    clock.now += GRACE
+    assert rules.on_snapshot(read(chief(60, vouch=False, pinned=True, begun=9))) is None
 
 
 def test_a_pinned_step_below_the_target_keeps_the_wait_going() -> None:
@@ -483,3 +534,85 @@ def test_an_outside_witness_releases_at_the_target_and_moving_counts_as_life() -
     assert rules.last_alive == clock.now
     assert rules.on_outside_step(TARGET) == TARGET
     assert rules.released_by == "the counter"
+
+
+# -- the grace, as a property on an injected clock ------------------------------------
+
+
+@settings(deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.floats(min_value=0.0, max_value=2.0),  # seconds before this read
+            st.booleans(),  # a newer chief's begin is on the state
+            st.integers(min_value=1, max_value=2),  # which write (beat) is stored
+        ),
+        min_size=1,
+        max_size=30,
+    ),
+    st.sampled_from([20, 60]),
+)
+def test_an_unobserved_final_fact_is_trusted_only_once_settled(
+    reads: list[tuple[float, bool, int]], step: int
+) -> None:
+    """Never early (rule 2): a finished state the wait did not see written, without
+    a run id, releases (or aborts) only when it has been read unchanged for GRACE
+    since the first read of that very write, with no newer begin on it; and it
+    always does once that holds (never lost)."""
+    clock = Clock()
+    rules = make_rules(clock)
+    first_read_of: dict[int, float] = {}
+    previous: int | None = None
+    for gap, newer_begun, beat in reads:
+        clock.now += gap
+        if beat != previous and previous is not None:
+            return  # a write seen happening between two reads: observed, not a grace case
+        previous = beat
+        first_read_of.setdefault(beat, clock.now)
+        state = chief(step, beat=beat, done=True, begun=GENERATION + 1 if newer_begun else 0)
+        settled = not newer_begun and clock.now - first_read_of[beat] >= GRACE
+        if step >= TARGET:
+            assert (rules.on_snapshot(read(state)) == step) == settled
+        elif settled:
+            with pytest.raises(BarrierAborted):
+                rules.on_snapshot(read(state))
+        else:
+            assert rules.on_snapshot(read(state)) is None
+        if settled:
+            return
+        if newer_begun:
+            first_read_of.pop(beat)  # the grace starts again after a begin went away
+
+
+# -- the chief's training loop, judged by the waiter's own stall timeout ---------------
+
+
+def test_a_chief_whose_loop_went_quiet_stalls_the_wait_though_its_process_writes() -> None:
+    # issue 33, case 3: the chief's heartbeat goes on (its own stall timeout is
+    # long), its loop handed nothing over since; this wait's stall timeout judges
+    # the loop by how long its writes say it has been quiet
+    clock = Clock()
+    config = BarrierConfig(job="rules", heartbeat=1.0, stall_timeout=8.0)
+    rules = WaitRules(config, TARGET, None, clock, logging.getLogger("test.wait_rules"))
+    assert rules.on_snapshot(read(chief(10, beat=1))) is None
+    for beat in range(2, 20):
+        clock.now += 1.0
+        idle_ms = (beat - 2) * 1000  # the loop's last step was handed over at beat 2
+        said = StepAnnouncement(10, GENERATION, False, False, None, beat, True, False, idle_ms)
+        assert rules.on_announcement(said, b"") is None
+    assert rules.stall_at() == pytest.approx(rules.loop_alive + 8.0)
+    assert rules.passed(clock.now) == "stall"
+    error = rules.timed_out("stall")
+    assert "training loop has handed no step over for 8 s" in str(error)
+
+
+def test_a_chief_in_a_pause_between_sessions_keeps_the_wait_alive() -> None:
+    clock = Clock()
+    config = BarrierConfig(job="rules", heartbeat=1.0, stall_timeout=8.0)
+    rules = WaitRules(config, TARGET, None, clock, logging.getLogger("test.wait_rules"))
+    assert rules.on_snapshot(read(chief(10, beat=1))) is None
+    for beat in range(2, 40):
+        clock.now += 1.0
+        said = StepAnnouncement(10, GENERATION, False, False, None, beat, False, False, 0)
+        assert rules.on_announcement(said, b"") is None
+        assert rules.passed(clock.now) is None

@@ -1,10 +1,14 @@
 
--- KEYS[1] state hash, KEYS[2] reset marker; ARGV[1] the caller's run id ('' for none)
--- Returns a generation number above every one this job's state shows (the
--- Redis clock in microseconds, or the stored generation (or fence) + 1 if that
--- is higher: the clock went back, or two chiefs began in the same microsecond),
--- and records it as the state's fence, so that an older generation's writes are
--- refused from the begin on (docs/protocol.md#generations),
+-- KEYS[1] state hash, KEYS[2] reset marker; ARGV[1] the caller's run id ('' for none),
+-- ARGV[2] the caller's floor: the highest generation it knows of ('0': none)
+-- Returns a generation number above every one this job's state shows and the
+-- caller knows of (the Redis clock in microseconds, or the stored generation,
+-- fence or begun + 1, or the floor + 1, whichever is highest: the clock went
+-- back, or two chiefs began in the same microsecond), records it as `begun`
+-- (whoever's state it is: the new generation's first write then needs no
+-- probation) and, on its own run's state or on none, as the state's fence, so
+-- that an older generation's writes are refused from the begin on
+-- (docs/protocol.md#generations),
 -- and what the new chief must know before its first write:
 --   {generation, reset marker ('' for none), stored run id, stored beat,
 --    stored done (0/1), stored chief, stored generation ('0' for none)}
@@ -14,22 +18,31 @@
 -- another type's key: no state, left alone (the next write replaces it).
 local now = redis.call('TIME')
 local generation = tonumber(now[1]) * 1000000 + tonumber(now[2])
+generation = above(generation, whole(ARGV[2] or ''))
 local run, beat, done, chief, stored = '', '0', '0', '', nil
 local kind, state = read_hash(KEYS[1], STATE_FIELDS, MAX_FIELDS)
+if kind == 'hash' and at_limit(state.generation, state.fence, state.begun) then
+  -- no generation can be numbered above MAX_STEP (2^53 - 2 us is the year 2255:
+  -- only a hand writes it): the hash is malformed, and goes, as a write would
+  -- replace it; the begin then finds no state
+  redis.call('UNLINK', KEYS[1])
+  kind, state = 'none', {}
+end
 if kind == 'hash' then
   stored = whole(state.generation)
   if stored and whole(state.step) then
-    if stored >= generation then generation = stored + 1 end
+    generation = above(generation, stored)
     -- the new generation fences the older ones from now on, not only from its
     -- first write: a write of a generation below the fence is superseded
-    local fence = whole(state.fence)
-    if fence and fence >= generation then generation = fence + 1 end
+    generation = above(generation, whole(state.fence))
+    generation = above(generation, whole(state.begun))
     run = state.run_id or ''
     -- only its own run's state: another run's chief is watched, not fenced
     -- (docs/protocol.md#runs)
     if run == (ARGV[1] or '') then
       redis.call('HSET', KEYS[1], 'fence', string.format('%.0f', generation))
     end
+    redis.call('HSET', KEYS[1], 'begun', string.format('%.0f', generation))
     beat = state.beat or '0'
     done = state.done or '0'
     chief = state.chief or ''
@@ -40,9 +53,10 @@ end
 if stored == nil and (kind == 'none' or kind == 'hash') then
   -- no state: leave the fence alone, so that an older generation's first write
   -- (a chief that paused between its begin and it) is refused all the same
-  local fence = whole(state.fence)
-  if fence and fence >= generation then generation = fence + 1 end
-  redis.call('HSET', KEYS[1], 'fence', string.format('%.0f', generation))
+  generation = above(generation, whole(state.fence))
+  generation = above(generation, whole(state.begun))
+  redis.call('HSET', KEYS[1], 'fence', string.format('%.0f', generation),
+             'begun', string.format('%.0f', generation))
   redis.call('EXPIRE', KEYS[1], 86400)
 end
 local marker = short_string(KEYS[2], MAX_MARKER)

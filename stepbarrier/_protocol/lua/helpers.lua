@@ -1,11 +1,29 @@
 
 local function whole(text)
-  -- One definition of a stored number, the same as Python's protocol.parse_int:
-  -- 1 to 16 ASCII digits (no sign, space, exponent or hex), at most 2^53.
+  -- One definition of a stored number, the same as Python's wire.parse_int:
+  -- 1 to 16 ASCII digits (no sign, space, exponent or hex), at most MAX_STEP
+  -- (2^53 - 2, so that n + 1 is exact in doubles); a larger one is malformed (nil).
   if type(text) ~= 'string' or #text > 16 or not string.match(text, '^%d+$') then return nil end
   local n = tonumber(text)
   if n and n <= MAX_STEP then return n end
   return nil
+end
+local function above(number, stored)
+  -- `number` raised to stored + 1 if `stored` (a whole number, or nil) is not
+  -- below it: so a new generation, epoch or marker is above what is stored, and
+  -- at most MAX_STEP. A stored MAX_STEP leaves no valid number above it: it is
+  -- passed over (to its caller, malformed), and `number` is returned as it is
+  if stored and stored >= number and stored < MAX_STEP then return stored + 1 end
+  return number
+end
+local function at_limit(...)
+  -- true if one of these stored texts is MAX_STEP: nothing can be numbered above
+  -- it, so whoever must (a begin, above a stored generation, fence or begun)
+  -- treats it as malformed
+  for i = 1, select('#', ...) do
+    if whole((select(i, ...))) == MAX_STEP then return true end
+  end
+  return false
 end
 local function publish_command(name)
   -- announcements go out plain, or sharded on a Redis Cluster; nothing else

@@ -22,8 +22,7 @@ local epoch_clock = redis.call('TIME')
 local epoch = tonumber(epoch_clock[1]) * 1000000 + tonumber(epoch_clock[2])
 local epoch_kind, epoch_fields = read_hash(KEYS[6], EPOCH_FIELDS, MAX_FIELDS)
 if epoch_kind == 'hash' then
-  local stored = whole(epoch_fields.token)
-  if stored and stored >= epoch and stored < MAX_STEP then epoch = stored + 1 end
+  epoch = above(epoch, whole(epoch_fields.token))
 end
 for i = 5, #KEYS do redis.call('UNLINK', KEYS[i]) end
 redis.call('HSET', KEYS[6], 'token', string.format('%.0f', epoch), 'by', 'reset')
@@ -33,8 +32,9 @@ local now = redis.call('TIME')
 local marker = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 -- the marker is a token (its value is also the reset's time, for operators):
 -- it must differ from the one before, even for two resets in one millisecond
-local previous = whole(short_string(KEYS[4], MAX_MARKER))
-if previous and previous >= marker then marker = previous + 1 end
+-- (a stored MAX_STEP leaves no room above it: the marker is then the time, which
+-- differs from it all the same)
+marker = above(marker, whole(short_string(KEYS[4], MAX_MARKER)))
 local now_ms = string.format('%.0f', marker)
 redis.call('SET', KEYS[4], now_ms, 'EX', ARGV[2])
 local notice = '{"reset":true,"time_ms":' .. now_ms .. '}'

@@ -5,8 +5,10 @@ port), compares TLS on both sides, authenticates, reads the Redis version and
 the Functions library, and tries what the configured role needs (with
 ``ACL DRYRUN`` when the user may run it, else by harmless reads: the job's
 state, the waiters' index, ``may_write`` for a chief, a one-key ``SCAN``).
-Nothing is written. Each failing check says what to fix; the exit code is 1 if
-any check failed.
+It also says which run id the settings give and where it came from, and
+whether the job's stored state is that run's (a note either way: an earlier
+run's state is normal until the new chief writes). Nothing is written. Each
+failing check says what to fix; the exit code is 1 if any check failed.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import click
 from redis import exceptions as rex
 
 from stepbarrier._config.settings import BarrierConfig
+from stepbarrier._inspect.status import read_status
 from stepbarrier._redis.client import RedisClient, make_client
 from stepbarrier._redis.failures import REDIS_ERRORS, describe_redis, translate
 from stepbarrier._redis.functions import (
@@ -101,18 +104,21 @@ def doctor() -> None:
           --password-file /run/secrets/worker --job mnist-42
     """
     session = current_session()
-    if "STEPBARRIER_JOB" not in session.overrides and not os.environ.get("STEPBARRIER_JOB"):
+    no_job = "STEPBARRIER_JOB" not in session.overrides and not os.environ.get("STEPBARRIER_JOB")
+    if no_job:
         session.overrides["STEPBARRIER_JOB"] = "stepbarrier-doctor"  # only for the key names
     config = session.config()
     report = _Report()
     click.echo(f"stepbarrier doctor: {describe_redis(config)}, job {config.job!r}")
+    report.add("run id", INFO, config.describe_run_id())
     if _network(config, report):
         client = make_client(config, socket_timeout=PROBE_SECONDS)
         try:
             if _authenticate(config, client, report):
                 _server(config, client, report)
                 loaded = _library(config, client, report)
-                _permissions(config, client, report, loaded=loaded)
+                if _permissions(config, client, report, loaded=loaded) and not no_job:
+                    _stored_run(config, client, report)
         finally:
             client.close()
     click.echo(
@@ -354,8 +360,10 @@ def _library(config: BarrierConfig, client: RedisClient, report: _Report) -> boo
 
 def _permissions(
     config: BarrierConfig, client: RedisClient, report: _Report, *, loaded: bool
-) -> None:
+) -> bool:
+    """Try what the role needs; True if the job's state could be read."""
     role = config.role or "worker"
+    state_read = False
     keys = config.keys
 
     def code(name: str, *keys: str) -> Callable[[], object]:
@@ -410,7 +418,37 @@ def _permissions(
             report.add("permission", FAIL if needed else INFO, f"cannot {what}: {text}")
             continue
         report.add("permission", PASS, f"may {what}")
+        state_read = state_read or what.startswith("read the job's state")
     _dry_run(config, client, report)
+    return state_read
+
+
+def _stored_run(config: BarrierConfig, client: RedisClient, report: _Report) -> None:
+    """Whether the job's stored state is the run these settings give: a worker
+    trusts only its own run's chief, so a run id that differs from the live
+    chief's (e.g. a Slurm chief and workers in two Slurm jobs) holds it for good."""
+    try:
+        status = read_status(config, client, waiters=False, barriers=False)
+    except (StepBarrierError, *REDIS_ERRORS, OSError):
+        return  # the permission lines above already said what went wrong
+    if status.generation is None:
+        report.add("run id", INFO, "no chief has written the job's state yet")
+        return
+    stored = status.run_id or "none"
+    if status.run_id == config.run_id:
+        report.add("run id", PASS, f"the job's state is this run's (run id {stored})")
+        return
+    age = status.heartbeat_age
+    heard = "never" if age is None else f"{age:.1f} s ago"
+    report.add(
+        "run id",
+        INFO,
+        f"the job's state belongs to run {stored} (its chief's last write {heard}), not to this "
+        f"run ({config.run_id or 'none'}): a worker with these settings ignores it and "
+        "waits for its own run's chief",
+        "if they are one run, give every host of it the same run id (the same launcher "
+        "variable, or STEPBARRIER_RUN_ID; set empty: none); see docs/configuration.md#run-id",
+    )
 
 
 def _dry_run_allows(config: BarrierConfig, client: RedisClient, command: list[str]) -> bool:

@@ -70,7 +70,10 @@ def status(as_json: bool, check: bool) -> None:
     More than 20 waiting workers are summarised (counts, the nearest targets, a
     histogram); --json lists each of them. A chief whose heartbeat is older
     than three of its periods is marked STALE. A job with no keys on this Redis
-    is said so on stderr, with a few jobs that exist.
+    is said so on stderr, with a few jobs that exist. "run" is the run id the
+    chief stored; "run here" the one these settings give and where it came from
+    (STEPBARRIER_RUN_ID, or a launcher's: TORCHELASTIC_RUN_ID, SLURM_JOB_ID;
+    --json: "config").
 
     \b
     Example:
@@ -84,6 +87,9 @@ def status(as_json: bool, check: bool) -> None:
         # allow_nan=False: whatever sits in the keys, the output stays valid JSON
         job_status = read_status(config)
         data = job_status.to_dict()
+        # "run_id" is the chief's stored one; this is the run id the command's
+        # own settings give (a shell inside a Slurm job gets that job's)
+        data["config"] = {"run_id": config.run_id, "run_id_source": config.run_id_source}
         if is_missing(job_status):
             click.echo(f"Note: {missing_job_message(config)}", err=True)
         click.echo(json.dumps(data, indent=2, sort_keys=True, allow_nan=False))
@@ -92,7 +98,7 @@ def status(as_json: bool, check: bool) -> None:
         # more waiters than listed: the summary counts them, the status lists none
         if is_missing(job_status, waiting=summary.waiting if summary else 0):
             click.echo(f"Note: {missing_job_message(config)}", err=True)
-        show(status_view(job_status, summary=summary))
+        show(status_view(job_status, summary=summary, here=config))
 
 
 def _check(config: BarrierConfig, as_json: bool) -> None:

@@ -18,9 +18,11 @@ import click
 from stepbarrier._chief.publisher import StepPublisher
 from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._inspect.live_chief import HAND_PUBLISHED, find_live_chief
-from stepbarrier._inspect.missing import is_missing
+from stepbarrier._inspect.missing import has_barrier_keys, is_missing
 from stepbarrier._inspect.reset import reset_job
 from stepbarrier._inspect.status import read_status
+from stepbarrier._protocol.freshness import GRACE
+from stepbarrier._protocol.wire import MAX_STEP
 from stepbarrier._worker.waiter import StepWaiter
 from stepbarrier.cli._context import (
     EXIT_ABORTED,
@@ -119,7 +121,7 @@ def wait(as_json: bool, quiet: bool, **_: Any) -> None:
     )
 )
 @connection_options
-@click.argument("step", type=click.IntRange(0, 2**53))
+@click.argument("step", type=click.IntRange(0, MAX_STEP))
 @click.option(
     "--done", is_flag=True, help="Also mark the job finished (aborts workers still waiting)."
 )
@@ -163,11 +165,12 @@ def publish(step: int, done: bool, force: bool) -> None:
     elif config.run_id:
         outcome = f" and pinned: it releases later arrivals of run {config.run_id} too"
     else:
-        # a worker without a run id cannot tell this pin from an earlier run's:
-        # only a wait that sees it happen trusts it (docs/protocol.md#operator-publish)
+        # a worker without a run id cannot tell this pin from an earlier run's at
+        # once: one that arrives later trusts it after the grace, unless a new
+        # chief begins meanwhile (docs/protocol.md#grace)
         outcome = (
             " and pinned: it released the workers waiting now; a worker that arrives "
-            "later trusts it only with a run id (STEPBARRIER_RUN_ID on both sides)"
+            f"later is released by it after {GRACE:g} s, unless a new chief begins first"
         )
     click.echo(f"job {config.job}: step {step} published{outcome}")
 
@@ -204,11 +207,12 @@ def _refuse_if_a_chief_is_live(config: BarrierConfig) -> None:
 def reset(yes: bool) -> None:
     """Delete the job's keys; workers still waiting are aborted (exit 4), not left hanging.
 
-    A job with no keys on this Redis is not reset (exit 6): the message names a
-    few jobs that exist.
+    A job of named barriers only (`stepbarrier arrive`, no chief) is reset too:
+    its barriers go, and a task waiting in one is aborted. A job with no keys on
+    this Redis is not reset (exit 6): the message names a few jobs that exist.
     """
     config = current_session().config()
-    if is_missing(read_status(config, barriers=False)):
+    if is_missing(read_status(config, barriers=False)) and not has_barrier_keys(config):
         raise NoSuchJob(f"{missing_job_message(config)}: nothing reset")
     if not yes:
         if not sys.stdin.isatty():

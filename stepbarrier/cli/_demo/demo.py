@@ -6,8 +6,10 @@ separate processes: one ps, the chief and N workers (task ids 1..N, the
 numbering everywhere: process names, the live view, the summary) whose
 ``wait_until_step`` comes from a ``log:K`` schedule. Workers start once the
 chief's session is up (a non-chief session that starts earlier re-checks only
-every 30 s). It shows the live view (progress lines when piped), then a
-summary of each worker's release; Ctrl-C shows the summary so far.
+every 30 s). Every process of one demo run shares its own run id
+(``STEPBARRIER_RUN_ID=demo-<12 hex digits>``). It shows the live view
+(progress lines when piped), then a summary of each worker's release; Ctrl-C
+shows the summary so far.
 
 This module never imports TensorFlow: the training runs in the child processes.
 """
@@ -123,6 +125,10 @@ class _Demo:
         self.printed_at = 0.0  # piped: when the last progress line was printed
         self.ps_stopped = False
         self.workdir = Path(tempfile.mkdtemp(prefix="stepbarrier-demo-"))
+        # one run id per demo run, shared by its chief and workers: each trusts
+        # only its own run's chief, and a launcher's id of the shell that runs
+        # the demo (a Slurm job's, torchrun's) is never theirs
+        self.run_id = f"demo-{uuid.uuid4().hex[:12]}"
         self.env = self._base_env()
         self.redis = EmbeddedRedis(self.workdir, self.env, kind=redis_kind)
         self.group = ProcessGroup(self.workdir)
@@ -139,6 +145,7 @@ class _Demo:
         }
         env.update(
             STEPBARRIER_JOB=self.job,
+            STEPBARRIER_RUN_ID=self.run_id,
             STEPBARRIER_SCHEDULE=self.schedule,
             STEPBARRIER_TIMEOUT="900",
             TRAIN_STEPS=str(self.steps),
@@ -186,7 +193,7 @@ class _Demo:
 
     def _run(self) -> int:
         self.redis.start()
-        self.config = BarrierConfig(job=self.job, redis_url=self.redis.url)
+        self.config = BarrierConfig(job=self.job, redis_url=self.redis.url, run_id=self.run_id)
         self.env["STEPBARRIER_REDIS_URL"] = self.redis.url
         cluster = {
             "ps": [f"{LOOPBACK}:{free_port()}"],
@@ -194,7 +201,8 @@ class _Demo:
             "worker": [f"{LOOPBACK}:{free_port()}" for _ in range(self.workers)],
         }
         self.console.print(
-            f"job [bold]{self.job}[/]: Redis {self.redis.description} at {self.redis.url}; "
+            f"job [bold]{self.job}[/] (run {self.run_id}): Redis {self.redis.description} at "
+            f"{self.redis.url}; "
             f"1 ps, the chief and {self.workers} workers, {self.steps} steps, schedule "
             f"{self.schedule} (workers wait for steps {', '.join(map(str, self.targets))}), "
             f"+{self.step_sleep:g} s per training step"

@@ -17,6 +17,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._inspect.registry import WaiterInfo
 from stepbarrier._inspect.status import JobStatus
 from stepbarrier._inspect.summary import WaiterSummary
@@ -48,13 +49,27 @@ def _clock_time(unix: float | None) -> str:
         return UNKNOWN
 
 
-def _summary(status: JobStatus, waiting: int) -> Table:
+OTHER_RUN = (
+    " - not the run of the chief's state: a worker with these settings ignores it "
+    "and waits for its own run's chief (docs/configuration.md#run-id)"
+)
+"""Said after ``run here`` when the stored state is another run's."""
+
+
+def _summary(status: JobStatus, waiting: int, here: BarrierConfig | None) -> Table:
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
     grid.add_row("job", Text(status.job))
     if status.run_id is not None:
         grid.add_row("run", Text(status.run_id))
+    if here is not None:
+        # the run id this command's settings give: what a worker started with
+        # them would trust, e.g. a Slurm job's in a shell of that job
+        run_here = Text(here.describe_run_id())
+        if status.generation is not None and status.run_id != here.run_id:
+            run_here.append(OTHER_RUN, style="yellow")
+        grid.add_row("run here", run_here)
     grid.add_row("step", "none yet" if status.step is None else str(status.step))
     grid.add_row("generation", "-" if status.generation is None else str(status.generation))
     heartbeat = Text(describe_age(status.heartbeat_age))
@@ -71,10 +86,13 @@ def _summary(status: JobStatus, waiting: int) -> Table:
             vouch = "pinned by an operator (stepbarrier publish)"
         elif status.vouch:
             vouch = "yes"
+        elif status.probation:
+            vouch = "no: on probation (a chief made the state anew after Redis lost it; 3 s)"
         else:
-            vouch = "no (on probation after Redis lost the state, or the loop is idle)"
+            vouch = "no: the chief's training loop has not handed a step over lately"
         grid.add_row("vouched", Text(vouch))
-        grid.add_row("writes", f"{status.beat:,} in this generation")
+        # no row for the beat: it starts from the Redis clock in microseconds,
+        # so as a number it says nothing (status --json keeps it)
     grid.add_row("done", "yes" if status.done else "no")
     if status.reset_at is not None:
         grid.add_row("reset", f"at {_clock_time(status.reset_at)}")
@@ -119,14 +137,21 @@ def waiters_table(status: JobStatus, *, progress: bool, now: float | None = None
 
 
 def status_view(
-    status: JobStatus, *, progress: bool = False, summary: WaiterSummary | None = None
+    status: JobStatus,
+    *,
+    progress: bool = False,
+    summary: WaiterSummary | None = None,
+    here: BarrierConfig | None = None,
 ) -> RenderableType:
     """The whole status: a summary, the waiting workers and the open barriers (if any).
 
     With a ``summary`` (a large job) the workers are summarised, not listed.
+    With ``here`` (the command's settings) the summary also says which run id
+    they give and where it came from (``run here``), and whether the stored
+    state is another run's.
     """
     waiting = len(status.waiters) if summary is None else summary.waiting
-    parts: list[RenderableType] = [_summary(status, waiting)]
+    parts: list[RenderableType] = [_summary(status, waiting, here)]
     if summary is not None:
         parts += [Text(""), summary_view(summary, status.step)]
     elif status.waiters:
