@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 # it in one process.
 TEST_WORKERS ?= 2
 
-.PHONY: all demo test test-unit test-core test-compose docker-engine soak lint docs dist venv redis-server prometheus bench bench-quick clean
+.PHONY: all demo test test-unit test-core test-compose docker-engine soak model lint docs dist venv redis-server prometheus bench bench-quick clean
 
 all: lint test
 
@@ -122,6 +122,14 @@ SOAK_SECONDS ?= 1200
 soak: venv redis-server
 	STEPBARRIER_SOAK_SECONDS=$(SOAK_SECONDS) timeout $$(( $(SOAK_SECONDS) + 900 )) \
 		$(PY) -m pytest tests/reliability/test_protocol_stateful.py $(PYTEST_ARGS)
+
+# The protocol model (tests/model/protocol_model.py) at large scope: every state of
+# the bounded scopes `make test` explores, and of larger ones (three generations of a
+# run beside another run, more faults), each scope's state count and time printed;
+# some minutes on two cores. Add --fixes --limits for every counterexample:
+# $(PY) -m tests.model.explore --large --fixes --limits
+model: venv
+	$(PY) -m tests.model.explore --large
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -194,7 +194,11 @@ class WaitRules(WaitTiming):
         self._observed(mark, idle_ms=announcement.idle_ms)
         if announcement.generation > self.generation:
             # a chief generation this wait has not read yet: the state (and a
-            # reset marker this wait may have missed the announcement of) decide
+            # reset marker this wait may have missed the announcement of) decide.
+            # No lower generation counts from now on: if Redis loses the state
+            # before the read, a zombie's write that remakes it is older than
+            # what this wait heard (found by the model: zombie-after-finish)
+            self.generation = announcement.generation
             return READ_NOW
         if self.read_mark is None or mark >= self.read_mark:
             self._seen_step(announcement.step)  # not an older write announced late

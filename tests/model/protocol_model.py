@@ -1,43 +1,53 @@
-"""An explicit-state model of the stepbarrier protocol, explored exhaustively at small scope.
+"""An explicit-state model of the stepbarrier protocol (v3), explored exhaustively at small scope.
 
-The rules are docs/protocol.md's, which states the code's (stepbarrier/_protocol/lua/'s
-``begin_generation.lua`` and ``publish_step.lua``, stepbarrier/_chief/state.py,
-stepbarrier/_worker/wait_state.py). Nothing here does I/O or imports stepbarrier: the
-model states the protocol's rules once more, small enough to enumerate every
-state that a few participants and faults reach.
+The rules are docs/protocol.md's (protocol v3, issue 32), which states the code's
+(stepbarrier/_protocol/lua/'s ``begin_generation.lua`` and ``publish_step.lua``,
+stepbarrier/_chief/, stepbarrier/_worker/wait_state.py). Nothing here does I/O or imports
+stepbarrier: the model states the protocol's rules once more, small enough to enumerate
+every state that a few participants and faults reach.
 
-**Time** is discrete: a ``tick`` event advances every clock by one. Nobody reads
-an absolute time: each participant keeps counters of elapsed ticks (its own
-monotonic clock), capped where larger values decide nothing. The heartbeat,
-``FENCE`` and the waiter's fallback read interval are counts of ticks. A tick may
-pass only when nobody owes an action its timers made due (a live chief's
-heartbeat write, a begun chief's first write, a waiter's due read, a watch's
-end): that is what "live" means, and what makes the bounded liveness check
-meaningful. A paused process owes nothing; its clock runs on. Processes start,
-pause, resume and crash, and an operator publishes, at the start of a tick; the
-protocol's actions follow in every order, and Redis's faults and a reset may
-come between any two of them (``Model.events``).
+**Time** is discrete: a ``tick`` event advances every clock by one. Nobody reads an
+absolute time: each participant keeps counters of elapsed ticks (its own monotonic
+clock), capped where larger values decide nothing. The heartbeat (one per chief),
+``FENCE``, the grace and the waiter's fallback read interval are counts of ticks. A tick
+may pass only when nobody owes an action its timers made due (a live chief's heartbeat
+write or the retry of a write whose reply it lost, a begun chief's first write, a
+waiter's due read, a watch's end, the begin of a rerun's chief or of a supervisor's
+restart whose delay is over): that is
+what "live" means, and what makes the bounded liveness check meaningful. A paused
+process owes nothing; its clock runs on. Processes start, pause, resume and crash, and
+an operator publishes, at the start of a tick; the protocol's actions follow in every
+order, and Redis's faults and a reset may come between any two of them (``Model.events``).
 
-**Redis** is the state hash (or none; with its ``fence``, the generation a begin
-recorded; or a hash of a begin's fence alone, which reads as no state), the
-reset token, and the announcements. A state a write (re)makes beats from the
-Redis clock: above every beat of its generation anyone holds
-(``Model.made_beat``). An announcement reaches a waiting, connected waiter as
-the write happens (it handles it at once), unless the fault budget makes it lost
-or late (it waits in the waiter's inbox, handled at any later moment); a waiter
-whose first read is still due buffers it and handles it right after that read.
-Faults: Redis loses the state (restart empty, eviction, expiry), an announcement
-is lost or late, a process pauses and resumes (a waiter's pause is a
-disconnection: it hears nothing meanwhile and reads again when back), a chief
-crashes. Only when a scope asks: a new generation's begin apart from its first
-write (two calls, as in the code), and a pause between the two; and, outside the
-promises (docs/protocol.md#limits), the newest chief cut off while a zombie
-writes, the reset token lost, a failover to a lagging replica.
+**Redis** is the state hash (or none; with its ``fence``, ``begun`` and ``probation``; or a
+hash of a begin's fence alone, which reads as no state), the reset token, the Redis clock
+that numbers generations, and the announcements. Generations are numbered as the code
+numbers them: ``max(clock, stored generation + 1, fence + 1, begun + 1, the caller's
+floor + 1)``, with ``+ 1`` done in Lua doubles (the model's ``Scope.top`` stands for
+``2**53``: above it ``n + 1 == n``). The clock advances by one at every begin and, unless
+a scope lets it go back (a Limit), stays above every number it handed out. A state a
+write (re)makes beats from the Redis clock: above every beat of its generation anyone
+holds (``Model.made_beat``). An announcement reaches a waiting, connected waiter as the
+write happens (it handles it at once), unless the fault budget makes it lost or late (it
+waits in the waiter's inbox, handled at any later moment); a waiter whose first read is
+still due buffers it and handles it right after that read. Faults: Redis loses the state
+or the fence-only hash (restart empty, eviction, expiry), a chief's write is applied but
+its reply is lost (the chief retries at once), an announcement is lost or late, a process
+pauses and resumes (a waiter's pause is a disconnection: it hears nothing meanwhile and
+reads again when back), a chief crashes. Only when a scope asks: a new generation's begin
+apart from its first write (two calls, as in the code), and a pause between the two; a
+chief configured with a longer heartbeat; a fence-only hash whose fence is at the top of
+the numbers (a broken or hostile client); and, outside the promises
+(docs/protocol.md#limits), the newest chief cut off (paused, or finished) while a zombie
+writes, the reset token lost, a failover to a lagging replica, a failover to an empty
+Redis whose clock is behind, a rerun's chief that begins later than the grace, two runs
+with one run id.
 
-**Ground truth** that no participant reads rides along: which run each
-generation really belongs to, whether a stored step was handed over by the newest
-generation of that run (``legit``), and which waiters were waiting when it was
-written (``witnesses``). The invariants compare decisions with that truth:
+**Ground truth** that no participant reads rides along: which run each generation
+really belongs to (generations are told apart by their begin, not by their number: two
+may share a number), whether a stored step was handed over by the newest generation of
+that run (``legit``), and which waiters were waiting when it was written
+(``witnesses``). The invariants compare decisions with that truth:
 
 - *never early*: a release is by a legit state of the waiter's own run with step
   >= its target, either a final fact (done, pinned) or seen live: written during
@@ -46,29 +56,45 @@ written (``witnesses``). The invariants compare decisions with that truth:
 - *aborted only for real*: "done" by a legit done state of its own run below its
   target, "reset" by a reset that came after its wait began (its first read);
 - *runs kept apart*: a chief that wrote within its last heartbeat is neither taken
-  over by a chief of another run nor superseded by one;
-- *never lost* (bounded liveness): a waiter owed an end (the newest generation of
-  its run live at >= its target; its run's done or pinned state that it can know
-  of; a reset after its wait began) ends within ``Scope.bound`` ticks, counted
-  again from any loss of the state.
+  over by a chief of another run nor superseded by one (once another run's chief has
+  replaced its state, checked then, it is that run's zombie and no longer counts);
+- *never lost* (bounded liveness): a waiter owed an end (the newest generation of its
+  run live at >= its target; its run's final fact, done and vouching or pinned, that it
+  can know of: it carries its run id, it heard it, or no newer begin is on record, so
+  that the grace applies; a reset after its wait began) ends within ``Scope.bound``
+  ticks, counted again from any loss of the state.
+
+*Never hung* (every wait ends within its limits) is about the stall and overall
+timeouts, which the model leaves out: it checks only that no state is stuck (time may
+not pass and nobody can act).
 
 Each flag of ``Flags`` is one fix of the design: with it off, ``explore`` finds the
-counterexample the fix rules out (``FIXES``; tests/model/test_protocol_model.py),
-and each limit lifted (``LIMITS``) shows the promise it names broken.
+counterexample the fix rules out (``FIXES``; tests/model/test_protocol_model.py), and each
+limit lifted (``LIMITS``) shows the promise it names broken. ``SCOPES`` are explored by
+tests/model (CI), ``LARGE_SCOPES`` by ``make model`` (``python -m tests.model.explore
+--large``), which prints each scope's state count.
 
-Left out, on purpose: the confirmation window (a chief out of probation always
-vouches: its loop is taken to hand its step over within the window, and a final
-write or a step higher than any it vouched for since it began, or since Redis
-lost its state, vouches without it anyway), the stall and overall timeouts
-(never hung is argued in docs/protocol.md, not checked here), registrations and
-targets (guidance only), a contributor joining the generation its own wait was
-released by (it joins the one it finds), and generation numbers from a clock
-(they are numbered in begin order, and a remade state's beats are above the lost
-ones': a failover to a server whose clock is behind is not modelled).
+The state space is kept in check by capping every counter where larger values decide
+nothing, by canonical beats (the least above every beat held, ``Model.made_beat``), by a
+Redis clock that moves only at a begin, by placing process events at the start of a tick,
+by fault budgets, and in the large scopes by restarting a paused newest chief at once (a
+later restart is the limit ``newest-cut-off``). Waiters and chiefs differ in target or
+role in every scope, so no symmetry is left to reduce.
+
+Left out, on purpose: the confirmation window (a chief out of probation always vouches:
+its loop is taken to hand its step over within the window, and a final write or a step
+higher than any it vouched for vouches without it anyway), the stall and overall
+timeouts (never hung), registrations and targets (guidance only), a contributor joining
+the generation its own wait was released by (it joins the one it finds), a lost reply of
+a refused write (the retry is refused again, or is the same as a later write), and beats
+from a clock that goes back (a remade state's beats are above the lost ones'; a failover
+to a server whose clock is behind numbers generations from it, see ``clock_back``, but
+not beats).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from collections.abc import Iterator
 from typing import NamedTuple, TypeVar
@@ -77,14 +103,15 @@ from typing import NamedTuple, TypeVar
 
 
 class Flags(NamedTuple):
-    """The design's fixes, one flag each; all on is the protocol of docs/protocol.md.
+    """The design's fixes, one flag each; all on is the protocol of docs/protocol.md (v3).
 
-    "Rule N" is the design note's of issue 21, "defect N" the review's.
+    "Rule N" is the design note's of issue 21, "defect N" the review's; "case N" is issue
+    32's (protocol v3).
     """
 
     probation: bool = True
-    """Rule 5: a write that created the state (unless it is its generation's first, within
-    FENCE of its begin) vouches for nothing during FENCE (defect 2)."""
+    """Rule 5: a write that made the state without its own begin on record vouches for
+    nothing during FENCE (defect 2)."""
     observed_write_required: bool = True
     """Rule 2: the first read alone is not an observation (defect 4)."""
     no_clock_comparison: bool = True
@@ -106,29 +133,66 @@ class Flags(NamedTuple):
     announcement_is_hint_for_reset: bool = True
     """Rule 8. Off: a reset announcement aborts the waiter by itself."""
     contributor_keeps_probation: bool = True
-    """Found by this model, now the code's rule: a contributor's write never changes the
-    stored ``vouch`` (it stays the chief's: a contributor cannot end its generation's
-    probation). Off: a contributor's write vouches."""
+    """Found by this model (v2): a contributor's write never changes the stored ``vouch``
+    nor ``probation``. Off: a contributor's write vouches and clears the probation."""
     begin_fences: bool = True
-    """Found by this model, now the code's rule: ``begin_generation`` records the new
-    generation as the ``fence`` of its own run's state, so that an older generation's
-    chief writes are SUPERSEDED from the begin on (not only from the new generation's
-    first write), a joined contributor of an older generation stops and one not joined
-    yet waits. Off: a generation fences the older ones only from its first write."""
+    """Found by this model (v2): ``begin_generation`` records the new generation as the
+    ``fence`` of its own run's state, so that an older generation's chief writes are
+    SUPERSEDED from the begin on, a joined contributor of an older generation stops and one
+    not joined yet waits. Off: a generation fences the older ones only from its first
+    write."""
     begin_fences_empty_job: bool = True
-    """Found by this model, now the code's rule: a ``begin_generation`` that finds no valid
-    state leaves a hash holding only its ``fence`` (24 h TTL), which reads as no state, so
-    that an older generation's write, even the first write of a chief that paused between
-    its begin and it, is SUPERSEDED. Off: such a begin records nothing."""
+    """Found by this model (v2): a ``begin_generation`` that finds no valid state leaves a
+    hash holding only its ``fence`` (and ``begun``), which reads as no state, so that an
+    older generation's write, even the first write of a chief that paused between its
+    begin and it, is SUPERSEDED. Off: such a begin records nothing. (In v3 such a paused
+    first write of the same run is also on probation, its begin not on record; what the
+    fence-only hash still decides is another run's chief begun on no state before it.)"""
     beat_from_clock: bool = True
-    """Found by this model, now the code's rule: a state (re)made (created from nothing, or
-    replaced by a newer generation) starts its ``beat`` from the Redis clock (microseconds),
+    """Found by this model (v2): a state (re)made starts its ``beat`` from the Redis clock,
     so that after Redis forgot the state the remade state's beats are above every beat a
     waiter saw before. Off: a remade state's beat starts again at 1."""
     abort_needs_vouch: bool = True
-    """Found by this model, now the code's rule: a done state below the target aborts a wait
-    only if it is trusted (seen happen, or the wait's own run id) and vouched for
-    (``vouch=1``), as a release by it is. Off: the abort does not ask for the vouch."""
+    """Found by this model (v2): a done state below the target aborts a wait only if it is
+    trusted and vouched for (``vouch=1``), as a release by it is."""
+    # ---------------------------------------------------------- protocol v3 (issue 32)
+    fence_job_wide: bool = True
+    """Case 8: ``FENCE`` is one constant of the job (3 s), and a heartbeat above
+    ``FENCE / 3`` is refused at start. Off: v2's ``FENCE = max(3 x heartbeat, 3 s)`` of
+    each process's own heartbeat (a zombie with a short heartbeat counts a short probation
+    while the newest chief writes every long heartbeat). In the model a chief whose
+    heartbeat is not below ``FENCE`` (two heartbeats here, three in the library) does not
+    start."""
+    probation_unless_begun: bool = True
+    """Cases 4 and 5: every begin records ``begun = <its generation>`` on the hash, whatever
+    the run, and a chief write that makes or replaces the state (no valid state, or a lower
+    generation stored) is on probation unless the hash it replaces shows ``begun == its
+    generation``. Off: v2's rule, probation only for a write that finds no valid state and
+    is not ``first`` (no write of its generation accepted yet, within FENCE of its begin);
+    a write replacing a lower generation never is."""
+    probation_in_redis: bool = True
+    """Case 4: probation is stored as ``probation = <the beat of the write that made it>``,
+    the stored ``vouch`` is 0 while it is set, every reply carries it, the chief counts
+    FENCE from the first reply that showed it and then writes ``served = <id>``, which
+    alone clears it. Off: v2's rule, the creating write alone stores ``vouch=0`` and says
+    ``created=1`` in its reply, from which the chief counts FENCE: a lost reply skips the
+    probation."""
+    generation_floor: bool = True
+    """Case 6: a begin numbers its generation ``max(clock, stored + 1, fence + 1,
+    begun + 1, floor + 1)``, the floor being the highest generation the process knows of
+    (its own earlier ones, any a reply showed it). Off: v2's ``max(clock, stored + 1,
+    fence + 1)``."""
+    numbers_bounded: bool = True
+    """Case 7: every stored number is at most ``MAX_STEP = 2**53 - 2``, so that ``n + 1``
+    is exact in Lua doubles; a larger one reads as malformed (and a begin that would need a
+    larger number is refused). Off: v2's bound, ``2**53``, where ``2**53 + 1 == 2**53``."""
+    grace: bool = True
+    """The grace (v3 point 5): a waiter that reads a finished (done, vouching) or pinned
+    state of its run that it did not see written, and that does not carry its own
+    non-empty run id, trusts it once it has read it unchanged (same ``(generation,
+    beat)``, no ``begun`` or ``fence`` above its generation) for ``GRACE`` on its own clock
+    since the first read that found it. Off: v2's rule, such a state is never trusted (a
+    late worker after the job finished waits for ever)."""
 
 
 class ChiefSpec(NamedTuple):
@@ -142,6 +206,22 @@ class ChiefSpec(NamedTuple):
     may_pause: bool = False
     may_crash: bool = False
     may_finish: bool = False
+    heartbeat: int | None = None
+    """Its own heartbeat in ticks (None: the scope's)."""
+    process: str | None = None
+    """Chiefs with the same process are sessions of one process, and share its floor (the
+    highest generation it knows of). None: a process of its own, whose floor is unused."""
+    after_waiter: str | None = None
+    """Begins only once this waiter has started waiting (a rerun's chief starting after
+    its first worker), and then ``begin_within`` ticks later at the latest."""
+    restarts: bool = False
+    """A supervisor's restart: it begins ``begin_within`` ticks at the latest (0: at once)
+    after the chief it comes ``after`` pauses, so that the newest generation is not cut off
+    for FENCE (the limit ``newest-cut-off``: with FENCE of two heartbeats, one tick late is
+    already that limit)."""
+    begin_within: int = 0
+    after_done: str | None = None
+    """Begins only once this chief has finished (a rerun)."""
 
 
 class WaiterSpec(NamedTuple):
@@ -149,6 +229,8 @@ class WaiterSpec(NamedTuple):
     run: str
     target: int
     may_pause: bool = False
+    after_done: str | None = None
+    """Starts waiting only once this chief has finished (a late worker)."""
 
 
 class OperatorSpec(NamedTuple):
@@ -170,13 +252,17 @@ class Scope(NamedTuple):
     operator: OperatorSpec | None = None
     resets: int = 0
     lose_state: int = 0
+    lose_replies: int = 0
+    """Writes of a chief applied in Redis whose reply is lost (the chief retries at once)."""
     lose_announcements: int = 0
     late_announcements: int = 0
     pauses: int = 0
     max_ticks: int = 6
     heartbeat: int = 1
     fence: int = 2
-    """FENCE: more than a heartbeat (3 x heartbeat in the library)."""
+    """FENCE: more than a heartbeat (3 x the largest heartbeat allowed, in the library)."""
+    grace: int | None = None
+    """GRACE (None: FENCE, as in the library)."""
     fallback: int = 2
     """Ticks between a waiter's reads of the stored state."""
     fresh_window: int = 1
@@ -185,6 +271,12 @@ class Scope(NamedTuple):
     """Ticks within which a waiter owed an end ends (never lost)."""
     inbox: int = 2
     """Announcements a connection buffers; more drop the oldest (lost)."""
+    top: int = 1_000
+    """The model's ``2**53``: the first number whose ``+ 1`` Lua's doubles get wrong
+    (``top + 1 == top``); v3 stores numbers up to ``top - 2`` (``MAX_STEP``), v2 up to
+    ``top``."""
+    initial_fence: int = 0
+    """A fence-only hash at the start (0: none), left by a broken or hostile client."""
     # off unless asked: the begin as a call of its own, and the Limits
     # (docs/protocol.md#limits), outside the promises
     split_begin: bool = False
@@ -196,9 +288,16 @@ class Scope(NamedTuple):
     lose_token: int = 0
     failovers: int = 0
     """Failovers to a lagging replica: the state goes back to an older copy."""
-    pin_owed_to_all: bool = False
-    """Rule 10 read literally: a pinned step is owed to every waiter of its run, with a
-    run id or not (rule 3 releases a waiter without one only if it saw the pin written)."""
+    clock_back: int = 0
+    """Failovers to an empty Redis whose clock is behind every generation numbered so far
+    (and stays behind: by more than the time between two begins)."""
+    clock_back_after: str | None = None
+    """Such a failover comes only once this chief has begun."""
+    excuse: tuple[str, ...] = ()
+    """Limits (``LIMITS``' names) whose outcome is not counted as a violation here: only
+    ``runs-while-redis-forgot``, so that a large scope may have two runs beside Redis
+    losses (a live chief superseded or taken over by another run's while Redis has lost
+    its state since its last write is that limit, not a defect)."""
 
     def run_id(self, run: str) -> str:
         return dict(self.run_ids)[run]
@@ -211,7 +310,7 @@ Mark = tuple[int, int]
 
 
 class Stored(NamedTuple):
-    """The state hash as Redis holds it; from ``run`` on, the ground truth about it."""
+    """The state hash as Redis holds it; from ``origin`` on, the ground truth about it."""
 
     run_id: str
     gen: int
@@ -223,22 +322,36 @@ class Stored(NamedTuple):
     fence: int = 0
     """The generation a begin of this state's run recorded (0: none): a chief write of a
     lower generation is SUPERSEDED. A write that replaces the state clears it."""
+    begun: int = 0
+    """The generation the latest begin recorded, whatever its run (0: none)."""
+    probation: int = 0
+    """The probation id (the beat of the write that made it; 0: none): vouch stays 0."""
     age: int = 0
     """Ticks since its write by the server's clock: read only by the old clock rule."""
+    origin: int = 0
+    """Truth: the generation (its begin's index in ``World.gens``) that wrote it last."""
     run: str = ""
     legit: bool = False
     witnesses: frozenset[int] = frozenset()
 
     def describe(self) -> str:
-        fence = f", fence {self.fence}" if self.fence else ""
+        extra = "".join(
+            f", {name} {value}"
+            for name, value in (
+                ("fence", self.fence),
+                ("begun", self.begun),
+                ("probation", self.probation),
+            )
+            if value
+        )
         return (
             f"step {self.step} (run id '{self.run_id}', generation {self.gen}, beat {self.beat}, "
-            f"vouch={int(self.vouch)}, done={int(self.done)}, pinned={int(self.pinned)}{fence})"
+            f"vouch={int(self.vouch)}, done={int(self.done)}, pinned={int(self.pinned)}{extra})"
         )
 
 
 class Gen(NamedTuple):
-    """Ground truth about one generation (its number is its index + 1)."""
+    """Ground truth about one generation: one begin (its index in ``World.gens`` + 1)."""
 
     run: str
     chief: int
@@ -247,40 +360,64 @@ class Gen(NamedTuple):
     """An operator's pinned step (a chief's step is the chief's own)."""
     reset_ended: bool
     """A reset came after it began: it hands nothing over any more."""
+    number: int
+    """The generation number its begin got (two generations may share one)."""
+    blind: bool = False
+    """Truth, kept only for ``Scope.excuse``: at its begin Redis had lost the state of another
+    run's live chief, or all state (the limit ``runs-while-redis-forgot``)."""
 
 
 class Chief(NamedTuple):
     status: str = "idle"
-    """idle, watching, begun, active, or an end: superseded, reset, conflict, done, crashed."""
+    """idle, watching, begun, active, or an end: superseded, reset, conflict, done, crashed,
+    refused."""
+    gid: int = 0
+    """Truth: its generation's index in ``World.gens`` + 1."""
     gen: int = 0
+    """Its generation number."""
     step: int = 0
     paused: bool = False
     since_write: int = 0
     probation: int = 0
-    """Ticks of probation left, on its own clock."""
+    """Ticks of probation left, on its own clock (counted from the reply that showed it)."""
+    serving: int = 0
+    """v3: the probation id it counts FENCE for (0: none known); it writes ``served`` with
+    it once that count is over."""
     since_begin: int = 0
-    """Ticks since its begin, counted while it is begun and has not written (capped at
-    FENCE; FENCE once it wrote): its first write within FENCE of its begin is of a
-    generation just begun, and needs no probation."""
+    """Ticks since its begin while it has not written (capped at FENCE); while idle, ticks
+    since the waiter it starts after began (``begin_within``)."""
     reset_seen: int = 0
     watch_left: int = 0
     watch_mark: Mark | None = None
     wrote: bool = False
+    """Truth: a write of its generation was accepted (its reply may have been lost)."""
+    acked: bool = False
+    """It received the reply of an accepted write (v2's ``first`` reads it)."""
     began_this_tick: bool = False
     """Only for the old same-millisecond rule (reset_token_equality off)."""
     since_accepted: int = 0
     """Truth: ticks since its last accepted write (capped at heartbeat + 1)."""
     final: bool = False
     """Its final write landed on probation: it writes it again when the probation ends."""
+    floor: int = 0
+    """The highest generation its process knows of (only for a ``ChiefSpec.process``)."""
+    overtaken: bool = False
+    """Truth: another run's chief replaced its state (a take-over, checked when it happens);
+    from then on it is a zombie to the other run, and never live."""
+    forgotten: bool = False
+    """Truth, kept only for ``Scope.excuse``: Redis lost the state since its last accepted
+    write."""
 
 
-ENDED = ("superseded", "reset", "conflict", "done", "crashed")
+ENDED = ("superseded", "reset", "conflict", "done", "crashed", "refused")
 
 
 class Contributor(NamedTuple):
     status: str = "idle"
     """idle, joined, stopped."""
     gen: int = 0
+    gid: int = 0
+    """Truth: the generation it joined."""
     step: int = 0
     wrote: bool = False
     """It wrote in this tick (one write per tick)."""
@@ -307,6 +444,10 @@ class Waiter(NamedTuple):
     done_at_start: int = 0
     """The old done rule: the generation of a done state its first read found."""
     first_read_this_tick: bool = False
+    grace_mark: Mark | None = None
+    """The grace: the unobserved final fact of its run it read, unchanged since."""
+    grace_for: int = 0
+    """Ticks since the first read that found ``grace_mark`` (capped at GRACE)."""
     reset_during: bool = False
     """Truth: a reset came after its first read."""
     heard_final: bool = False
@@ -318,12 +459,14 @@ class Waiter(NamedTuple):
 class Budget(NamedTuple):
     resets: int
     lose_state: int
+    lose_replies: int
     lose_announcements: int
     late_announcements: int
     pauses: int
     publishes: int
     lose_token: int
     failovers: int
+    clock_back: int
 
 
 class World(NamedTuple):
@@ -342,10 +485,13 @@ class World(NamedTuple):
     quiet: bool = True
     """No protocol action yet in this tick: the environment may still act (see ``events``)."""
     fenced: int = 0
-    """A hash holding only a ``fence`` (0: none; never beside a ``stored`` state): a begin
-    found no valid state and left the fence of its generation. It reads as no state."""
+    """A hash holding only a ``fence`` (and ``begun``, the same number) (0: none; never
+    beside a ``stored`` state): a begin found no valid state and left the fence of its
+    generation. It reads as no state."""
     replica_fenced: int = 0
     """The lagging replica's copy of ``fenced``."""
+    clock: int = 1
+    """The Redis clock, in generation numbers: what a begin reads as TIME."""
 
 
 class Violation(NamedTuple):
@@ -392,8 +538,14 @@ class Model:
         self.flags = flags
         self.scope = scope
         self.chief_index = {spec.name: index for index, spec in enumerate(scope.chiefs)}
+        self.waiter_index = {spec.name: index for index, spec in enumerate(scope.waiters)}
         self.same_ms = not flags.reset_token_equality and scope.resets > 0
         self.two_runs = len({spec.run for spec in scope.chiefs}) > 1
+        self.grace = scope.fence if scope.grace is None else scope.grace
+        self.max_number = scope.top - 2 if flags.numbers_bounded else scope.top
+        """The largest stored number that reads as valid."""
+        self.tracked = tuple(spec.process is not None for spec in scope.chiefs)
+        """Whose floor is kept (only a process's may decide anything)."""
 
     def initial(self) -> World:
         scope = self.scope
@@ -411,30 +563,110 @@ class Model:
             budget=Budget(
                 resets=scope.resets,
                 lose_state=scope.lose_state,
+                lose_replies=scope.lose_replies,
                 lose_announcements=scope.lose_announcements,
                 late_announcements=scope.late_announcements,
                 pauses=scope.pauses,
                 publishes=1 if scope.operator else 0,
                 lose_token=scope.lose_token,
                 failovers=scope.failovers,
+                clock_back=scope.clock_back,
             ),
+            fenced=scope.initial_fence,
         )
+
+    # ------------------------------------------------------------ per chief
+
+    def heartbeat(self, i: int) -> int:
+        return self.scope.chiefs[i].heartbeat or self.scope.heartbeat
+
+    def fence_of(self, i: int) -> int:
+        """FENCE as chief ``i`` counts it: the job's (v3), or v2's, of its own heartbeat
+        (``max(3 x heartbeat, 3 s)``: two heartbeats, at least the scope's FENCE, here)."""
+        if self.flags.fence_job_wide:
+            return self.scope.fence
+        return max(self.scope.fence, 2 * self.heartbeat(i))
+
+    # ------------------------------------------------------------ numbers
+
+    def inc(self, number: int) -> int:
+        """``number + 1`` in Lua doubles: at the model's ``2**53`` it stays put."""
+        return min(number + 1, self.scope.top)
+
+    def fence_only(self, world: World) -> int:
+        """The fence of the fence-only hash as a reader takes it (0: none, or malformed)."""
+        return world.fenced if world.fenced <= self.max_number else 0
+
+    def number(self, world: World, floor: int) -> int:
+        """The generation number ``begin_generation`` returns (and stores as fence, begun)."""
+        stored = world.stored
+        candidates = [world.clock]
+        if stored is not None:
+            candidates += [self.inc(stored.gen), self.inc(stored.fence)]
+            begun = stored.begun
+        else:
+            candidates.append(self.inc(self.fence_only(world)))
+            begun = self.fence_only(world)
+        if self.flags.generation_floor:
+            candidates += [self.inc(begun), self.inc(floor)]
+        return max(candidates)
+
+    def blind(self, world: World, run: str) -> bool:
+        """Truth, for ``Scope.excuse``: a begin of ``run`` now cannot see another run's live
+        chief because Redis lost its state (since that chief's last write), or lost the
+        state altogether."""
+        if not self.scope.excuse:
+            return False
+        if world.stored is None and not self.fence_only(world) and world.gens:
+            return True
+        return any(
+            spec.run != run and chief.forgotten and chief.status == "active"
+            for spec, chief in zip(self.scope.chiefs, world.chiefs, strict=True)
+        )
+
+    def excused(self, world: World, victim: str, gid: int) -> bool:
+        """Truth, for ``Scope.excuse``: the limit ``runs-while-redis-forgot`` (Redis lost the
+        state since the last accepted write of ``victim``'s live chief, or generation ``gid``
+        of the other run began finding no state because Redis had lost it)."""
+        if "runs-while-redis-forgot" not in self.scope.excuse:
+            return False
+        return world.gens[gid - 1].blind or any(
+            spec.run == victim and chief.forgotten
+            for spec, chief in zip(self.scope.chiefs, world.chiefs, strict=True)
+        )
+
+    def floor(self, world: World, i: int) -> int:
+        """The highest generation chief ``i``'s process knows of."""
+        process = self.scope.chiefs[i].process
+        if process is None:
+            return 0
+        return max(
+            chief.floor
+            for spec, chief in zip(self.scope.chiefs, world.chiefs, strict=True)
+            if spec.process == process
+        )
+
+    def learn(self, chief: Chief, i: int, *numbers: int) -> Chief:
+        """A reply showed ``numbers``: the floor of a tracked process rises."""
+        if not self.tracked[i]:
+            return chief
+        return chief._replace(floor=max(chief.floor, *numbers))
 
     # ------------------------------------------------------------ truth
 
     def newest(self, world: World, run: str) -> int:
         return max((n for n, gen in enumerate(world.gens, 1) if gen.run == run), default=0)
 
-    def handed(self, world: World, gen: int) -> int:
-        info = world.gens[gen - 1]
+    def handed(self, world: World, gid: int) -> int:
+        info = world.gens[gid - 1]
         return info.step if info.chief < 0 else world.chiefs[info.chief].step
 
-    def legit(self, world: World, gen: int, step: int) -> bool:
-        info = world.gens[gen - 1]
+    def legit(self, world: World, gid: int, step: int) -> bool:
+        info = world.gens[gid - 1]
         return (
-            gen == self.newest(world, info.run)
+            gid == self.newest(world, info.run)
             and not info.reset_ended
-            and step <= self.handed(world, gen)
+            and step <= self.handed(world, gid)
         )
 
     def owed(self, world: World, j: int) -> bool:
@@ -444,44 +676,65 @@ class Model:
             return False
         if waiter.reset_during and world.token:
             return True
-        gen = self.newest(world, spec.run)
-        if gen == 0:
+        gid = self.newest(world, spec.run)
+        if gid == 0:
             return False
-        info, stored = world.gens[gen - 1], world.stored
-        knows = self.scope.run_id(spec.run) != "" or waiter.heard_final
+        info, stored = world.gens[gid - 1], world.stored
+        final = stored is not None and stored.origin == gid and stored.gen == info.number
+        # a final fact it can know of: its run id, heard happen, or the grace (no newer
+        # begin on record)
+        knows = final and (
+            self.scope.run_id(spec.run) != ""
+            or waiter.heard_final
+            or (stored is not None and max(stored.begun, stored.fence) <= stored.gen)
+        )
         if info.chief < 0:
-            knows = knows or self.scope.pin_owed_to_all
-            return stored is not None and stored.gen == gen and info.step >= spec.target and knows
+            return knows and info.step >= spec.target
         chief = world.chiefs[info.chief]
+        if chief.gid != gid:
+            return False
         if chief.status == "active" and not info.reset_ended:
             return not chief.paused and chief.wrote and chief.step >= spec.target
         if chief.status == "done":
-            return stored is not None and stored.gen == gen and stored.done and knows
+            return knows and stored is not None and stored.done and stored.vouch
         return False
 
-    def dead(self, world: World, gen: int) -> bool:
-        """Truth: the chief of ``gen`` crashed (its restart may go back to a checkpoint)."""
-        chief = world.gens[gen - 1].chief
+    def dead(self, world: World, gid: int) -> bool:
+        """Truth: the chief of ``gid`` crashed (its restart may go back to a checkpoint)."""
+        chief = world.gens[gid - 1].chief
         return chief >= 0 and world.chiefs[chief].status == "crashed"
 
     def check_release(self, world: World, j: int, state: Stored) -> Violation | None:
         spec = self.scope.waiters[j]
         final = state.pinned or state.done
-        seen_live = final or j in state.witnesses or not self.dead(world, state.gen)
+        seen_live = final or j in state.witnesses or not self.dead(world, state.origin)
         if state.run == spec.run and state.step >= spec.target and state.legit and seen_live:
             return None
         why = []
         if state.run != spec.run:
             why.append(f"the state is run {state.run}'s")
         if not state.legit:
-            info = world.gens[state.gen - 1]
+            info = world.gens[state.origin - 1]
+            newest = self.newest(world, info.run)
             if info.reset_ended:
                 why.append(f"generation {state.gen} was reset")
+            elif info.number != state.gen:
+                why.append(
+                    f"its step was written by a participant of generation {info.number} of run "
+                    f"{info.run}, older than the newest, {world.gens[newest - 1].number}, which "
+                    f"has handed over step {self.handed(world, newest)}"
+                )
+            elif newest != state.origin and world.gens[newest - 1].number == state.gen:
+                why.append(
+                    f"it was written by an older begin of run {info.run} that got the same "
+                    f"generation number {state.gen} as the newest one, which has handed over "
+                    f"step {self.handed(world, newest)}"
+                )
             else:
                 why.append(
                     f"the newest generation of run {info.run} is "
-                    f"{self.newest(world, info.run)}, which has handed over step "
-                    f"{self.handed(world, self.newest(world, info.run))}"
+                    f"{world.gens[newest - 1].number}, which has handed over step "
+                    f"{self.handed(world, newest)}"
                 )
         if not seen_live:
             why.append(
@@ -514,13 +767,14 @@ class Model:
 
     def live_chief_of(self, world: World, run: str) -> str | None:
         """Truth: a chief of ``run`` that wrote within its last heartbeat."""
-        for spec, chief in zip(self.scope.chiefs, world.chiefs, strict=True):
+        for i, (spec, chief) in enumerate(zip(self.scope.chiefs, world.chiefs, strict=True)):
             if (
                 spec.run == run
                 and chief.status == "active"
+                and not chief.overtaken
                 and not chief.paused
                 and chief.wrote
-                and chief.since_accepted <= self.scope.heartbeat
+                and chief.since_accepted <= self.heartbeat(i)
             ):
                 return spec.name
         return None
@@ -577,19 +831,49 @@ class Model:
 
     # ------------------------------------------------------------ time
 
+    def may_begin(self, world: World, i: int) -> bool:
+        spec = self.scope.chiefs[i]
+        if spec.after is not None and world.chiefs[self.chief_index[spec.after]].status == "idle":
+            return False
+        if (
+            spec.after_done is not None
+            and world.chiefs[self.chief_index[spec.after_done]].status != "done"
+        ):
+            return False
+        if spec.after_waiter is not None:
+            return world.waiters[self.waiter_index[spec.after_waiter]].phase != "idle"
+        return True
+
+    def begin_counts(self, world: World, i: int) -> bool:
+        """The delay of a rerun's chief, or of a restart, runs (``since_begin`` counts it)."""
+        spec, chief = self.scope.chiefs[i], world.chiefs[i]
+        if chief.status != "idle" or not self.may_begin(world, i):
+            return False
+        if spec.after_waiter is not None:
+            return True
+        if spec.restarts and spec.after is not None:
+            return chief.since_begin > 0 or world.chiefs[self.chief_index[spec.after]].paused
+        return False
+
+    def begin_due(self, world: World, i: int) -> bool:
+        """A rerun's chief, or a restart, whose delay is over: it begins now."""
+        spec = self.scope.chiefs[i]
+        return self.begin_counts(world, i) and world.chiefs[i].since_begin >= spec.begin_within
+
     def due(self, world: World) -> bool:
         """Somebody owes an action now: time may not pass."""
-        heartbeat = self.scope.heartbeat
-        for chief in world.chiefs:
+        for i, chief in enumerate(world.chiefs):
             if chief.paused:
                 continue
             if (
                 chief.status == "active"
-                and chief.since_write >= heartbeat
+                and chief.since_write >= self.heartbeat(i)
                 and not (chief.final and chief.probation)
             ):
                 return True
             if chief.status == "begun" or (chief.status == "watching" and not chief.watch_left):
+                return True
+            if self.begin_due(world, i):
                 return True
         return any(
             waiting(w) and not w.paused and w.since_read >= self.scope.fallback
@@ -601,26 +885,28 @@ class Model:
         if world.tick >= scope.max_ticks or self.due(world):
             return
         chiefs = []
-        for chief in world.chiefs:
-            since_write = min(chief.since_write + 1, scope.heartbeat)
+        for i, chief in enumerate(world.chiefs):
+            heartbeat, spec = self.heartbeat(i), scope.chiefs[i]
+            since_write = min(chief.since_write + 1, heartbeat)
             probation = chief.probation
             if probation:
                 probation -= 1
                 if probation == 0:
-                    since_write = scope.heartbeat  # the end of probation is a write at once
+                    since_write = heartbeat  # the end of probation is a write at once
+            since_begin = chief.since_begin
+            if chief.status == "begun":
+                since_begin = min(since_begin + 1, self.fence_of(i))
+            elif self.begin_counts(world, i):
+                since_begin = min(since_begin + 1, spec.begin_within)
             chiefs.append(
                 chief._replace(
                     since_write=since_write,
                     probation=probation,
-                    since_begin=(
-                        min(chief.since_begin + 1, scope.fence)
-                        if chief.status == "begun"
-                        else chief.since_begin
-                    ),
+                    since_begin=since_begin,
                     watch_left=max(chief.watch_left - 1, 0),
                     began_this_tick=False,
                     since_accepted=(
-                        min(chief.since_accepted + 1, scope.heartbeat + 1) if self.two_runs else 0
+                        min(chief.since_accepted + 1, heartbeat + 1) if self.two_runs else 0
                     ),
                 )
             )
@@ -634,7 +920,9 @@ class Model:
             contributor=world.contributor._replace(wrote=False),
             waiters=tuple(
                 w._replace(
-                    since_read=min(w.since_read + 1, scope.fallback), first_read_this_tick=False
+                    since_read=min(w.since_read + 1, scope.fallback),
+                    first_read_this_tick=False,
+                    grace_for=min(w.grace_for + 1, self.grace) if w.grace_mark else 0,
                 )
                 for w in world.waiters
             ),
@@ -661,7 +949,7 @@ class Model:
         spec, chief = self.scope.chiefs[i], world.chiefs[i]
         name = spec.name
         if chief.status == "idle":
-            if spec.after is None or world.chiefs[self.chief_index[spec.after]].status != "idle":
+            if self.may_begin(world, i):
                 for after, text, violation in self.begin(world, i):
                     yield after._replace(quiet=False), text, violation
                     if (
@@ -691,6 +979,9 @@ class Model:
 
     def chief_actions(self, world: World, i: int) -> Iterator[Outcome]:
         spec, chief = self.scope.chiefs[i], world.chiefs[i]
+        if self.begin_due(world, i):
+            yield from self.begin(world, i)  # its delay is over: it begins now
+            return
         if chief.status == "idle" or chief.status in ENDED or chief.paused:
             return
         if chief.status == "watching":
@@ -715,22 +1006,38 @@ class Model:
                     yield from self.write(moved, i, done=True)
 
     def begin(self, world: World, i: int) -> Iterator[Outcome]:
-        spec = self.scope.chiefs[i]
-        gen = len(world.gens) + 1
-        world = world._replace(gens=(*world.gens, Gen(spec.run, i, 0, False)))
+        spec, chief = self.scope.chiefs[i], world.chiefs[i]
+        if self.flags.fence_job_wide and self.heartbeat(i) >= self.scope.fence:
+            text = f"{spec.name} refuses to start: its heartbeat is above FENCE / 3"
+            yield self._chief(world, i, chief._replace(status="refused")), text, None
+            return
+        floor = self.floor(world, i)
+        gen = self.number(world, floor)
+        if gen > self.max_number:
+            text = f"{spec.name}'s begin would need generation {gen}, above MAX_STEP: refused"
+            yield self._chief(world, i, chief._replace(status="refused")), text, None
+            return
+        stored = world.stored
+        seen = 0 if stored is None else stored.gen
+        world = world._replace(
+            gens=(*world.gens, Gen(spec.run, i, 0, False, gen, self.blind(world, spec.run))),
+            clock=self.inc(world.clock),
+        )
         chief = Chief(
             status="active",
+            gid=len(world.gens),
             gen=gen,
             step=spec.first_step,
-            since_write=self.scope.heartbeat,
+            since_write=self.heartbeat(i),
             reset_seen=world.token,
             began_this_tick=self.same_ms,
-            since_accepted=self.scope.heartbeat + 1 if self.two_runs else 0,
+            since_accepted=self.heartbeat(i) + 1 if self.two_runs else 0,
+            floor=chief.floor,
         )
+        chief = self.learn(chief, i, gen, seen)
         label = f"{spec.name} begins generation {gen} at step {spec.first_step}"
-        world, note = self.fence_at_begin(world, i, gen)
+        world, note = self.record_begin(world, i, gen)
         label += note
-        stored = world.stored
         if (
             self.flags.runs_kept_apart
             and stored is not None
@@ -738,7 +1045,7 @@ class Model:
             and not stored.done
         ):
             chief = chief._replace(
-                status="watching", watch_left=self.scope.fence, watch_mark=mark(stored)
+                status="watching", watch_left=self.fence_of(i), watch_mark=mark(stored)
             )
             label += f", finds another run's state (generation {stored.gen}) and watches it"
             yield self._chief(world, i, chief), label, None
@@ -749,20 +1056,25 @@ class Model:
         for after, text, violation in self.write(self._chief(world, i, chief), i, done=False):
             yield after, f"{label}; {text}", violation
 
-    def fence_at_begin(self, world: World, i: int, gen: int) -> tuple[World, str]:
-        """What ``begin_generation`` records: the fence of its own run's state, or, finding
-        no valid state, a hash of the fence alone."""
+    def record_begin(self, world: World, i: int, gen: int) -> tuple[World, str]:
+        """What ``begin_generation`` records: ``begun`` on any state (v3), the fence of its
+        own run's state, or, finding no valid state, a hash of the fence (and begun) alone."""
         stored = world.stored
         if stored is None:
             if self.flags.begin_fences_empty_job:
                 note = f" (no state: leaves the fence of generation {gen})"
                 return world._replace(fenced=gen), note
             return world, ""
+        notes = []
         if self.flags.begin_fences and stored.run_id == self.scope.run_id(self.scope.chiefs[i].run):
             # it fences its own run's state (another run's is watched, not fenced)
-            world = world._replace(stored=stored._replace(fence=gen))
-            return world, f" (fences generation {stored.gen})"
-        return world, ""
+            stored = stored._replace(fence=gen)
+            notes.append(f"fences generation {stored.gen}")
+        if self.flags.probation_unless_begun:
+            stored = stored._replace(begun=gen)
+            notes.append("records its begin")
+        note = f" ({', '.join(notes)})" if notes else ""
+        return world._replace(stored=stored), note
 
     def decide(self, world: World, i: int) -> Iterator[Outcome]:
         spec, chief = self.scope.chiefs[i], world.chiefs[i]
@@ -776,12 +1088,25 @@ class Model:
             text = f"{spec.name} sees the other run's state change: refuses (conflict)"
             yield self._chief(world, i, chief._replace(status="conflict")), text, None
             return
-        # the watch's end is a second begin_generation: the generation begins now (its
-        # number is the one it got; the other run's state is not fenced, no state is)
-        world, _ = self.fence_at_begin(world, i, chief.gen)
-        world = self._chief(world, i, chief._replace(status="active", since_begin=0))
+        # the watch's end is a second begin_generation: the generation it then gets is
+        # the one it writes (the other run's state is not fenced, no state is)
+        floor = max(self.floor(world, i), chief.gen)
+        gen = self.number(world, floor if self.flags.generation_floor else 0)
+        if gen > self.max_number:
+            text = f"{spec.name}'s begin would need generation {gen}, above MAX_STEP: refused"
+            yield self._chief(world, i, chief._replace(status="refused")), text, None
+            return
+        world = world._replace(
+            gens=(*world.gens, Gen(spec.run, i, 0, False, gen, self.blind(world, spec.run))),
+            clock=self.inc(world.clock),
+        )
+        world, note = self.record_begin(world, i, gen)
+        chief = chief._replace(status="active", gid=len(world.gens), gen=gen, since_begin=0)
+        chief = self.learn(chief, i, gen, 0 if stored is None else stored.gen)
+        world = self._chief(world, i, chief)
+        label = f"{spec.name}'s watch ends quiet: begins generation {gen}{note}"
         for after, text, violation in self.write(world, i, done=False):
-            yield after, f"{spec.name}'s watch ends quiet; {text}", violation
+            yield after, f"{label}; {text}", violation
 
     def reset_refuses(self, world: World, name: str, seen: int) -> bool:
         if not world.token:
@@ -792,73 +1117,162 @@ class Model:
         return world.token > seen and name not in world.same_tick
 
     def write(self, world: World, i: int, *, done: bool) -> Iterator[Outcome]:
-        spec, chief = self.scope.chiefs[i], world.chiefs[i]
-        name, run_id = spec.name, self.scope.run_id(spec.run)
+        flags, spec, chief = self.flags, self.scope.chiefs[i], world.chiefs[i]
+        name, run_id, fence_i = spec.name, self.scope.run_id(spec.run), self.fence_of(i)
         what = f"{name} writes step {chief.step}" + (" as final (done)" if done else "")
         if self.reset_refuses(world, name, chief.reset_seen):
             yield self._chief(world, i, chief._replace(status="reset")), f"{what}: WAS_RESET", None
             return
         stored = world.stored
-        # the first write of a generation just begun (on its own clock): if it finds no
-        # state, it is the newest generation's, and needs no probation
-        first = not chief.wrote and chief.since_begin < self.scope.fence
-        chief = chief._replace(status="active", since_write=0)
-        fence = world.fenced if stored is None else stored.fence if self.flags.begin_fences else 0
+        # v2: the first write of a generation just begun (on its own clock), whose reply
+        # it has not had: if it finds no state, it needs no probation
+        first = not chief.acked and chief.since_begin < fence_i
+        fence = (
+            self.fence_only(world) if stored is None else stored.fence if flags.begin_fences else 0
+        )
         newer = max(0 if stored is None else stored.gen, fence)
         if newer > chief.gen:
-            info = world.gens[newer - 1]
-            violation = None
-            if info.run != spec.run and info.chief >= 0 and self.live_chief_of(world, spec.run):
-                violation = Violation(
-                    "runs kept apart",
-                    f"{name} of run {spec.run}, live, is superseded by run {info.run}'s "
-                    f"generation {newer}",
-                )
-            superseded = self._chief(world, i, chief._replace(status="superseded"))
+            # who supersedes it: the stored generation, or the begin that left the fence
             by = (
+                stored.origin
+                if stored is not None and newer == stored.gen
+                else max((n for n, g in enumerate(world.gens, 1) if g.number == newer), default=0)
+            )
+            violation = None
+            if by:
+                info = world.gens[by - 1]
+                if (
+                    info.run != spec.run
+                    and info.chief >= 0
+                    and self.live_chief_of(world, spec.run)
+                    and not self.excused(world, spec.run, by)
+                ):
+                    violation = Violation(
+                        "runs kept apart",
+                        f"{name} of run {spec.run}, live, is superseded by run {info.run}'s "
+                        f"generation {newer}",
+                    )
+            superseded = self.learn(chief._replace(status="superseded"), i, newer)
+            how = (
                 "generation"
                 if stored is not None and newer == stored.gen
                 else "the fence of generation"
             )
-            yield superseded, f"{what}: SUPERSEDED by {by} {newer}", violation
+            text = f"{what}: SUPERSEDED by {how} {newer}"
+            yield self._chief(world, i, superseded), text, violation
             return
         violation = None
         note = ""
-        if stored is None or stored.gen < chief.gen:
+        made = stored is None or stored.gen < chief.gen
+        on_probation = False
+        if made:
+            begun = self.fence_only(world) if stored is None else stored.begun
+            if not flags.probation:
+                on_probation = False
+            elif flags.probation_unless_begun:
+                on_probation = begun != chief.gen
+            else:
+                on_probation = stored is None and not first
             if stored is None:
-                if first:
-                    note = "; created it (its generation's first write: no probation)"
-                elif self.flags.probation:
-                    chief = chief._replace(probation=self.scope.fence)
-                    note = f"; created it: on probation for {self.scope.fence} ticks"
-                else:
-                    note = "; created it"
+                note = "; created it"
             else:
                 note = f"; replaces generation {stored.gen}"
                 other = self.live_chief_of(world, stored.run)
-                if stored.run != spec.run and not stored.pinned and other is not None:
+                if (
+                    stored.run != spec.run
+                    and not stored.pinned
+                    and other is not None
+                    and not self.excused(world, stored.run, chief.gid)
+                ):
                     violation = Violation(
                         "runs kept apart",
                         f"{name} of run {spec.run} took the job over from {other} of run "
                         f"{stored.run}, which is live",
                     )
+            if on_probation:
+                note += " on probation"
+            elif flags.probation_unless_begun:
+                note += " (its begin on record: no probation)"
+            elif stored is None and first:
+                note += " (its generation's first write: no probation)"
+            if stored is not None and stored.run != spec.run:
+                world = world._replace(
+                    chiefs=tuple(
+                        c._replace(overtaken=True) if s.run == stored.run else c
+                        for s, c in zip(self.scope.chiefs, world.chiefs, strict=True)
+                    )
+                )
             beat = self.made_beat(world, chief.gen)
-            new = Stored(run_id, chief.gen, chief.step, done, beat, False, False)
+            new = Stored(
+                run_id,
+                chief.gen,
+                chief.step,
+                done,
+                beat,
+                False,
+                False,
+                probation=beat if on_probation and flags.probation_in_redis else 0,
+                origin=chief.gid,
+            )
             world = world._replace(fenced=0)  # the write replaces the whole hash
         else:
+            assert stored is not None
             new = stored._replace(
-                step=max(stored.step, chief.step), done=stored.done or done, beat=stored.beat + 1
+                step=max(stored.step, chief.step),
+                done=stored.done or done,
+                beat=stored.beat + 1,
+                origin=chief.gid,
             )
-        new = new._replace(vouch=chief.probation == 0)
-        chief = chief._replace(wrote=True, since_accepted=0, since_begin=self.scope.fence)
-        if done and chief.probation:
-            chief = chief._replace(final=True)  # waits its probation out, writes again
+            if new.probation and chief.serving == new.probation and chief.probation == 0:
+                new = new._replace(probation=0)
+                note = f"; served probation {chief.serving}: cleared"
+        # the writer vouches out of probation as it knows it; Redis stores vouch=0 while
+        # the state is on probation (v3), or in the call that created it (v2)
+        vouch = chief.probation == 0 and not new.probation and not on_probation
+        new = new._replace(vouch=vouch)
+        # the chief as its reply leaves it
+        answered = chief._replace(
+            status="active",
+            forgotten=False,
+            since_write=0,
+            wrote=True,
+            acked=True,
+            since_accepted=0,
+            since_begin=fence_i,
+        )
+        answered = self.learn(answered, i, new.gen)
+        if flags.probation_in_redis:
+            if not new.probation:
+                answered = answered._replace(serving=0, probation=0)
+            elif new.probation != chief.serving:
+                # a probation id it has not counted for: FENCE from this reply
+                answered = answered._replace(serving=new.probation, probation=fence_i)
+        elif on_probation:
+            answered = answered._replace(probation=fence_i)
+        if done and answered.probation:
+            answered = answered._replace(final=True)  # waits its probation out, writes again
         elif done:
-            chief = chief._replace(status="done", final=False)
-        world = self._chief(world, i, chief)
+            answered = answered._replace(status="done", final=False)
+        # the chief whose reply is lost: it knows nothing new, and retries at once
+        unanswered = chief._replace(
+            status="active",
+            forgotten=False,
+            wrote=True,
+            since_accepted=0,
+            since_write=self.heartbeat(i),
+        )
         text = f"{what}: {new.describe()} accepted{note}"
-        for after, heard, later in self.store(world, new):
+        may_lose = world.budget.lose_replies > 0
+        for after, heard, later in self.store(self._chief(world, i, answered), new):
             yield after, text + heard, _first(violation, later)
+            if may_lose:
+                lost = self._chief(after, i, unanswered)
+                budget = lost.budget._replace(lose_replies=lost.budget.lose_replies - 1)
+                yield (
+                    lost._replace(budget=budget),
+                    f"{text}{heard}; its reply to {name} is lost",
+                    _first(violation, later),
+                )
 
     # ------------------------------------------------------------ the contributor
 
@@ -886,8 +1300,8 @@ class Model:
             yield world._replace(contributor=mine._replace(status="stopped")), text, None
             return
         if mine.status == "idle":
-            step = self.handed(world, stored.gen)
-            joined = mine._replace(status="joined", gen=stored.gen, step=step)
+            step = self.handed(world, stored.origin)
+            joined = mine._replace(status="joined", gen=stored.gen, gid=stored.origin, step=step)
             text = f"the contributor joins generation {stored.gen} at step {step}"
             yield world._replace(contributor=joined), text, None
             return
@@ -897,8 +1311,10 @@ class Model:
                 yield world._replace(contributor=mine._replace(status="stopped")), text, None
                 return
             mine = mine._replace(gen=stored.gen)  # rejoins: the defect
-        vouch = stored.vouch if self.flags.contributor_keeps_probation else True
-        new = stored._replace(step=max(stored.step, mine.step), beat=stored.beat + 1, vouch=vouch)
+        new = stored._replace(step=max(stored.step, mine.step), beat=stored.beat + 1)
+        if not self.flags.contributor_keeps_probation:
+            new = new._replace(vouch=True, probation=0)
+        new = new._replace(origin=mine.gid)
         world = world._replace(contributor=mine._replace(wrote=True))
         text = f"the contributor writes step {mine.step}: {new.describe()} accepted"
         for after, heard, violation in self.store(world, new):
@@ -910,8 +1326,8 @@ class Model:
         """The write of ``state`` (truth filled in) and its announcement to every waiter."""
         state = state._replace(
             age=0,
-            run=world.gens[state.gen - 1].run,
-            legit=self.legit(world, state.gen, state.step),
+            run=world.gens[state.origin - 1].run,
+            legit=self.legit(world, state.origin, state.step),
             witnesses=frozenset(j for j, w in enumerate(world.waiters) if waiting(w)),
         )
         yield from self.announce(world._replace(stored=state), state)
@@ -920,9 +1336,10 @@ class Model:
         """The beat a write that (re)makes the state of ``gen`` stores: the Redis clock, in
         the code TIME in microseconds (- 1, + the write's 1), above every beat stored before
         (a write takes a microsecond at least). Only the order of a generation's beats
-        decides anything (marks compare the generation first), so the model takes the least
-        value above every beat of ``gen`` that anyone still holds: a state, the replica's,
-        an announcement in an inbox, a waiter's or a watch's mark."""
+        decides anything (marks compare the generation first; a probation id is compared
+        for equality), so the model takes the least value above every beat of ``gen`` that
+        anyone still holds: a state, the replica's, an announcement in an inbox, a waiter's,
+        a watch's or a chief's probation id."""
         if not self.flags.beat_from_clock:
             return 1
         return max((beat for of, beat in self.marks(world) if of == gen), default=0) + 1
@@ -932,10 +1349,18 @@ class Model:
         for state in (world.stored, world.replica):
             if state is not None:
                 yield mark(state)
+                if state.probation:
+                    yield (state.gen, state.probation)
         for waiter in world.waiters:
-            yield from (m for m in (waiter.prev_read, waiter.live_mark) if m is not None)
+            for m in (waiter.prev_read, waiter.live_mark, waiter.grace_mark):
+                if m is not None:
+                    yield m
             yield from (mark(m) for m in waiter.inbox if m is not None)
-        yield from (c.watch_mark for c in world.chiefs if c.watch_mark is not None)
+        for chief in world.chiefs:
+            if chief.watch_mark is not None:
+                yield chief.watch_mark
+            if chief.serving:
+                yield (chief.gen, chief.serving)
 
     def announce(self, world: World, message: Msg) -> Iterator[Outcome]:
         outcomes: list[Outcome] = [(world, "", None)]
@@ -981,6 +1406,11 @@ class Model:
         spec, waiter = self.scope.waiters[j], world.waiters[j]
         name = spec.name
         if waiter.phase == "idle":
+            if (
+                spec.after_done is not None
+                and world.chiefs[self.chief_index[spec.after_done]].status != "done"
+            ):
+                return
             started = waiter._replace(phase="subscribed", since_read=self.scope.fallback)
             text = f"{name} (target {spec.target}) starts waiting: subscribes (confirmed)"
             yield self._waiter(world, j, started), text, None
@@ -1035,6 +1465,8 @@ class Model:
         violation = None
         if stored is not None:
             world, text, violation = self.consider(world, j, stored, "read", first, text)
+        elif waiter.grace_mark is not None:
+            world = self._waiter(world, j, waiter._replace(grace_mark=None, grace_for=0))
         # what it buffered before its first read, in order
         while first and waiting(world.waiters[j]) and world.waiters[j].inbox:
             waiter = world.waiters[j]
@@ -1073,6 +1505,8 @@ class Model:
         flags, spec, waiter = self.flags, self.scope.waiters[j], world.waiters[j]
         run_id = self.scope.run_id(spec.run)
         if state.run_id != run_id or state.gen < waiter.max_gen:
+            if via == "read" and waiter.grace_mark is not None:
+                world = self._waiter(world, j, waiter._replace(grace_mark=None, grace_for=0))
             return world, text, None  # another run's, or older than what it read
         key = mark(state)
         live_mark = waiter.live_mark
@@ -1099,16 +1533,32 @@ class Model:
                 live_mark = observed(key)  # the defects: a first read taken for an observation
             waiter = waiter._replace(prev_read=key, max_gen=state.gen)
             live = live_mark is not None and key >= live_mark
+        own = run_id != "" and state.run_id == run_id
+        graced = False
+        if via == "read" and flags.grace:
+            # the grace: an unobserved final fact of its run, read unchanged for GRACE with
+            # no newer begin on record
+            final = (state.done and state.vouch) or (state.pinned and not state.done)
+            if not final or live or own:
+                waiter = waiter._replace(grace_mark=None, grace_for=0)
+            elif max(state.begun, state.fence) > state.gen:
+                waiter = waiter._replace(grace_mark=None, grace_for=0)
+                text += " (a newer begin is on record: no grace)"
+            elif waiter.grace_mark == key:
+                graced = waiter.grace_for >= self.grace
+                if graced:
+                    text += f" (unchanged for {self.grace} ticks: trusted)"
+            else:
+                waiter = waiter._replace(grace_mark=key, grace_for=0)
         waiter = waiter._replace(live_mark=live_mark)
         world = self._waiter(world, j, waiter)
-        own = run_id != "" and state.run_id == run_id
         if flags.done_needs_observation_or_run_id:
-            final_trusted = live or own
+            final_trusted = live or own or graced
         else:
-            final_trusted = own or state.gen != waiter.done_at_start
+            final_trusted = own or state.gen != waiter.done_at_start or graced
         if state.step >= spec.target:
             if state.pinned and not state.done:
-                released = live or own  # an operator's pin: a final fact of its run
+                released = live or own or graced  # an operator's pin: a final fact of its run
             elif state.done:
                 released = final_trusted and state.vouch
             else:
@@ -1130,7 +1580,9 @@ class Model:
             violation = self.check_abort(world, j, how, state)
             text = f"{text}: ABORTED ({how})"
             phase = "aborted"
-        waiter = world.waiters[j]._replace(phase=phase, inbox=(), owed=0)
+        waiter = world.waiters[j]._replace(
+            phase=phase, inbox=(), owed=0, grace_mark=None, grace_for=0
+        )
         return self._waiter(world, j, waiter), text, violation
 
     # ------------------------------------------------------------ operators
@@ -1139,10 +1591,13 @@ class Model:
         budget = world.budget
         operator = self.scope.operator
         if operator is not None and budget.publishes:
-            gen = len(world.gens) + 1
+            gen = self.number(world, 0)
+            if gen > self.max_number:
+                return
             world = world._replace(
-                gens=(*world.gens, Gen(operator.run, -1, operator.step, False)),
+                gens=(*world.gens, Gen(operator.run, -1, operator.step, False, gen)),
                 budget=budget._replace(publishes=0),
+                clock=self.inc(world.clock),
             )
             new = Stored(
                 self.scope.run_id(operator.run),
@@ -1152,6 +1607,7 @@ class Model:
                 self.made_beat(world, gen),
                 True,
                 self.flags.operator_pin,
+                origin=len(world.gens),
             )
             world = world._replace(fenced=0)
             text = f"an operator publishes step {operator.step}: {new.describe()}"
@@ -1193,13 +1649,15 @@ class Model:
         budget = world.budget
         restart = tuple(w._replace(owed=0) for w in world.waiters)  # the bound starts again
         if budget.lose_state and (world.stored is not None or world.fenced):
+            what = "the state" if world.stored is not None else "the fence-only hash"
             lost = world._replace(
+                chiefs=self.forget(world),
                 stored=None,
                 fenced=0,
                 budget=budget._replace(lose_state=budget.lose_state - 1),
                 waiters=restart,
             )
-            yield lost, "Redis loses the state (restarted empty, evicted, expired)", None
+            yield lost, f"Redis loses {what} (restarted empty, evicted, expired)", None
         if budget.lose_token and world.token:
             lost = world._replace(token=0, budget=budget._replace(lose_token=budget.lose_token - 1))
             yield lost, "Redis loses the reset token", None
@@ -1216,6 +1674,27 @@ class Model:
                 waiters=restart,
             )
             yield back, "Redis fails over to its lagging replica", None
+        after = self.scope.clock_back_after
+        if (
+            budget.clock_back
+            and world.gens
+            and (after is None or world.chiefs[self.chief_index[after]].status != "idle")
+        ):
+            back = world._replace(
+                chiefs=self.forget(world),
+                stored=None,
+                fenced=0,
+                clock=1,
+                budget=budget._replace(clock_back=budget.clock_back - 1),
+                waiters=restart,
+            )
+            yield back, "Redis fails over to an empty server whose clock is behind", None
+
+    def forget(self, world: World) -> tuple[Chief, ...]:
+        """Truth, for ``Scope.excuse``: Redis lost every chief's state."""
+        if not self.scope.excuse:
+            return world.chiefs
+        return tuple(c._replace(forgotten=c.status == "active") for c in world.chiefs)
 
 
 def waiting(waiter: Waiter) -> bool:
@@ -1230,16 +1709,17 @@ def mark(state: Stored) -> Mark:
 
 
 def explore(
-    flags: Flags | None = None, scope: Scope | None = None, *, limit: int = 1_500_000
+    flags: Flags | None = None, scope: Scope | None = None, *, limit: int = 3_000_000
 ) -> Result:
     """Every state reachable in ``scope`` under ``flags``, breadth first.
 
     Stops at the first violation, which is then one of the shortest (in events);
-    its trace lists the events from the initial state.
+    its trace lists the events from the initial state. Each state keeps only its
+    parent: a trace's labels are found again from the parents when one is needed.
     """
     model = Model(flags or Flags(), scope or ZOMBIE)
     start = model.initial()
-    parent: dict[World, tuple[World, str] | None] = {start: None}
+    parent: dict[World, World | None] = {start: None}
     queue: deque[World] = deque([start])
     worst = stuck = 0
     while queue:
@@ -1248,21 +1728,29 @@ def explore(
             stuck += 1
         for label, after, violation in model.successors(world):
             if violation is not None:
-                trace = [label]
-                at = world
-                while (link := parent[at]) is not None:
-                    at, event = link
-                    trace.append(event)
-                found = violation._replace(trace=tuple(reversed(trace)))
+                found = violation._replace(trace=(*trace(model, parent, world), label))
                 return Result(len(parent), found, worst, stuck)
             if after in parent:
                 continue
-            parent[after] = (world, label)
-            worst = max([worst, *(w.owed for w in after.waiters)])
+            parent[after] = world
+            if after.waiters:
+                worst = max(worst, *(w.owed for w in after.waiters))
             queue.append(after)
         if len(parent) > limit:
             raise RuntimeError(f"more than {limit} states in scope {model.scope.name}")
     return Result(len(parent), None, worst, stuck)
+
+
+def trace(model: Model, parent: dict[World, World | None], world: World) -> tuple[str, ...]:
+    """The labels of the events from the initial state to ``world``."""
+    path = [world]
+    while (before := parent[path[-1]]) is not None:
+        path.append(before)
+    path.reverse()
+    return tuple(
+        next(label for label, after, _ in model.successors(before) if after == world)
+        for before, world in itertools.pairwise(path)
+    )
 
 
 # ---------------------------------------------------------------- scopes
@@ -1334,7 +1822,8 @@ DONE = Scope(
     waiters=(WaiterSpec("W1", "A", 2), WaiterSpec("W2", "A", 3)),
     max_ticks=8,
 )
-"""Run A (no run id) finishes at step 2: W1 (target 2) must be released, W2 (3) aborted."""
+"""Run A (no run id) finishes at step 2: W1 (target 2) must be released, W2 (3) aborted,
+whenever they arrive (after the finish, by the grace)."""
 
 RESET = Scope(
     name="reset",
@@ -1354,6 +1843,15 @@ PUBLISH = Scope(
 )
 """An operator publishes step 1 for run B (a run id); its chief may have crashed."""
 
+PIN_WITHOUT_RUN_ID = PUBLISH._replace(
+    name="pin-without-run-id",
+    chiefs=(ChiefSpec("A1", "A", 1, 1, may_crash=True),),
+    waiters=(WaiterSpec("W1", "A", 1), WaiterSpec("W2", "A", 1)),
+    operator=OperatorSpec("A", 1),
+)
+"""An operator publishes step 1 for run A (no run id): a waiter that arrives after the pin
+is released by the grace (v2's limit ``pin-without-run-id``, now a promise)."""
+
 LIVENESS = Scope(
     name="liveness",
     chiefs=(ChiefSpec("B1", "B", 1, 2, may_finish=True),),
@@ -1370,14 +1868,19 @@ LIVENESS_SHARP = LIVENESS._replace(name="liveness-sharp", lose_announcements=2, 
 """As LIVENESS, with two announcements lost (in a row: only then does a waiter need its
 fallback read) and no cut-off: the worst wait meets the bound exactly."""
 
-BEGIN = ZOMBIE._replace(name="begin", split_begin=True)
+BEGIN = ZOMBIE._replace(name="begin", split_begin=True, max_ticks=5)
 """As ZOMBIE, but a begin and its first write are two calls: A1 may write between A2's,
 and Redis may forget the state (and the fence) between them."""
 
-BEGIN_PAUSED = BEGIN._replace(name="begin-paused", pause_after_begin=True, lose_state=0)
+BEGIN_PAUSED = BEGIN._replace(name="begin-paused", pause_after_begin=True, max_ticks=4)
 """As BEGIN, and A1 may pause between its begin (on no state: the job is new) and its first
-write, while A2 begins; Redis forgets nothing (with a loss, see the limit
-``paused-first-write-after-redis-forgot``)."""
+write, while A2 begins, writes, and Redis forgets (v2's limit
+``paused-first-write-after-redis-forgot``: A1's first write now finds no ``begun`` of its
+own and is on probation)."""
+
+RUNS_SPLIT = RUNS._replace(name="runs-split", split_begin=True)
+"""As RUNS, but a begin and its first write are two calls: B1 may begin on no state while
+A1, begun on no state too, has not written yet."""
 
 BEAT = Scope(
     name="beat",
@@ -1402,6 +1905,102 @@ FINAL = ZOMBIE._replace(
 """As ZOMBIE (over five ticks), but A1 may finish: its final write may be the one that
 recreates the state Redis lost, after A2 superseded it; W1 waits for step 3, above it."""
 
+TWO_ZOMBIES = Scope(
+    name="two-zombies",
+    chiefs=(
+        ChiefSpec("A1", "A", 1, 1, may_pause=True),
+        ChiefSpec("A2", "A", 2, 2, after="A1", may_pause=True),
+        ChiefSpec("A3", "A", 1, 1, after="A2", restarts=True),
+    ),
+    waiters=(WaiterSpec("W1", "A", 2),),
+    lose_state=1,
+    pauses=2,
+    max_ticks=4,
+)
+"""Three generations of run A: A1 and A2 pause and come back zombies after Redis forgot A3's
+state; A2's write replaces A1's (a lower generation) at step 2, while A3, the newest, is at
+step 1 (issue 32, case 5). A3 begins as A2 pauses (a supervisor's restart), so that the
+newest generation is never cut off (the limit ``newest-cut-off``)."""
+
+LOST_REPLY = ZOMBIE._replace(name="lost-reply", lose_replies=1, max_ticks=4)
+"""As ZOMBIE, and a chief's write may be applied with its reply lost (issue 32, case 4)."""
+
+FENCE_HEARTBEAT = Scope(
+    name="fence-heartbeat",
+    chiefs=(
+        ChiefSpec("A1", "A", 2, 2, may_pause=True),
+        ChiefSpec("A2", "A", 1, 2, after="A1", heartbeat=3),
+    ),
+    waiters=(WaiterSpec("W1", "A", 2),),
+    lose_state=1,
+    pauses=1,
+    max_ticks=6,
+    bound=7,
+)
+"""As ZOMBIE, but A2, the newest, is configured with a heartbeat of three ticks, A1 with one
+(issue 32, case 8: a zombie with a 0.2 s heartbeat, a newest chief with a 4 s one)."""
+
+CLOCK = Scope(
+    name="clock",
+    chiefs=(
+        ChiefSpec("A1", "A", 2, 2, may_pause=True),
+        ChiefSpec("A2", "A", 1, 1, after="A1", process="P"),
+        ChiefSpec("A3", "A", 1, 2, after="A2", process="P"),
+    ),
+    waiters=(WaiterSpec("W1", "A", 2),),
+    clock_back=1,
+    clock_back_after="A2",
+    pauses=1,
+    max_ticks=4,
+)
+"""A1 pauses (a zombie); A2 and then A3 are two sessions of one process P; Redis fails over
+to an empty server whose clock is behind, between A2's begin and A3's (issue 32, case 6):
+A3's number must stay above A1's, which P saw."""
+
+NUMBERS = ZOMBIE._replace(name="numbers", lose_state=0, top=8, initial_fence=8)
+"""As ZOMBIE without a loss, on a job whose key holds a fence of ``2**53`` (the model's top,
+8), left by a broken or hostile client (issue 32, case 7)."""
+
+LATE = Scope(
+    name="late",
+    chiefs=(ChiefSpec("A1", "A", 1, 2, may_finish=True),),
+    waiters=(
+        WaiterSpec("W1", "A", 2, after_done="A1", may_pause=True),
+        WaiterSpec("W2", "A", 3, after_done="A1"),
+    ),
+    lose_announcements=1,
+    pauses=1,
+    max_ticks=8,
+)
+"""Run A (no run id) finishes at step 2; W1 (target 2) and W2 (3) are late workers that
+start waiting after it finished: released and aborted by the grace."""
+
+LATE_RUN_ID = LATE._replace(
+    name="late-run-id",
+    chiefs=(ChiefSpec("B1", "B", 1, 2, may_finish=True),),
+    waiters=(
+        WaiterSpec("W1", "B", 2, after_done="B1", may_pause=True),
+        WaiterSpec("W2", "B", 3, after_done="B1"),
+    ),
+)
+"""As LATE, for run B, which has a run id: the late workers trust the finished state by it."""
+
+RERUN = Scope(
+    name="rerun",
+    chiefs=(
+        ChiefSpec("A1", "A", 2, 2, may_finish=True),
+        ChiefSpec("C1", "C", 2, 2, after_done="A1", after_waiter="WC", begin_within=1),
+    ),
+    waiters=(WaiterSpec("WC", "C", 2, after_done="A1"),),
+    run_ids=(("A", ""), ("C", "")),
+    lose_announcements=1,
+    lose_replies=1,
+    max_ticks=7,
+)
+"""Run A (no run id) finishes at step 2; a rerun C of the job (no run id either) starts: its
+worker WC first, its chief C1 within a tick (shorter than the grace) of WC's start, on A's
+finished state."""
+
 SCOPES = (
     ZOMBIE,
     DEAD,
@@ -1411,12 +2010,149 @@ SCOPES = (
     DONE,
     RESET,
     PUBLISH,
+    PIN_WITHOUT_RUN_ID,
     LIVENESS,
     BEGIN,
     BEGIN_PAUSED,
+    RUNS_SPLIT,
     BEAT,
     FINAL,
+    TWO_ZOMBIES,
+    LOST_REPLY,
+    FENCE_HEARTBEAT,
+    CLOCK,
+    NUMBERS,
+    LATE,
+    LATE_RUN_ID,
+    RERUN,
 )
+"""The bounded scopes (CI: tests/model)."""
+
+# the large scopes (``make model``: python -m tests.model.explore --large)
+
+LARGE_GENERATIONS = Scope(
+    name="large-generations",
+    chiefs=(
+        ChiefSpec("A1", "A", 1, 1, may_pause=True),
+        ChiefSpec("A2", "A", 2, 2, after="A1", may_pause=True),
+        ChiefSpec("A3", "A", 1, 2, after="A2", restarts=True),
+        ChiefSpec("B1", "B", 1, 1, after="A1"),
+    ),
+    waiters=(WaiterSpec("W1", "A", 2),),
+    lose_state=1,
+    lose_replies=1,
+    pauses=2,
+    max_ticks=4,
+    excuse=("runs-while-redis-forgot",),
+)
+"""Three chief generations of run A (two of them may come back zombies; A3 begins as A2
+pauses) beside run B's chief; Redis forgets once, a reply is lost (a take-over
+between the runs while Redis has lost the live one's state is the limit
+``runs-while-redis-forgot``, not counted)."""
+
+LARGE_SPLIT = Scope(
+    name="large-split",
+    chiefs=(
+        ChiefSpec("A1", "A", 1, 1, may_pause=True),
+        ChiefSpec("A2", "A", 2, 2, after="A1", may_pause=True),
+        ChiefSpec("A3", "A", 1, 2, after="A2", restarts=True),
+    ),
+    waiters=(WaiterSpec("W1", "A", 2),),
+    lose_state=2,
+    lose_replies=1,
+    pauses=2,
+    split_begin=True,
+    pause_after_begin=True,
+    max_ticks=3,
+)
+"""Three generations of run A with their begins apart from their first writes (pauses between
+them), Redis forgetting the state or the fence twice, a reply lost."""
+
+LARGE_REPLIES = ZOMBIE._replace(
+    name="large-replies",
+    chiefs=(
+        ChiefSpec("A1", "A", 2, 2, may_pause=True, may_finish=True),
+        ChiefSpec("A2", "A", 1, 3, after="A1"),
+    ),
+    waiters=(WaiterSpec("W1", "A", 3),),
+    lose_state=2,
+    lose_replies=2,
+    max_ticks=4,
+)
+"""A zombie that may finish and the newest generation; Redis forgets twice, two replies are
+lost."""
+
+LARGE_CLOCK = CLOCK._replace(
+    name="large-clock",
+    chiefs=(
+        ChiefSpec("A1", "A", 2, 2, may_pause=True),
+        ChiefSpec("A2", "A", 1, 1, after="A1", process="P", may_pause=True),
+        ChiefSpec("A3", "A", 1, 2, after="A2", process="P", restarts=True),
+    ),
+    lose_state=1,
+    lose_replies=1,
+    pauses=2,
+    max_ticks=4,
+)
+"""CLOCK with both older sessions possibly zombies, a loss and a lost reply."""
+
+LARGE_CONTRIBUTOR = CONTRIBUTOR._replace(
+    name="large-contributor",
+    chiefs=(
+        ChiefSpec("A1", "A", 2, 2, may_pause=True),
+        ChiefSpec("A2", "A", 1, 2, after="A1", may_pause=True),
+        ChiefSpec("A3", "A", 1, 1, after="A2", restarts=True),
+    ),
+    lose_state=1,
+    lose_replies=1,
+    pauses=2,
+    max_ticks=3,
+)
+"""Three generations of run A and a contributor; Redis forgets, a reply is lost."""
+
+LARGE_FINAL = Scope(
+    name="large-final",
+    chiefs=(
+        ChiefSpec("A1", "A", 1, 2, may_finish=True, may_pause=True),
+        ChiefSpec("C1", "C", 2, 2, after_done="A1"),
+    ),
+    waiters=(
+        WaiterSpec("W1", "A", 2, may_pause=True),
+        WaiterSpec("W2", "A", 3, after_done="A1"),
+        WaiterSpec("WC", "C", 2, after_done="A1"),
+    ),
+    run_ids=(("A", ""), ("C", "c")),
+    operator=OperatorSpec("A", 2),
+    lose_announcements=1,
+    lose_replies=1,
+    pauses=1,
+    max_ticks=5,
+)
+"""Finished states and pins without a run id: run A (none) finishes or an operator pins its
+step, workers of it arrive late; a rerun C (with a run id) takes the finished state over."""
+
+LARGE_RERUN = RERUN._replace(
+    name="large-rerun",
+    waiters=(WaiterSpec("WC", "C", 2, after_done="A1", may_pause=True),),
+    pauses=1,
+    lose_state=1,
+    lose_announcements=2,
+    lose_replies=2,
+    max_ticks=10,
+)
+"""RERUN (no run ids, C's chief beginning within the grace) over more ticks and faults, a
+loss of the finished state included."""
+
+LARGE_SCOPES = (
+    LARGE_GENERATIONS,
+    LARGE_SPLIT,
+    LARGE_REPLIES,
+    LARGE_CLOCK,
+    LARGE_CONTRIBUTOR,
+    LARGE_FINAL,
+    LARGE_RERUN,
+)
+"""The large scopes (``make model``), beyond CI's time."""
 
 
 # ---------------------------------------------------------------- what each fix rules out
@@ -1427,11 +2163,13 @@ class Fix(NamedTuple):
     defect: int | None
     """The number of the defect in the review of issue 21 (None: not one of its list)."""
     what: str
-    """The defect, as the review put it."""
+    """The defect, as the review (or issue 32) put it."""
     scope: Scope
     """Where turning the flag off shows the defect."""
     invariant: str
     """The invariant its counterexample breaks."""
+    case: int | None = None
+    """The case of issue 32 (protocol v3) it answers (None: not one)."""
 
 
 FIXES = (
@@ -1502,52 +2240,109 @@ FIXES = (
     Fix(
         "contributor_keeps_probation",
         None,
-        "found by this model, now implemented: a contributor's vouching write ends the "
-        "probation of a zombie that recreated the state",
+        "found by this model (v2): a contributor's vouching write ends the probation of a "
+        "zombie that recreated the state",
         CONTRIBUTOR_FORGETS,
         "never early",
     ),
     Fix(
         "begin_fences",
         None,
-        "found by this model, now implemented: between a new chief's begin_generation and its "
-        "first write (two calls) the generation before it still writes, and releases",
+        "found by this model (v2): between a new chief's begin_generation and its first write "
+        "(two calls) the generation before it still writes, and releases",
         BEGIN,
         "never early",
     ),
     Fix(
         "begin_fences_empty_job",
         None,
-        "found by this model, now implemented: a chief begins its generation on no state (a "
-        "new job, or one Redis lost) and pauses (shorter than FENCE) before its first write; a "
-        "newer chief begins meanwhile and finds no state to fence; the older one's first write, "
-        "its generation's first within FENCE of its begin, needs no probation: it vouches at "
-        "once and releases until the newest generation's first write",
-        BEGIN_PAUSED,
-        "never early",
+        "found by this model (v2): a chief begins its generation on no state and has not "
+        "written yet when another run's chief begins on no state too, with nothing to fence; "
+        "the first chief's first write makes the state, and the other run's first write then "
+        "takes the job over from it, live (with the fence-only hash the first chief's write "
+        "is SUPERSEDED before it wrote anything; in v3 a paused first write of the same run "
+        "is on probation, without its begin on record, so the fence no longer decides never "
+        "early there)",
+        RUNS_SPLIT,
+        "runs kept apart",
     ),
     Fix(
         "beat_from_clock",
         None,
-        "found by this model, now implemented: Redis loses the state and the live generation "
-        "recreates it, its beat starting again at 1; a read is observed live only at or above "
-        "the greatest write the wait observed before, so a wait whose announcements are lost is "
-        "released by a read only once the beat passes that one, later than the bound",
+        "found by this model (v2): Redis loses the state and the live generation recreates "
+        "it, its beat starting again at 1, below the wait's live_mark: with its announcements "
+        "lost, reads release only once the beat passes it, later than the bound",
         BEAT,
         "never lost",
     ),
     Fix(
         "abort_needs_vouch",
         None,
-        "found by this model, now implemented: a zombie's final write (close(done=True)) that "
-        "recreates the state Redis lost is stored done on probation (vouch=0); a wait above its "
-        "step that trusts it (it saw it happen, or its run id) aborts 'done' though the newest "
-        "generation is live (the release asked for the vouch of a done state, the abort did not)",
+        "found by this model (v2): a zombie's final write recreates the state Redis lost, "
+        "done on probation (vouch=0), and aborts a wait above its step that saw it happen "
+        "though the newest generation is live",
         FINAL,
         "aborted only for real",
     ),
+    Fix(
+        "fence_job_wide",
+        None,
+        "FENCE from each process's heartbeat: a zombie with a short heartbeat counts a short "
+        "probation, shorter than the newest chief's long heartbeat, and its recreated state "
+        "vouches before the newest chief writes again",
+        FENCE_HEARTBEAT,
+        "never early",
+        case=8,
+    ),
+    Fix(
+        "probation_unless_begun",
+        None,
+        "two zombies after Redis forgot: zombie 1 recreates the state on probation, zombie 2 "
+        "(a higher generation) replaces it without probation (a lower generation replaced) and "
+        "releases a wait at its step while the newest chief is lower",
+        TWO_ZOMBIES,
+        "never early",
+        case=5,
+    ),
+    Fix(
+        "probation_in_redis",
+        None,
+        "a lost reply skips probation: a zombie's write recreates the state on probation, its "
+        "reply (created=1) is lost, it retries and its retry, the same generation's, vouches",
+        LOST_REPLY,
+        "never early",
+        case=4,
+    ),
+    Fix(
+        "generation_floor",
+        None,
+        "after a failover to an empty Redis whose clock is behind, a process's new session is "
+        "numbered by that clock, at or below a zombie generation it saw: the zombie's writes "
+        "count as the newest's (or supersede it)",
+        CLOCK,
+        "never early",
+        case=6,
+    ),
+    Fix(
+        "numbers_bounded",
+        None,
+        "2**53: a fence of 2**53 (stored by a broken client) is valid, and a begin's fence + 1 "
+        "is 2**53 again in Lua doubles: two generations share the number, and the older one's "
+        "step counts as the newest's",
+        NUMBERS,
+        "never early",
+        case=7,
+    ),
+    Fix(
+        "grace",
+        None,
+        "without the grace, a late worker after the job finished (no run id) never trusts the "
+        "finished state it did not see written, and waits for ever",
+        LATE,
+        "never lost",
+    ),
 )
-"""Every flag, the review's defect it rules out, and the scope that shows it."""
+"""Every flag, the defect it rules out, and the scope that shows it."""
 
 
 class Limit(NamedTuple):
@@ -1573,6 +2368,21 @@ LIMITS = (
         "never early",
     ),
     Limit(
+        "zombie-after-finish",
+        "the newest generation has finished (it writes no more) when Redis loses the state: "
+        "a zombie's write recreates it on probation, nobody newer replaces it, and after FENCE "
+        "it vouches (a case of newest-cut-off: a finished generation cannot write; found by "
+        "this model)",
+        ZOMBIE._replace(
+            name="zombie-after-finish",
+            chiefs=(
+                ChiefSpec("A1", "A", 2, 2, may_pause=True),
+                ChiefSpec("A2", "A", 1, 1, after="A1", may_finish=True),
+            ),
+        ),
+        "never early",
+    ),
+    Limit(
         "reset-token-lost",
         "Redis loses a reset's token before the old chief's next write: that chief goes on, "
         "and a waiter arriving after the reset can be released by it (the note's fourth limit)",
@@ -1583,25 +2393,43 @@ LIMITS = (
         "lagging-replica",
         "a failover to a replica that missed the newest generation's writes: until its next "
         "write, a zombie writing onto the older state releases a waiter that has not seen the "
-        "newest generation (found by this model; the note's second limit names only the clock)",
+        "newest generation",
         ZOMBIE._replace(name="lagging-replica", lose_state=0, failovers=1),
         "never early",
     ),
     Limit(
-        "paused-first-write-after-redis-forgot",
-        "a chief begins its generation and pauses (shorter than FENCE) before its first write; "
-        "a newer chief begins (fencing it) and writes, then Redis loses the state, and the "
-        "fence with it; the older one's first write finds no state and, its generation's "
-        "first within FENCE of its begin, needs no probation: it vouches at once and releases "
-        "until the newest generation's next write (found by this model; with FENCE of two "
-        "ticks a begin, a write and a loss do not fit in the pause)",
-        BEGIN_PAUSED._replace(name="paused-first-write-after-redis-forgot", lose_state=1),
+        "clock-back-unseen-generation",
+        "a failover to an empty Redis whose clock is behind (by more than the time between two "
+        "begins) numbers a new process's generation at or below a zombie's that this process "
+        "never saw: the zombie's writes count as the newest's, or supersede it",
+        CLOCK._replace(
+            name="clock-back-unseen-generation",
+            chiefs=(
+                ChiefSpec("A1", "A", 2, 2, may_pause=True),
+                ChiefSpec("A2", "A", 1, 1, after="A1", process="P"),
+                ChiefSpec("A3", "A", 1, 1, after="A2", process="Q"),
+            ),
+        ),
+        "never early",
+    ),
+    Limit(
+        "rerun-begins-after-grace",
+        "a rerun without a run id whose chief begins later than the grace after its first "
+        "worker: the worker trusts the previous run's finished state (its run id, none, is the "
+        "same) and is released, or aborted, by it",
+        RERUN._replace(
+            name="rerun-begins-after-grace",
+            chiefs=(
+                ChiefSpec("A1", "A", 2, 2, may_finish=True),
+                ChiefSpec("C1", "C", 2, 2, after_done="A1", after_waiter="WC", begin_within=2),
+            ),
+        ),
         "never early",
     ),
     Limit(
         "runs-while-redis-forgot",
         "a second run's chief begins while Redis has just lost the state: it finds nothing to "
-        "watch and takes the job over; the live run's chief is SUPERSEDED (found by this model)",
+        "watch and takes the job over; the live run's chief is SUPERSEDED",
         RUNS._replace(name="runs-while-redis-forgot", lose_state=1),
         "runs kept apart",
     ),
@@ -1610,20 +2438,6 @@ LIMITS = (
         "two runs with the same run id (or none) are one run: the second takes the first over",
         RUNS._replace(name="runs-share-a-run-id", run_ids=(("A", ""), ("B", ""))),
         "runs kept apart",
-    ),
-    Limit(
-        "pin-without-run-id",
-        "the note's rule 10, 'every waiter with T <= N is released, now or later', holds only "
-        "with a run id: by rule 3 a waiter without one that arrives after the pin waits "
-        "(found by this model)",
-        PUBLISH._replace(
-            name="pin-without-run-id",
-            chiefs=(ChiefSpec("A1", "A", 1, 1, may_crash=True),),
-            waiters=(WaiterSpec("W1", "A", 1),),
-            operator=OperatorSpec("A", 1),
-            pin_owed_to_all=True,
-        ),
-        "never lost",
     ),
 )
 """Faults outside the promises (docs/protocol.md#limits): the model finds each one."""

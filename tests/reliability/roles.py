@@ -29,10 +29,11 @@ import dataclasses
 import json
 import logging
 import os
+import select
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
 import redis.connection
@@ -145,16 +146,44 @@ class TrainingChief:
             time.sleep(step_seconds)
         self.records.write("trained", **self.stats())
 
+    def keep_alive(self) -> None:
+        """The loop hands its current step over again (no new step: no record)."""
+        self.publisher.publish(self.step)
+
     def close(self, done: bool) -> None:
         ok = self.publisher.close(done=done)
         self.records.write("closed", ok=ok, done=done, **self.stats())
+
+
+KEEP_ALIVE = 0.2
+"""Seconds between two hand-overs of the current step while the chief waits for
+its next command: its training loop is alive, as a real one between steps of a
+fixed step is (a worker's stall timeout judges the loop, not only the process)."""
+
+
+def commands(chief: TrainingChief) -> Iterator[str]:
+    """The lines on stdin; while none comes, the loop hands its step over again."""
+    buffered = b""
+    while True:
+        while b"\n" not in buffered:
+            ready, _, _ = select.select([sys.stdin.fileno()], [], [], KEEP_ALIVE)
+            if not ready:
+                if chief.step > 0:
+                    chief.keep_alive()
+                continue
+            chunk = os.read(sys.stdin.fileno(), 65536)
+            if not chunk:
+                return
+            buffered += chunk
+        line, buffered = buffered.split(b"\n", 1)
+        yield line.decode()
 
 
 def run_chief(args: argparse.Namespace) -> int:
     records = Records(args.records)
     chief = TrainingChief(load_config(args.overrides), records, args.start_step)
     records.write("ready", **chief.stats())
-    for line in sys.stdin:
+    for line in commands(chief):
         command = json.loads(line)
         if "train_to" in command:
             chief.train_to(int(command["train_to"]), float(command.get("step_seconds", 0.01)))

@@ -226,8 +226,16 @@ def test_a_long_validation_inside_fit_is_a_pause_not_a_dead_loop(
     model = keras.Sequential([keras.Input(shape=(2,)), keras.layers.Dense(1)])
     model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
     x = np.zeros((3 * 4, 2), dtype="float32")
+    started: list[Waiting] = []
+
+    class StartWaiting(keras.callbacks.Callback):  # type: ignore[misc]
+        # once the first batch is done: the training function's compile before
+        # it hands no step over, and would count against the 1 s stall timeout
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            if not started:
+                started.append(Waiting(lambda: StepWaiter(config).wait(100, timeout=4.0)))
+
     try:
-        waiting = Waiting(lambda: StepWaiter(config).wait(100, timeout=4.0))
         model.fit(
             x,
             x[:, :1],
@@ -235,9 +243,10 @@ def test_a_long_validation_inside_fit_is_a_pause_not_a_dead_loop(
             epochs=1,
             verbose=0,
             validation_data=(x[:4], x[:4, :1]),
-            callbacks=[chief, SlowValidation(3.0)],  # three stall timeouts
+            # three stall timeouts of validation
+            callbacks=[chief, StartWaiting(), SlowValidation(3.0)],
         )
-        error = waiting.outcome()
+        error = started[0].outcome()
         # the overall timeout, not the stall: the chief's heartbeat went on
         assert isinstance(error, BarrierTimeout) and not error.stalled, error
     finally:
