@@ -276,8 +276,11 @@ class LocalCluster:
 
     @property
     def masters(self) -> list[int]:
-        """Ports of the running masters."""
-        return [n.port for n in self.nodes if n.role == "master" and self.alive(n.port)]
+        """Ports of the running masters that serve slots, by the seed's slot map (its
+        CLUSTER NODES view may still call a new replica a master until gossip says
+        otherwise, on a loaded machine)."""
+        serving = {master for _, _, master, _ in self._slot_map(self.seed_port)}
+        return sorted(port for port in serving if self.alive(port))
 
     def node_id(self, port: int) -> str:
         return str(self._call(port, "CLUSTER", "MYID"))

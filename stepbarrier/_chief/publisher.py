@@ -302,6 +302,7 @@ class StepPublisher:
         with _paused_lock:
             if _paused.get(self._pause_key) is self:
                 del _paused[self._pause_key]
+        self._loop.answered_deadline = self._clock() + timeout
         if self.redis_lost:
             timeout = min(timeout, LOST_REDIS_WAIT)  # training never waits for Redis
         deadline = self._clock() + timeout
@@ -313,6 +314,15 @@ class StepPublisher:
                 log.info(
                     "job %s: step %s was not reported: no chief generation of this run "
                     "was found to report it into",
+                    self.config.job,
+                    latest,
+                )
+                return False
+            if not self.last_error and self._loop.state.probation_until > self._clock():
+                log.warning(
+                    "job %s: the final step %s is stored on probation (Redis had lost the "
+                    "job's state) and vouches for nothing yet: the close's timeout ended "
+                    "before the probation did",
                     self.config.job,
                     latest,
                 )

@@ -80,6 +80,9 @@ class PublisherLoop:
         self._final_done: bool | None = None
         self._idle_said = False
         self._close_deadline = math.inf
+        # the close's whole deadline: once Redis answers again, the final write
+        # may wait out a probation until then (a lost Redis cut the close short)
+        self.answered_deadline = -math.inf
         self.failing = False  # the last write failed for want of Redis (it retries)
         self.writes = 0  # these three: see StepPublisher's properties
         self._last_error: str | None = None
@@ -206,14 +209,20 @@ class PublisherLoop:
         # with Redis lost, a thread still in a call to it is not waited for long:
         # training never waits for Redis (the thread is a daemon)
         slack = 0.1 if self.failing else 1.0
-        self.thread.join(max(0.0, deadline - self._clock()) + slack)
+        # (the deadline may grow: a final write that Redis answered waits out
+        # its probation within the close's whole timeout)
+        while self.thread.is_alive() and self._clock() < self._close_deadline + slack:
+            self.thread.join(min(0.05, max(0.0, self._close_deadline + slack - self._clock())))
         self._stop_listener(slack)
         if self._owns_client and self._client is not None:
             self._client.close()
+        # a final write left on probation vouches for nothing: not a success
+        unvouched = bool(done) and self.state.probation_until > self._clock()
         return (
             self.ended is None
             and self.state.stored_seq >= self.handover.handed
             and self.last_error is None
+            and not unvouched
         )
 
     def writer(self) -> StepWriter:
@@ -332,6 +341,8 @@ class PublisherLoop:
                 return
             if self.ended is not None or self.state.probation_until <= self._clock():
                 return
+            # Redis answers: a probation may be waited out within the whole close
+            self._close_deadline = max(self._close_deadline, self.answered_deadline)
 
     def _final_write(self, done: bool) -> None:
         """The final write, retried until the close's deadline while Redis answers

@@ -89,3 +89,32 @@ def test_a_session_end_does_not_wait_for_a_redis_that_is_gone(
     finally:
         chief.close(done=False)
         server.cleanup()
+
+
+def test_a_final_write_made_on_probation_is_waited_out_once_redis_answers_again(
+    job: str,
+) -> None:
+    # found by the stateful fault test: Redis restarts (empty) while the chief's
+    # writes fail; the close, cut short for a lost Redis, found it back, and its
+    # final write made the state anew on probation: it waits that out within its
+    # whole timeout, so the finished job vouches (and aborts waiters above it)
+    server = RedisServer(port=free_port()).start()
+    config = BarrierConfig(job=job, redis_url=server.url, heartbeat=0.2, stall_timeout=30.0)
+    chief = StepPublisher(config)
+    try:
+        chief.publish(11)
+        assert chief.flush(10.0)
+        server.kill()
+        chief.publish(12)
+        until_lost = 200
+        while not chief.redis_lost and until_lost:
+            chief.flush(0.05)
+            until_lost -= 1
+        assert chief.redis_lost
+        server.start()
+        assert chief.close(done=True)
+        stored = server.client().hgetall(config.keys.state)
+        assert (stored[b"done"], stored[b"vouch"], stored[b"step"]) == (b"1", b"1", b"12")
+    finally:
+        chief.close(done=False)
+        server.cleanup()
