@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from stepbarrier._chief.publish_call import Beginning, StepWrite, WriteResult
 from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._protocol import library as scripts
-from stepbarrier._protocol.freshness import FENCE, vouches
+from stepbarrier._protocol.freshness import FENCE, confirm_window, vouches
 
 # the name these messages always had: log filters and tests select by it
 log = logging.getLogger("stepbarrier._chief.publisher")
@@ -204,9 +204,24 @@ class PublisherState:
                 served=self._probation_id if self._clock() >= self.probation_until else 0,
                 # how long the loop has been quiet: a waiter's stall timeout judges
                 # the loop, not the process (0 in a pause: a gap between sessions)
+                # beyond its own confirmation window only: a slow loop within it
+                # is a healthy one, whatever a worker's stall timeout
                 idle_ms=0
                 if handover.paused_at == seq
-                else max(0, min(MAX_IDLE_MS, round((self._clock() - handover.handed_at) * 1000))),
+                else max(
+                    0,
+                    min(
+                        MAX_IDLE_MS,
+                        round(
+                            (
+                                self._clock()
+                                - handover.handed_at
+                                - confirm_window(handover.step_time)
+                            )
+                            * 1000
+                        ),
+                    ),
+                ),
             )
             self._sent = (values.step, values.vouch)
         return values, seq

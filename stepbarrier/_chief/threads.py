@@ -336,6 +336,7 @@ class PublisherLoop:
                 time.sleep(wait + 0.001)
             try:
                 self._final_write(done)
+                self.failing = False  # Redis answered
             except Exception as exc:
                 self._note_failure(exc)  # stop() reports it
                 return

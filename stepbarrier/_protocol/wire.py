@@ -82,9 +82,10 @@ class ChiefState:
         pinned: An operator's pinned step.
         heartbeat_period_ms: The chief's own heartbeat period (ms), if stored.
         done_ms: Redis time (ms) at which the job was marked finished (display only).
-        begun: The newest generation whose begin is on record in the state (its
-            ``begun`` or ``fence``; 0: none). Above ``generation``, a newer chief
-            has begun and not written yet: the state is no final fact any more.
+        fence: The newest generation of this state's own run whose begin is on
+            record (0: none). Above ``generation``, a newer chief of the run has
+            begun and not written yet: the state is no final fact any more
+            (another run's begin leaves only ``begun``, which a waiter ignores).
         probation: The id of the probation the state is on (0: none;
             docs/protocol.md#probation).
         idle_ms: How long before its last write the writer's training loop had
@@ -103,7 +104,7 @@ class ChiefState:
     pinned: bool = False
     heartbeat_period_ms: int | None = None
     done_ms: int | None = None
-    begun: int = 0
+    fence: int = 0
     probation: int = 0
     idle_ms: int | None = None
 
@@ -222,7 +223,7 @@ def parse_state(raw: object) -> ChiefState:
         pinned=_to_text(fields.get("pinned")) == "1",
         heartbeat_period_ms=parse_int(fields.get("heartbeat_period_ms"), low=1),
         done_ms=parse_int(fields.get("done_ms")),
-        begun=max(parse_int(fields.get("begun")) or 0, parse_int(fields.get("fence")) or 0),
+        fence=parse_int(fields.get("fence")) or 0,
         probation=parse_int(fields.get("probation")) or 0,
         idle_ms=parse_int(fields.get("idle_ms")),
     )

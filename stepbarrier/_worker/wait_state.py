@@ -230,6 +230,9 @@ class WaitRules(WaitTiming):
             and after.generation >= self.generation
         ):
             self._observed((after.generation, after.beat), idle_ms=after.idle_ms)
+            # no older generation counts once a newer one was heard (asyncio
+            # reads for it without the announcement's own judgement)
+            self.generation = max(self.generation, after.generation)
         self.redis_full = snapshot.full
         marker = snapshot.reset_marker
         if self.reset_marker is _UNSET:
@@ -275,7 +278,7 @@ class WaitRules(WaitTiming):
         it; so a state read unchanged for ``GRACE``, with no newer begin on record,
         is trusted as the job's final fact (docs/protocol.md#grace).
         """
-        if not (state.done or state.pinned) or state.begun > mark[0]:
+        if not (state.done or state.pinned) or state.fence > mark[0]:
             self.final_mark = None
             return False
         now = self.clock()
@@ -479,7 +482,8 @@ class WaitRules(WaitTiming):
         if idle_ms is not None:
             # a duration on the writer's clock, laid back from when this wait saw
             # the write: no clock is compared with another
-            handed = when - idle_ms / 1000
+            # (not before the wait began: its stall timeout is its own to serve)
+            handed = max(self.started, when - idle_ms / 1000)
             if self.loop_alive is None or handed > self.loop_alive:
                 self.loop_alive = handed
         if self.live_mark is None or mark > self.live_mark:

@@ -43,7 +43,7 @@ def chief(
     vouch: bool = True,
     done: bool = False,
     pinned: bool = False,
-    begun: int = 0,
+    fence: int = 0,
 ) -> ChiefState:
     return ChiefState(
         step,
@@ -55,7 +55,7 @@ def chief(
         beat=beat,
         vouch=vouch,
         pinned=pinned,
-        begun=begun,
+        fence=fence,
     )
 
 
@@ -256,7 +256,7 @@ def test_a_finished_state_a_new_chief_began_on_is_not_trusted(
     assert rules.on_snapshot(read(chief(60, done=True))) is None
     clock.now += GRACE - 1.0
     with caplog.at_level(logging.WARNING, logger="test.wait_rules"):
-        newer = chief(60, done=True, begun=GENERATION + 1)
+        newer = chief(60, done=True, fence=GENERATION + 1)
         assert rules.on_snapshot(read(newer)) is None
         clock.now += 2 * GRACE
         assert rules.on_snapshot(read(newer)) is None
@@ -310,9 +310,9 @@ def test_a_pinned_step_without_a_run_id_releases_a_wait_that_saw_it_or_after_the
     clock.now += GRACE
     assert rules.on_snapshot(read(chief(60, vouch=False, pinned=True))) == 60
     rules = make_rules(clock)
-    assert rules.on_snapshot(read(chief(60, vouch=False, pinned=True, begun=9))) is None
+    assert rules.on_snapshot(read(chief(60, vouch=False, pinned=True, fence=9))) is None
     clock.now += GRACE
-    assert rules.on_snapshot(read(chief(60, vouch=False, pinned=True, begun=9))) is None
+    assert rules.on_snapshot(read(chief(60, vouch=False, pinned=True, fence=9))) is None
 
 
 def test_a_pinned_step_below_the_target_keeps_the_wait_going() -> None:
@@ -574,7 +574,7 @@ def test_an_unobserved_final_fact_is_trusted_only_once_settled(
             return  # a write seen happening between two reads: observed, not a grace case
         previous = beat
         first_read_of.setdefault(beat, clock.now)
-        state = chief(step, beat=beat, done=True, begun=GENERATION + 1 if newer_begun else 0)
+        state = chief(step, beat=beat, done=True, fence=GENERATION + 1 if newer_begun else 0)
         settled = not newer_begun and clock.now - first_read_of[beat] >= GRACE
         if step >= TARGET:
             assert (rules.on_snapshot(read(state)) == step) == settled
@@ -621,3 +621,35 @@ def test_a_chief_in_a_pause_between_sessions_keeps_the_wait_alive() -> None:
         said = StepAnnouncement(10, GENERATION, False, False, None, beat, False, False, 0)
         assert rules.on_announcement(said, b"") is None
         assert rules.passed(clock.now) is None
+
+
+def test_a_loop_quiet_since_before_the_wait_still_gets_the_waits_own_stall_timeout() -> None:
+    # review: idle laid back before the wait began must not end it at once
+    clock = Clock()
+    config = BarrierConfig(job="rules", heartbeat=1.0, stall_timeout=5.0)
+    rules = WaitRules(config, TARGET, None, clock, logging.getLogger("test.wait_rules"))
+    assert rules.on_snapshot(read(chief(10, beat=1))) is None
+    clock.now += 0.5
+    said = StepAnnouncement(10, GENERATION, False, False, None, 2, True, False, 3_600_000)
+    assert rules.on_announcement(said, b"") is None
+    assert rules.stall_at() == pytest.approx(rules.started + 5.0)
+
+
+def test_a_read_made_for_a_newer_generations_announcement_raises_the_waits_generation() -> None:
+    # review: the asyncio path judges that announcement only through the read
+    rules = rules_after_a_read(10, Clock())
+    newer = announced(60, beat=1, generation=GENERATION + 1, vouch=False)
+    zombie = chief(2000, beat=9, generation=GENERATION)  # Redis lost the newer state
+    assert rules.on_snapshot(read(zombie), newer) is None
+    assert rules.generation == GENERATION + 1
+    assert rules.on_announcement(announced(2000, beat=10), b"") is None
+
+
+def test_another_runs_begin_does_not_keep_a_finished_state_from_settling() -> None:
+    # review: a refused chief of another run leaves only `begun`, no fence
+    clock = Clock()
+    rules = make_rules(clock)
+    finished = ChiefState(60, GENERATION, True, NOW_MS, "chief", beat=1, vouch=True, fence=0)
+    assert rules.on_snapshot(read(finished)) is None
+    clock.now += GRACE
+    assert rules.on_snapshot(read(finished)) == 60
