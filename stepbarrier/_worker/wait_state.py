@@ -664,9 +664,11 @@ class WaitRules(WaitTiming):
 
     def _loop_quiet(self) -> bool:
         """True if the chief was heard within the stall timeout but its loop was not."""
+        # (a write heard lately: a chief killed just after its loop went quiet is
+        # a process that stopped writing, and is said so)
         return (
             self.loop_alive is not None
-            and self.clock() - self.last_alive < self.stall_timeout
+            and self.clock() - self.last_alive < self.stall_timeout / 2
             and self.loop_alive < self.last_alive
         )
 
@@ -681,9 +683,9 @@ class WaitRules(WaitTiming):
         elif stalled and self._loop_quiet():
             why = (
                 "the chief's process still writes, but its training loop has handed no "
-                f"step over for {self.config.stall_timeout:g} s (stall timeout: a loop that "
+                f"step over for {self.config.stall_timeout:g} s (stall timeout); a loop that "
                 "died or hangs in a process that lives on, such as a caught error or a "
-                "notebook)"
+                "notebook"
             )
         elif stalled:
             why = (
