@@ -182,9 +182,7 @@ def test_a_threaded_wait_ends_within_its_limit_when_redis_pauses_mid_wait(
     assert isinstance(wait.outcome, BarrierTimeout), wait.outcome
     assert wait.outcome.limit == limit
     assert wait.seconds is not None
-    print(
-        f"the wait took {wait.seconds:.1f} s"
-    )  # measured, not asserted
+    print(f"the wait took {wait.seconds:.1f} s")  # measured, not asserted
 
 
 def test_every_call_of_a_threaded_wait_is_bounded_by_its_limit(
@@ -231,9 +229,7 @@ def test_a_threaded_wait_begun_against_a_paused_redis_ends_within_its_limit(
     # it never read Redis: unreachable, not a chief that went silent
     assert isinstance(wait.outcome, RedisUnavailable), wait.outcome
     assert wait.seconds is not None
-    print(
-        f"the wait took {wait.seconds:.1f} s"
-    )  # measured, not asserted
+    print(f"the wait took {wait.seconds:.1f} s")  # measured, not asserted
 
 
 def test_a_wait_with_a_source_reads_it_on_time_while_redis_hangs(
@@ -253,9 +249,7 @@ def test_a_wait_with_a_source_reads_it_on_time_while_redis_hangs(
         wait = Timed(lambda: waiter.wait(5, timeout=60, source=source)).join(LIMIT)
     assert wait.outcome == 5, wait.outcome
     assert wait.seconds is not None
-    print(
-        f"the wait took {wait.seconds:.1f} s"
-    )  # measured, not asserted
+    print(f"the wait took {wait.seconds:.1f} s")  # measured, not asserted
 
 
 def test_a_barrier_wait_ends_within_its_limit_when_redis_pauses_mid_wait(
@@ -278,9 +272,7 @@ def test_a_barrier_wait_ends_within_its_limit_when_redis_pauses_mid_wait(
     assert isinstance(wait.outcome, BarrierTimeout), wait.outcome
     assert wait.outcome.limit == "deadline"
     assert wait.seconds is not None
-    print(
-        f"the wait took {wait.seconds:.1f} s"
-    )  # measured, not asserted
+    print(f"the wait took {wait.seconds:.1f} s")  # measured, not asserted
 
 
 def test_a_barrier_arrival_at_a_paused_redis_ends_within_its_limit(
@@ -291,9 +283,7 @@ def test_a_barrier_arrival_at_a_paused_redis_ends_within_its_limit(
         wait = Timed(lambda: barrier.arrive(timeout=EARLY_LIMIT)).join(EARLY_LIMIT)
     assert isinstance(wait.outcome, RedisUnavailable), wait.outcome
     assert wait.seconds is not None
-    print(
-        f"the wait took {wait.seconds:.1f} s"
-    )  # measured, not asserted
+    print(f"the wait took {wait.seconds:.1f} s")  # measured, not asserted
 
 
 # -- asyncio ----------------------------------------------------------------------------
@@ -332,9 +322,7 @@ def test_an_async_wait_ends_within_its_limit_when_redis_pauses_mid_wait(
     outcome, seconds = run_bounded(LIMIT, scenario())
     assert isinstance(outcome, BarrierTimeout), outcome
     assert outcome.limit == limit
-    print(
-        f"the wait took {seconds:.1f} s"
-    )  # measured, not asserted
+    print(f"the wait took {seconds:.1f} s")  # measured, not asserted
 
 
 def test_every_call_of_an_async_wait_is_bounded_by_its_limit(
@@ -386,9 +374,7 @@ def test_an_async_wait_begun_against_a_paused_redis_ends_within_its_limit(
 
     outcome, seconds = run_bounded(EARLY_LIMIT, scenario())
     assert isinstance(outcome, RedisUnavailable), outcome
-    print(
-        f"the wait took {seconds:.1f} s"
-    )  # measured, not asserted
+    print(f"the wait took {seconds:.1f} s")  # measured, not asserted
 
 
 def test_many_async_waits_end_within_their_limits_when_redis_pauses(
