@@ -18,6 +18,15 @@ from stepbarrier._chief.threads import LOST_REDIS_WAIT
 from tests.redis_harness import RedisServer, free_port
 
 
+def noticed_lost(chief: StepPublisher) -> None:
+    """Until the chief's writer notices that Redis is gone (refused connections)."""
+    for _ in range(200):
+        if chief.redis_lost:
+            return
+        chief.flush(0.05)
+    assert chief.redis_lost
+
+
 def test_a_loop_that_died_in_a_live_process_ends_the_wait_at_the_workers_stall_timeout(
     make_config: Callable[..., BarrierConfig],
 ) -> None:
@@ -60,11 +69,7 @@ def test_a_session_end_does_not_wait_for_a_redis_that_is_gone(
         assert chief.flush(10.0)
         server.kill()
         chief.publish(2)
-        until_lost = 200
-        while not chief.redis_lost and until_lost:  # its writer notices (refused connections)
-            chief.flush(0.05)
-            until_lost -= 1
-        assert chief.redis_lost
+        noticed_lost(chief)
         # what each end of a session allows itself, on the chief's own clock
         allowed: list[float] = []
         loop = chief._loop
@@ -106,11 +111,7 @@ def test_a_final_write_made_on_probation_is_waited_out_once_redis_answers_again(
         assert chief.flush(10.0)
         server.kill()
         chief.publish(12)
-        until_lost = 200
-        while not chief.redis_lost and until_lost:
-            chief.flush(0.05)
-            until_lost -= 1
-        assert chief.redis_lost
+        noticed_lost(chief)
         server.start()
         assert chief.close(done=True)
         stored = server.client().hgetall(config.keys.state)
