@@ -451,6 +451,22 @@ def test_redis_conf_closes_idle_connections_but_not_before_any_client_acts(where
     assert directives["lazyfree-lazy-user-del"] == "yes"
 
 
+def blocked_client_ids(admin: redis.Redis) -> set[int]:
+    """Ids of the connections blocked in a command (flag ``b``)."""
+    return {int(c["id"]) for c in admin.client_list() if "b" in str(c["flags"])}
+
+
+def wait_for_blocked_client(admin: redis.Redis, within: float = 30.0) -> set[int]:
+    """The blocked connections once there is one (a bounded wait, no timing assert)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        ids = blocked_client_ids(admin)
+        if ids:
+            return ids
+        time.sleep(0.05)
+    raise AssertionError(f"no connection was blocked in BLPOP within {within} s")
+
+
 def test_the_idle_timeout_drops_an_idle_login_but_no_subscriber_or_blocked_reader(
     tmp_path: Path,
 ) -> None:
@@ -478,13 +494,18 @@ def test_the_idle_timeout_drops_an_idle_login_but_no_subscriber_or_blocked_reade
             target=lambda: popped.append(blocked.blpop(["stepbarrier:{j}:registrations"], 20))
         )
         reader.start()
+        admin = server.client(username=HARNESS_USER, password=HARNESS_PASSWORD)
+        # the reader is blocked in BLPOP before the timeout can judge it: a thread
+        # starved on a loaded machine would otherwise be idle between AUTH and BLPOP
+        blocked_ids = wait_for_blocked_client(admin)
         time.sleep(3.5)  # well past the 1 s timeout (Redis checks it about every second)
         idle.settimeout(5)
         assert idle.recv(1) == b""  # closed by the server
+        # the same connection is still blocked: not dropped and reconnected by a retry
+        assert blocked_ids == blocked_client_ids(admin)
         pusher.rpush("stepbarrier:{j}:registrations", "x")
         reader.join(20)
         assert popped and popped[0] is not None  # the blocked connection lived on
-        admin = server.client(username=HARNESS_USER, password=HARNESS_PASSWORD)
         admin.publish("stepbarrier:{j}:steps", "hello")
         message = pubsub.get_message(timeout=5)
         assert message is not None and message["data"] == b"hello"  # still subscribed
