@@ -82,8 +82,33 @@ def mask_url(url: str) -> str:
     userinfo, at, host = rest.rpartition("@")
     if at:
         user, colon, _secret = userinfo.partition(":")
-        rest = f"{user}:***@{host}" if colon else f"{user}@{host}"
+        # a lone userinfo is the password (as redis-cli reads it): masked whole
+        rest = f"{user}:***@{host}" if colon else f"***@{host}"
     return f"{scheme}{sep}{_mask_query(rest)}"
+
+
+def lone_userinfo_as_password(url: str) -> str:
+    """``url`` with a lone userinfo moved to the password's place, as redis-cli reads it.
+
+    ``redis://SECRET@host:6379/0`` is the password ``SECRET`` for ``redis-cli -u``;
+    redis-py would send it as a user name with no password. It becomes
+    ``redis://:SECRET@host:6379/0``; any other URL is returned as it is.
+
+    Examples:
+        >>> lone_userinfo_as_password("redis://s3cret@redis:6379/0")
+        'redis://:s3cret@redis:6379/0'
+        >>> lone_userinfo_as_password("redis://alice:s3cret@redis:6379/0")
+        'redis://alice:s3cret@redis:6379/0'
+    """
+    scheme, sep, rest = url.partition("://")
+    netloc_end = min(
+        (i for i in (rest.find("/"), rest.find("?"), rest.find("#")) if i >= 0), default=len(rest)
+    )
+    netloc = rest[:netloc_end]
+    userinfo, at, host = netloc.rpartition("@")
+    if not sep or not at or not userinfo or ":" in userinfo:
+        return url
+    return f"{scheme}{sep}:{userinfo}@{host}{rest[netloc_end:]}"
 
 
 def _mask_query(text: str) -> str:
@@ -188,6 +213,7 @@ def check_url(url: str, variable: str, *, tls_insecure: bool = False) -> None:
             f"{variable} needs a host, e.g. redis://localhost:6379/0, got {masked}",
             variable=variable,
         )
+    _check_host(parts.hostname, variable, masked)
     if port is not None and not 0 < port < 65536:
         raise ConfigurationError(
             f"{variable}: port must be 1-65535, got {masked}", variable=variable
@@ -199,6 +225,25 @@ def check_url(url: str, variable: str, *, tls_insecure: bool = False) -> None:
             variable=variable,
         )
     _check_query(parts, variable, tls_insecure=tls_insecure)
+
+
+def _check_host(host: str, variable: str, masked: str) -> None:
+    # a name the resolver cannot take (a label over 63 characters, a name over
+    # 253, a character IDNA refuses) would fail at the first connect, inside
+    # the socket module, as a UnicodeError
+    if ":" in host:  # an IPv6 address in brackets: urlsplit checked it
+        return
+    try:
+        encoded = host.encode("idna")
+    except UnicodeError:
+        encoded = b""
+    labels = encoded.rstrip(b".").split(b".")
+    if not encoded or len(encoded) > 253 or not all(0 < len(label) < 64 for label in labels):
+        raise ConfigurationError(
+            f"{variable}: the host must be a DNS name (labels of 1 to 63 characters, "
+            f"253 in all) or an IP address, got {masked[:200]}",
+            variable=variable,
+        )
 
 
 def _visible(text: str) -> str:

@@ -25,7 +25,7 @@ from redis.connection import parse_url
 from redis.retry import Retry
 from redis.sentinel import MasterNotFoundError, Sentinel
 
-from stepbarrier._config.checks import TLS_INSECURE, url_tls_weakening
+from stepbarrier._config.checks import TLS_INSECURE, lone_userinfo_as_password, url_tls_weakening
 from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._redis.failures import (
     is_transient,
@@ -132,7 +132,7 @@ def url_for_client(config: BarrierConfig) -> str:
     """``config.redis_url`` without the credentials that ``redis_username`` and
     ``redis_password`` replace: redis-py lets a URL's user and password win over
     the options given beside it, and the settings are meant to win."""
-    url = config.redis_url
+    url = lone_userinfo_as_password(config.redis_url)
     if config.redis_username is None and config.redis_password is None:
         return url
     parts = urlsplit(url)
@@ -234,7 +234,7 @@ def _master_through_sentinels(
             variable="STEPBARRIER_REDIS_URL",
             job=config.job,
         )
-    from_url: dict[str, Any] = parse_url(config.redis_url)  # type: ignore[no-untyped-call]
+    from_url: dict[str, Any] = parse_url(lone_userinfo_as_password(config.redis_url))  # type: ignore[no-untyped-call]
     access: dict[str, Any] = {}  # for the master and the Sentinels alike
     username = config.redis_username or from_url.get("username")
     password = config.redis_password or from_url.get("password")

@@ -160,11 +160,12 @@ def mask_secrets(text: str, secrets: Iterable[str | None] = ()) -> str:
 
 def url_password(url: str) -> str | None:
     """The password in ``url`` (as ``mask_url`` finds it: between ``user:`` and the
-    last ``@``), or ``None`` if it holds none."""
+    last ``@``, or a lone userinfo), or ``None`` if it holds none."""
     rest = url.partition("://")[2] or url
     userinfo, at, _host = rest.rpartition("@")
-    secret = userinfo.partition(":")[2] if at else ""
-    return secret or None
+    user, colon, secret = userinfo.partition(":") if at else ("", "", "")
+    # a lone userinfo is the password, as redis-cli reads it
+    return (secret if colon else user) or None
 
 
 class Duration(click.ParamType):  # type: ignore[type-arg]

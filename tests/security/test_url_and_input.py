@@ -499,7 +499,7 @@ def test_no_warning_without_a_password_on_the_command_line(
 ) -> None:
     in_env = invoke("status", "--job", job, **{URL_VARIABLE: password_url(redis_server)})
     user_only = invoke(
-        "status", "--job", job, "--redis-url", f"redis://worker@127.0.0.1:{redis_server.port}/0"
+        "status", "--job", job, "--redis-url", f"redis://worker:@127.0.0.1:{redis_server.port}/0"
     )
     plain = invoke("status", "--job", job, "--redis-url", redis_server.url)
     assert plain.exit_code == 0, plain.stderr
@@ -524,6 +524,55 @@ def test_a_real_process_warns_and_hides_the_password(redis_server: RedisServer, 
     assert not leaked, "the password shows in the command's output"
     assert done.returncode == 2
     assert done.stderr.count("--redis-url holds a password") == 1
+
+
+def test_a_lone_userinfo_is_the_password_as_redis_cli_reads_it_and_never_shows(
+    job: str,
+) -> None:
+    """Issue 34, case 7: ``redis://PASSWORD@host`` (as ``redis-cli -u`` takes it)
+    authenticates with that password, and no output shows it; redis-py alone
+    would send it as a user name and print it whole."""
+    with RedisServer(args=["--requirepass", PASSWORD]) as server:
+        url = f"redis://{PASSWORD}@127.0.0.1:{server.port}/0"
+        config = BarrierConfig(job=job, redis_url=url)
+        assert PASSWORD not in config.safe_url and "***@127.0.0.1" in config.safe_url
+        client = make_client(config)
+        assert client.ping()  # authenticated by the lone userinfo
+        client.close()
+        results = [
+            invoke(command, *extra, "--job", job, "--redis-url", url)
+            for command, extra in (("status", []), ("status", ["--debug"]), ("doctor", []))
+        ]
+        results.append(invoke("status", "--job", job, **{URL_VARIABLE: url}))
+        for result in results:
+            output = result.output + result.stderr
+            assert "Traceback" not in output
+            leaked = PASSWORD in output
+            assert not leaked, "the password shows in the command's output"
+        assert results[0].exit_code == 0, results[0].stderr
+        assert "--redis-url holds a password" in results[0].stderr
+        assert results[3].exit_code == 0, results[3].stderr
+        wrong = invoke(
+            "status", "--job", job, "--redis-url", f"redis://not-it@127.0.0.1:{server.port}/0"
+        )
+        assert wrong.exit_code != 0 and "not-it" not in wrong.output + wrong.stderr
+
+
+@pytest.mark.parametrize(
+    "host",
+    ["a" * 64, ("b" * 60 + ".") * 5, "a" * 63 + "." + "c" * 64],
+    ids=["label-64", "name-over-253", "second-label-64"],
+)
+def test_a_host_no_resolver_takes_is_a_usage_error(host: str, job: str) -> None:
+    """Issue 34: a hostile host label ended ``status`` with "unexpected
+    UnicodeError" (exit 1); it is a usage error (exit 2) naming the host's rules."""
+    result = invoke("status", "--job", job, "--redis-url", f"redis://{host}:6379/0")
+    assert result.exit_code == EXIT_USAGE, result.output + result.stderr
+    assert "the host must be a DNS name" in one_error_line(result)
+    with pytest.raises(ConfigurationError, match="labels of 1 to 63 characters"):
+        BarrierConfig(job=job, redis_url=f"redis://{host}:6379/0")
+    env = invoke("status", "--job", job, **{URL_VARIABLE: f"redis://{host}:6379/0"})
+    assert env.exit_code == EXIT_USAGE and "STEPBARRIER_REDIS_URL" in one_error_line(env)
 
 
 # -- finding 14: bad input ----------------------------------------------------------------

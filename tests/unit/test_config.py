@@ -92,6 +92,7 @@ def test_a_password_in_a_bad_url_never_appears_in_the_message() -> None:
 def test_mask_url_hides_only_the_password() -> None:
     assert mask_url("redis://alice:hunter2@r:6379/0") == "redis://alice:***@r:6379/0"
     assert mask_url("redis://r:6379/0") == "redis://r:6379/0"
+    assert mask_url("redis://hunter2@r:6379/0") == "redis://***@r:6379/0"  # as redis-cli reads it
     assert "hunter2" not in repr(BarrierConfig(job="j", redis_password="hunter2"))
 
 

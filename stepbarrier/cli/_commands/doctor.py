@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 import click
 from redis import exceptions as rex
 
+from stepbarrier._config.checks import lone_userinfo_as_password
 from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._inspect.status import read_status
 from stepbarrier._redis.client import RedisClient, make_client
@@ -235,7 +236,7 @@ def _explain(config: BarrierConfig, exc: BaseException, action: str) -> str:
 
 
 def _authenticate(config: BarrierConfig, client: RedisClient, report: _Report) -> bool:
-    user = config.redis_username or urlsplit(config.redis_url).username or "default"
+    user = _user(config)
     try:
         client.ping()
     except rex.NoPermissionError:
@@ -253,7 +254,13 @@ def _authenticate(config: BarrierConfig, client: RedisClient, report: _Report) -
 
 
 def _userinfo(config: BarrierConfig) -> str:
-    return urlsplit(config.redis_url).netloc.rpartition("@")[0]
+    # a lone userinfo is the password, as redis-cli and the client read it
+    return urlsplit(lone_userinfo_as_password(config.redis_url)).netloc.rpartition("@")[0]
+
+
+def _user(config: BarrierConfig) -> str:
+    """The ACL user the client logs in as."""
+    return config.redis_username or _userinfo(config).partition(":")[0] or "default"
 
 
 def _fix_for(kind: str) -> str:
@@ -454,7 +461,7 @@ def _stored_run(config: BarrierConfig, client: RedisClient, report: _Report) -> 
 def _dry_run_allows(config: BarrierConfig, client: RedisClient, command: list[str]) -> bool:
     """True if ``ACL DRYRUN`` says this user may run ``command`` (False: it may not,
     or this user may not ask)."""
-    user = config.redis_username or urlsplit(config.redis_url).username or "default"
+    user = _user(config)
     try:
         answer: Any = client.execute_command("ACL", "DRYRUN", user, *command)  # type: ignore[no-untyped-call]
     except (*REDIS_ERRORS, OSError):
@@ -464,7 +471,7 @@ def _dry_run_allows(config: BarrierConfig, client: RedisClient, command: list[st
 
 def _dry_run(config: BarrierConfig, client: RedisClient, report: _Report) -> None:
     """``ACL DRYRUN`` of the role's publish as this user, when the user may run it."""
-    user = config.redis_username or urlsplit(config.redis_url).username or "default"
+    user = _user(config)
     command = ["FCALL", function_name("publish_step"), "1", config.keys.state]
     try:
         answer: Any = client.execute_command("ACL", "DRYRUN", user, *command)  # type: ignore[no-untyped-call]
