@@ -144,6 +144,13 @@ def test_demo_runs_a_job_to_a_summary_and_leaves_nothing_running() -> None:
 
 
 @pytest.mark.tensorflow
+def interruptible() -> None:
+    """Ctrl-C as a terminal gives it: the suite itself may run with SIGINT
+    ignored (``make test &`` in a shell without job control), which the demo
+    would rightly keep ignored (test_a_signal_the_demo_ignores_stays_ignored...)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_stops_every_process_and_exits_0() -> None:
     job = demo_job()
     demo = subprocess.Popen(
@@ -152,6 +159,7 @@ def test_ctrl_c_stops_every_process_and_exits_0() -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=interruptible,
     )
     try:
         deadline = time.monotonic() + 120
@@ -183,11 +191,14 @@ def test_a_stop_that_comes_while_a_child_starts_finds_it_recorded(tmp_path: Path
         return child  # type: ignore[no-any-return]
 
     subprocess.Popen = popen_then_ctrl_c  # type: ignore[assignment,misc]
+    # Python's own Ctrl-C handler, also when the suite runs with SIGINT ignored
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with pytest.raises(KeyboardInterrupt):
             group.start("sleeper", [sys.executable, "-c", "import time; time.sleep(600)"], {})
     finally:
         subprocess.Popen = real_popen  # type: ignore[misc]
+        signal.signal(signal.SIGINT, previous)
         recorded = dict(group.processes)
         group.stop_all()
     assert "sleeper" in recorded  # the interrupt came after the record
