@@ -152,8 +152,13 @@ class GlobalStepWaiterHook(tf.compat.v1.train.SessionRunHook):  # type: ignore[m
             (``stepbarrier wait``, the asyncio waiter) when the chief's session
             ends first in asynchronous training; waiting hooks read the
             session's step anyway. A report only raises the step of the
-            generation this worker's wait was released by, and never finishes
-            the job. It needs a user allowed to write the step: by default
+            generation this worker's wait was released by, never finishes
+            the job, and never vouches for the step: a Redis-only waiter is
+            released by reports only while the chief's own vouch stands, so
+            reports that begin more than a few seconds after the chief's
+            session ended may release none (such a waiter ends at its
+            timeout, saying the chief does not vouch for the step). It
+            needs a user allowed to write the step: by default
             (``REPORT_EVERY``) a worker whose user may not (the shipped
             ``worker`` role) says so at INFO and trains on; given explicitly,
             that refusal is a WARNING. Reporting needs a config: given here,

@@ -5,7 +5,9 @@ so the step the chief fetches with a run lags the truth by a whole run of theirs
 A waiting worker must still be released by the chief's run that crossed its
 step, not one run later; and once the chief's session ends, the workers that
 train on keep the published step moving (as TensorFlow's hook, which reads the
-step on the parameter server, would see it move).
+step on the parameter server, would see it move). The test that proves a row of
+the comparison table in docs/tensorflow-keras.md ("Parity with TensorFlow's
+hook") names it.
 """
 
 from __future__ import annotations
@@ -154,7 +156,9 @@ def test_a_worker_is_released_by_the_chief_run_that_crossed_its_step_despite_the
 def test_workers_training_on_after_the_chief_stopped_release_a_waiting_worker(
     redis_server: RedisServer, job: str, tmp_path: Path
 ) -> None:
-    """ps, chief and two workers, each its own process.
+    """Row "the chief's session ends first, other workers train on (async PS)" of the
+    comparison table in docs/tensorflow-keras.md: ps, chief and two workers, each its
+    own process.
 
     Worker 1 starts at step 5 and pauses at step 20 until the chief's session
     has ended (at 30, without ``last_step``); then it trains on alone. Worker 2

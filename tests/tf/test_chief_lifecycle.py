@@ -4,6 +4,8 @@
 end of training, but also when a crashed chief's ``try/finally`` closes it, and
 at the end of each session of a chief that trains in several. Only reaching
 ``last_step`` finishes the job. A chief that a newer one took over stays quiet.
+The tests that prove a row of the comparison table in docs/tensorflow-keras.md
+("Parity with TensorFlow's hook") name it.
 """
 
 from __future__ import annotations
@@ -63,6 +65,10 @@ def increment() -> Iterator[Any]:
 def test_a_crashed_chief_closing_its_session_in_finally_does_not_abort_the_waiters(
     config: BarrierConfig, increment: Any
 ) -> None:
+    """Row "the chief's training code fails, and it closes its session in
+    `try/finally`" of the comparison table in docs/tensorflow-keras.md: the end of
+    the session (``end()`` runs) does not finish the job, the worker waits on, and a
+    new chief releases it at its step."""
     worker = waiting_for(config, 30)
     wait_registered(config)
     with pytest.raises(SimulatedCrash):
@@ -92,6 +98,10 @@ def test_a_crashed_chief_closing_its_session_in_finally_does_not_abort_the_waite
 def test_a_chief_training_in_two_sessions_keeps_the_workers_of_the_second_waiting(
     config: BarrierConfig, tmp_path: Path
 ) -> None:
+    """Row "a chief trains in two sessions, with a gap longer than the stall timeout"
+    of the comparison table in docs/tensorflow-keras.md, without the gap (that is
+    ``tests/tf/test_drop_in.py``): the first session's end finishes nothing, the
+    worker waits on and the second session releases it."""
     worker = waiting_for(config, 30)
     wait_registered(config)
     hook = GlobalStepPublisherHook(config)
@@ -111,6 +121,9 @@ def test_a_chief_training_in_two_sessions_keeps_the_workers_of_the_second_waitin
 def test_the_session_that_reaches_last_step_finishes_the_job(
     config: BarrierConfig, tmp_path: Path
 ) -> None:
+    """Row "the chief's training code fails, and it closes its session in
+    `try/finally`" of the comparison table in docs/tensorflow-keras.md, its other
+    side: only the session that reaches ``last_step`` finishes the job."""
     in_time, too_late = waiting_for(config, 30), waiting_for(config, 45)
     wait_registered(config, 2)
     hook = GlobalStepPublisherHook(config, last_step=40)

@@ -14,19 +14,26 @@ processes wrote, their exit codes and their logs are all the assertions use.
 - A chief that trains in two sessions with a gap longer than the stall
   timeout: its waiting worker waits on through the gap; a worker started after
   the chief's last session ended is released by the session's step.
+
+Every test names the row of the comparison table in docs/tensorflow-keras.md
+("Parity with TensorFlow's hook") it proves.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from stepbarrier import BarrierConfig, StepPublisher
+from stepbarrier._protocol.freshness import MIN_CONFIRM
 from tests.conftest import subprocess_env
 from tests.redis_harness import RedisServer, free_port
-from tests.tf.example_processes import ExampleProcesses
+from tests.reliability.processes import wait_until
+from tests.tf.example_processes import FINISH_TIMEOUT, ExampleProcesses
 
 pytestmark = pytest.mark.tensorflow
 
@@ -42,6 +49,20 @@ processes per job and another test worker beside them a read was seen 1.4 s late
 (28 steps). 60 steps (3 s) still proves the point: a worker that missed its step
 waits for the end of the chief's 150 steps, or 600 s."""
 SESSION = "the session's global step"
+NO_PUBLISHER_ADVICE = "add GlobalStepPublisherHook"
+"""In the WARNING that advises adding a publisher, and in the causes of the
+no-chief warning when Redis answered with no state of the job."""
+HEARTBEAT_STOPS = "the heartbeat stops"
+"""In the chief's WARNING when its loop handed no step over for its stall timeout."""
+LOOP_DIED = "the process stays alive"
+"""What the chief prints when its training loop died (``migration_task.py``)."""
+
+
+def after_the_loop_died(log: str) -> str:
+    """The chief's log from the death of its training loop on ('' before it).
+
+    A heartbeat may stop before training too, while the chief waits for the workers."""
+    return log.partition(LOOP_DIED)[2]
 
 
 def cluster_of(workers: int) -> dict[str, list[str]]:
@@ -98,7 +119,11 @@ def unchanged_chief(
         ),
         "unconfigured": subprocess_env(**common),
         "redis_down": subprocess_env(
-            **common, **redis, STEPBARRIER_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0"
+            **common,
+            **redis,
+            STEPBARRIER_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0",
+            # the no-chief warning comes during the wait: it must not advise a publisher
+            STEPBARRIER_NO_CHIEF_WARNING="1",
         ),
     }
     with ExampleProcesses(workdir) as job:
@@ -113,6 +138,12 @@ def unchanged_chief(
 def test_with_the_chief_unchanged_every_worker_starts_at_its_step_as_tensorflow_s_does(
     unchanged_chief: tuple[dict[str, dict[str, Any]], dict[str, str]], worker: str
 ) -> None:
+    """Row "only the workers' import changed, the chief as it was" of the comparison
+    table in docs/tensorflow-keras.md: TensorFlow's worker and ours start at their
+    step, ours released by the session's step. Also rows "how it learns the step"
+    (the session's step releases when no chief publishes), "no `STEPBARRIER_*`
+    variable at all" (``unconfigured`` works) and "Redis down or refusing"
+    (``redis_down`` waits on the session's step)."""
     records, _ = unchanged_chief
     record = records[worker]
     assert record["error"] is None, record
@@ -129,6 +160,9 @@ def test_with_the_chief_unchanged_every_worker_starts_at_its_step_as_tensorflow_
 def test_a_configured_worker_says_early_that_no_chief_publishes_and_how_to_add_one(
     unchanged_chief: tuple[dict[str, dict[str, Any]], dict[str, str]],
 ) -> None:
+    """Row "only the workers' import changed, the chief as it was" of the comparison
+    table in docs/tensorflow-keras.md: Redis answers and holds no state of the job, so
+    a WARNING says no publisher was heard, and how to add one."""
     log = unchanged_chief[1]["configured"]
     assert "WARNING job unchanged-" in log and "no write of this job's chief seen on" in log
     assert "Likely causes: the chief runs no publisher" in log
@@ -141,7 +175,12 @@ def test_a_configured_worker_says_early_that_no_chief_publishes_and_how_to_add_o
 def test_an_unconfigured_worker_warns_once_naming_the_variables(
     unchanged_chief: tuple[dict[str, dict[str, Any]], dict[str, str]],
 ) -> None:
+    """Row "no `STEPBARRIER_*` variable at all" of the comparison table in
+    docs/tensorflow-keras.md: TensorFlow's behaviour, after one WARNING naming the
+    variables; Redis is never touched."""
     log = unchanged_chief[1]["unconfigured"]
+    warnings = [line for line in log.splitlines() if "STEPBARRIER_JOB is not set" in line]
+    assert len(warnings) == 1 and " WARNING " in warnings[0], warnings
     assert log.count("STEPBARRIER_JOB is not set") == 1
     assert "STEPBARRIER_REDIS_URL" in log
     assert "Redis at" not in log and "unreachable" not in log, "it touched Redis"
@@ -150,8 +189,15 @@ def test_an_unconfigured_worker_warns_once_naming_the_variables(
 def test_with_redis_down_a_worker_says_so_once_and_waits_on_the_session(
     unchanged_chief: tuple[dict[str, dict[str, Any]], dict[str, str]],
 ) -> None:
+    """Row "Redis down or refusing" of the comparison table in docs/tensorflow-keras.md,
+    Redis down from the start: said once, the wait goes on on the session's step
+    (released by it: the test above), and neither the no-chief warning nor any
+    other line advises adding a publisher."""
     log = unchanged_chief[1]["redis_down"]
     assert log.count(f"waiting on {SESSION} alone") == 1, log
+    assert "no write of this job's chief seen on" in log, log  # the no-chief warning came
+    advice = [line for line in log.splitlines() if NO_PUBLISHER_ADVICE in line]
+    assert not advice, advice
 
 
 # -- a chief with the publisher whose training loop dies -------------------------------
@@ -191,12 +237,28 @@ def dead_loop(
         codes: dict[str, int | None] = {name: job.exit_code(name) for name in workers}
         codes["chief_while_workers_ended"] = job.processes["chief"].poll()
         records = {name: job.record(name) for name in workers}
+        # the chief's loop handed no step over for its stall timeout (or its
+        # confirmation window): its heartbeat stops, while its process lives on
+        chief_process = job.processes["chief"]
+        wait_until(
+            lambda: (
+                HEARTBEAT_STOPS in after_the_loop_died(full_log(job, "chief"))
+                or chief_process.poll() is not None
+            ),
+            FINISH_TIMEOUT,
+            "the chief's heartbeat stops or the chief exits",
+        )
+        codes["chief_when_its_heartbeat_stopped"] = chief_process.poll()
+        records["chief"] = {"log": full_log(job, "chief")}
     return records, codes
 
 
 def test_a_worker_whose_step_came_is_woken_through_redis(
     dead_loop: tuple[dict[str, dict[str, Any]], dict[str, int | None]],
 ) -> None:
+    """Row "how it learns the step" of the comparison table in docs/tensorflow-keras.md:
+    with the chief publishing, the worker is woken through Redis (by the chief's
+    announcement, not by a read of the session's step), near its step."""
     records, codes = dead_loop
     early = records["early"]
     assert codes["early"] == 0 and early["error"] is None, early
@@ -207,6 +269,11 @@ def test_a_worker_whose_step_came_is_woken_through_redis(
 def test_a_chief_whose_loop_died_stops_vouching_and_its_worker_reaches_the_stall_timeout(
     dead_loop: tuple[dict[str, dict[str, Any]], dict[str, int | None]],
 ) -> None:
+    """Row "the chief's training loop died, its process lives on (a notebook, a caught
+    error)" of the comparison table in docs/tensorflow-keras.md: the worker ends with
+    ``BarrierTimeout`` at the stall timeout while the chief's process lives, and the
+    chief's heartbeat stops once its loop handed no step over for its stall timeout
+    (or its confirmation window), the process still alive."""
     records, codes = dead_loop
     worker = records["after_death"]
     assert codes["after_death"] == 1, worker
@@ -214,6 +281,27 @@ def test_a_chief_whose_loop_died_stops_vouching_and_its_worker_reaches_the_stall
     assert worker["steps_trained"] == 0, worker
     # it ended while the chief's process still lived (it stays 60 s after the loop died)
     assert codes["chief_while_workers_ended"] is None
+    # the chief stopped its heartbeat, and said so, while its process lived on
+    chief_log = records["chief"]["log"]
+    assert codes["chief_when_its_heartbeat_stopped"] is None, chief_log
+    stopped = after_the_loop_died(chief_log)
+    stops = [line for line in stopped.splitlines() if HEARTBEAT_STOPS in line]
+    assert len(stops) == 1 and " WARNING " in stops[0], chief_log
+    assert "the training loop handed no step over" in stops[0], stops
+
+
+@pytest.mark.parametrize(("stall_timeout", "idle_limit"), [(STALL, MIN_CONFIRM), (30.0, 30.0)])
+def test_a_chief_s_heartbeat_stops_after_its_stall_timeout_or_its_window_if_longer(
+    make_config: Callable[..., BarrierConfig], stall_timeout: float, idle_limit: float
+) -> None:
+    """Row "the chief's training loop died, its process lives on (a notebook, a caught
+    error)" of the comparison table in docs/tensorflow-keras.md: how long the chief's
+    loop may hand nothing over before its heartbeat stops (the bound the job above
+    ran with): its stall timeout, or its confirmation window (``MIN_CONFIRM`` for a
+    loop with no step time yet), whichever is longer."""
+    assert STALL < MIN_CONFIRM < 30.0  # the job above: the window is the longer
+    with StepPublisher(make_config(stall_timeout=stall_timeout)) as publisher:
+        assert publisher._loop.idle_limit() == idle_limit
 
 
 # -- a chief that trains in two sessions, and a worker that comes late -----------------
@@ -258,6 +346,10 @@ def two_sessions(
 def test_a_worker_waits_on_through_a_gap_between_the_chief_s_sessions(
     two_sessions: dict[str, dict[str, Any]],
 ) -> None:
+    """Row "a chief trains in two sessions, with a gap longer than the stall timeout"
+    of the comparison table in docs/tensorflow-keras.md: the worker waits on through
+    a gap of three stall timeouts (the chief's publisher pauses, its heartbeat goes
+    on), and is woken through Redis at its step in the second session."""
     worker = two_sessions["gap"]
     assert worker["error"] is None, worker
     assert worker["released_by"] != SESSION, worker
@@ -269,6 +361,10 @@ def test_a_worker_waits_on_through_a_gap_between_the_chief_s_sessions(
 def test_a_worker_started_after_the_chief_s_last_session_is_released_by_the_session(
     two_sessions: dict[str, dict[str, Any]],
 ) -> None:
+    """Row "a late worker, after the chief's last session ended" of the comparison
+    table in docs/tensorflow-keras.md: released at once, by the session's step. (At
+    once: nothing moves the step between the chief's end and this worker's first
+    run, and that step is above its target, so the first read released it.)"""
     late = two_sessions["late"]
     assert late["error"] is None, late
     assert late["released_by"] == SESSION, late

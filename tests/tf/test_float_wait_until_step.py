@@ -3,7 +3,9 @@
 TensorFlow's ``GlobalStepWaiterHook`` releases once ``global_step >=
 wait_until_step``, whatever number it was given. The real hook is asked, for
 each target and each step around it, whether it would release; ours must wait
-for exactly the first step at which it does.
+for exactly the first step at which it does. The tests that prove the row
+"`wait_until_step` is a float" of the comparison table in docs/tensorflow-keras.md
+("Parity with TensorFlow's hook") name it.
 """
 
 from __future__ import annotations
@@ -96,6 +98,9 @@ def steps_around(target: float) -> list[int]:
 def test_our_hook_waits_for_the_first_step_at_which_tensorflows_hook_releases(
     target: float, global_step_at: GlobalStepAt
 ) -> None:
+    """Row "`wait_until_step` is a float (`20 * math.log(2)`)" of the comparison table
+    in docs/tensorflow-keras.md: ours waits for the first step at which TensorFlow's
+    hook, asked at each step around the target, releases."""
     ours = GlobalStepWaiterHook(target).wait_until_step
     for step in steps_around(target):
         released = tensorflow_releases(target, global_step_at(step))
@@ -105,6 +110,8 @@ def test_our_hook_waits_for_the_first_step_at_which_tensorflows_hook_releases(
 def test_a_float_step_releases_at_the_next_integer_step_not_before(
     make_config: Callable[..., BarrierConfig],
 ) -> None:
+    """Row "`wait_until_step` is a float (`20 * math.log(2)`)" of the comparison table
+    in docs/tensorflow-keras.md: 13.86 waits for step 14 (``math.ceil``), not 13."""
     config = make_config(timeout=0.5)
     with StepPublisher(config) as publisher, tf.Graph().as_default():
         tf.compat.v1.train.get_or_create_global_step()

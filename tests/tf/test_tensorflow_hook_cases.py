@@ -5,7 +5,9 @@ session: step 0 never waits; for step 1000, ``time.sleep`` is patched so that
 its first call assigns the global step 500 and its second 1100, and
 ``before_run`` must return right after the second. The same cases run here
 against TensorFlow's hook and ours, unconfigured (no ``STEPBARRIER_*``) and
-configured for a Redis on which no chief publishes.
+configured for a Redis on which no chief publishes. Every test names the row of
+the comparison table in docs/tensorflow-keras.md ("Parity with TensorFlow's
+hook") it proves.
 """
 
 from __future__ import annotations
@@ -21,12 +23,14 @@ from unittest import mock
 import pytest
 import tensorflow as tf
 
-from stepbarrier import BarrierConfig, tf_hooks
+from stepbarrier import BarrierConfig, StepSource, StepWaiter, tf_hooks
 from tests.tf.tf_graphs import context
 
 pytestmark = pytest.mark.tensorflow
 
 SESSION = "the session's global step"
+TENSORFLOW_PACE = 0.5
+"""Seconds TensorFlow's hook sleeps between two reads of the global step."""
 
 
 @pytest.fixture
@@ -47,6 +51,8 @@ def make_hook(kind: str, step: int, config: BarrierConfig | None) -> Any:
 def test_not_wait_for_step_zero(
     kind: str, unconfigured: None, make_config: Callable[..., BarrierConfig]
 ) -> None:
+    """Row "TensorFlow's own `GlobalStepWaiterHookTest`" of the comparison table in
+    docs/tensorflow-keras.md: its ``test_not_wait_for_step_zero``, on a real session."""
     config = make_config() if kind == "configured" else None
     with tf.Graph().as_default():
         tf.compat.v1.train.get_or_create_global_step()
@@ -61,6 +67,12 @@ def test_not_wait_for_step_zero(
 def test_wait_for_step_with_time_sleep_patched_as_tensorflow_does(
     kind: str, unconfigured: None, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """Row "TensorFlow's own `GlobalStepWaiterHookTest`" of the comparison table in
+    docs/tensorflow-keras.md: its ``test_wait_for_step``, ``time.sleep`` patched to
+    move the step 0, 500, 1100. Unconfigured, ours also proves rows "how it learns
+    the step" (it sleeps TensorFlow's 0.5 s between two reads, as TensorFlow's
+    does here) and "no `STEPBARRIER_*` variable at all" (one WARNING)."""
+    slept: list[float] = []
     with tf.Graph().as_default():
         gstep = tf.compat.v1.train.get_or_create_global_step()
         hook = make_hook(kind, 1000, None)
@@ -73,6 +85,7 @@ def test_wait_for_step_with_time_sleep_patched_as_tensorflow_does(
             def sleep_side_effect(seconds: float) -> None:
                 nonlocal counter
                 counter += 1
+                slept.append(seconds)
                 if counter == 1:
                     sess.run(to_500)  # the first sleep: the step goes from 0 to 500
                 elif counter == 2:
@@ -86,6 +99,7 @@ def test_wait_for_step_with_time_sleep_patched_as_tensorflow_does(
             with mock.patch.object(time, "sleep", side_effect=sleep_side_effect):
                 hook.before_run(context(sess))
             assert counter == 2
+    assert slept == [TENSORFLOW_PACE, TENSORFLOW_PACE]  # TensorFlow's pace, in both hooks
     if kind == "unconfigured":
         assert (hook.released_at_step, hook.released_by) == (1100, SESSION)
         warned = [r for r in caplog.records if "STEPBARRIER_JOB is not set" in r.getMessage()]
@@ -96,9 +110,22 @@ def test_wait_for_step_configured_with_no_publisher(
     unconfigured: None,
     make_config: Callable[..., BarrierConfig],
     caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # the same case with Redis configured: the wait reads the session on its own
-    # clock (not time.sleep), so a thread moves the step: 500, then 1100
+    """Row "TensorFlow's own `GlobalStepWaiterHookTest`" of the comparison table in
+    docs/tensorflow-keras.md: its ``test_wait_for_step`` with Redis configured and no
+    publisher. The wait reads the session on its own clock (not ``time.sleep``), so a
+    thread moves the step: 500, then 1100. Also row "how it learns the step": the
+    hook hands the wait the session's step to read at TensorFlow's 0.5 s, before
+    and after a chief was seen."""
+    sources: list[StepSource] = []
+    wait = StepWaiter.wait
+
+    def recorded(self: StepWaiter, step: int, **kwargs: Any) -> int:
+        sources.append(kwargs["source"])
+        return wait(self, step, **kwargs)
+
+    monkeypatch.setattr(StepWaiter, "wait", recorded)
     config = make_config()
     with tf.Graph().as_default():
         gstep = tf.compat.v1.train.get_or_create_global_step()
@@ -122,5 +149,8 @@ def test_wait_for_step_configured_with_no_publisher(
             assert moved == [500, 1100]  # it returned only after the step passed 1000
             thread.join(10)
     assert (hook.released_at_step, hook.released_by) == (1100, SESSION)
+    [source] = sources
+    assert source.name == SESSION
+    assert source.intervals == (TENSORFLOW_PACE, TENSORFLOW_PACE)
     hinted = [r.getMessage() for r in caplog.records if "GlobalStepPublisherHook" in r.getMessage()]
     assert hinted and "chief_only_hooks" in hinted[0]

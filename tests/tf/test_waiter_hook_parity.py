@@ -3,7 +3,9 @@
 Each scenario runs with ``tf.compat.v1.train.GlobalStepWaiterHook`` and with
 ``stepbarrier.tf_hooks.GlobalStepWaiterHook`` and expects the same outcome. The
 chief is a thread that increments the global step in the same local session
-(what TensorFlow's hook reads) and publishes it (what ours reads).
+(what TensorFlow's hook reads) and publishes it (what ours reads). Every test
+names the row of the comparison table in docs/tensorflow-keras.md ("Parity with
+TensorFlow's hook") it proves.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis
+import redis.cluster
+import redis.sentinel
 import tensorflow as tf
 
 from stepbarrier import BarrierConfig, StepPublisher, tf_hooks
@@ -32,18 +37,36 @@ def make_hook(implementation: str, wait_until_step: int, config: BarrierConfig |
 
 @pytest.fixture
 def no_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No STEPBARRIER_* variables: reading the configuration would fail."""
+    """No STEPBARRIER_* variables: reading the configuration would fail. The
+    unconfigured hook's one WARNING is due again."""
     for name in list(os.environ):
         if name.startswith("STEPBARRIER_") or name == "TF_CONFIG":
             monkeypatch.delenv(name)
+    monkeypatch.setattr(tf_hooks, "_warned_unconfigured", False)
 
 
 @pytest.fixture
 def no_redis_client(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Creating a waiter, a reporter or any redis-py client fails the test."""
+
     def refuse(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("the hook created a Redis client")
 
     monkeypatch.setattr(tf_hooks, "StepWaiter", refuse)
+    monkeypatch.setattr(tf_hooks, "StepPublisher", refuse)
+    for client in (redis.Redis, redis.cluster.RedisCluster, redis.sentinel.Sentinel):
+        monkeypatch.setattr(client, "__init__", refuse)
+
+
+ENVIRONMENTS = {
+    "none": {},
+    # a job named, with a setting that fails when read: the hook must not read it
+    "a job with a bad setting": {
+        "STEPBARRIER_JOB": "parity",
+        "STEPBARRIER_REDIS_URL": "redis://127.0.0.1:1/0",
+        "STEPBARRIER_TIMEOUT": "soon",
+    },
+}
 
 
 @pytest.fixture
@@ -59,17 +82,30 @@ def info_logs(caplog: pytest.LogCaptureFixture) -> None:
 
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
 @pytest.mark.parametrize("wait_until_step", [0, -3])
+@pytest.mark.parametrize("environment", ENVIRONMENTS)
 @pytest.mark.usefixtures("no_environment", "no_redis_client")
 def test_a_step_of_zero_or_less_starts_at_once_and_reads_nothing(
-    implementation: str, wait_until_step: int, caplog: pytest.LogCaptureFixture
+    implementation: str,
+    wait_until_step: int,
+    environment: str,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """Row "`wait_until_step <= 0`" of the comparison table in docs/tensorflow-keras.md:
+    both start at once and read nothing; ours (``config=None``, the drop-in) reads
+    no ``STEPBARRIER_*`` variable and creates no Redis client, whatever the
+    environment, and gives no WARNING (row "no `STEPBARRIER_*` variable at all")."""
+    for name, value in ENVIRONMENTS[environment].items():
+        monkeypatch.setenv(name, value)
     with tf.Graph().as_default():
         tf.compat.v1.train.get_or_create_global_step()
         hook = make_hook(implementation, wait_until_step, None)
         hook.begin()
         for _ in range(3):
             assert hook.before_run(context(ForbiddenSession())) is None
+        hook.end(ForbiddenSession())
     assert waits_logged(caplog) == 0
+    assert not [r for r in caplog.records if "STEPBARRIER" in r.getMessage()]
 
 
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
@@ -78,6 +114,8 @@ def test_a_step_of_zero_or_less_starts_at_once_and_reads_nothing(
 def test_begin_without_a_global_step_raises_runtime_error(
     implementation: str, wait_until_step: int
 ) -> None:
+    """Row "`begin()` in a graph without a global step" of the comparison table in
+    docs/tensorflow-keras.md: ``RuntimeError`` from both, with TensorFlow's message."""
     with tf.Graph().as_default():
         hook = make_hook(implementation, wait_until_step, None)
         with pytest.raises(RuntimeError, match="Global step should be created to use"):
@@ -91,6 +129,9 @@ def test_the_first_before_run_waits_until_the_global_step_is_reached(
     publisher: StepPublisher,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    """Row "which `before_run` waits" of the comparison table in
+    docs/tensorflow-keras.md: the first ``before_run`` after ``begin()`` waits until
+    the step is reached (with the next test)."""
     with tf.Graph().as_default() as graph:
         global_step = tf.compat.v1.train.get_or_create_global_step()
         increment = tf.compat.v1.assign_add(global_step, 1)
@@ -113,6 +154,9 @@ def test_only_the_first_before_run_waits(
     publisher: StepPublisher,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    """Row "which `before_run` waits" of the comparison table in
+    docs/tensorflow-keras.md: only the first after ``begin()``; the later ones read
+    nothing, even once the step went back."""
     with tf.Graph().as_default() as graph:
         global_step = tf.compat.v1.train.get_or_create_global_step()
         increment = tf.compat.v1.assign_add(global_step, 1)
@@ -137,6 +181,8 @@ def test_a_recovered_session_does_not_wait_again(
     publisher: StepPublisher,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    """Row "`MonitoredSession` recovers a session (`after_create_session` again)" of
+    the comparison table in docs/tensorflow-keras.md: no new wait."""
     publisher.publish(10)
     assert publisher.flush(10)
     with tf.Graph().as_default():
@@ -162,6 +208,8 @@ def test_a_new_session_begins_again_and_waits_again(
     publisher: StepPublisher,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    """Row "a new session (`begin()` again)" of the comparison table in
+    docs/tensorflow-keras.md: both wait again."""
     publisher.publish(10)
     assert publisher.flush(10)
     with tf.Graph().as_default():
