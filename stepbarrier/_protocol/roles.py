@@ -8,6 +8,15 @@ roles call the shipped Functions library (``FCALL``/``FCALL_RO``), whose inner
 commands run as the calling user, so a role also holds those commands and the
 key permissions they need. Each command below is there because an operation
 of the role runs it; ``tests/security`` runs every operation under the rules.
+
+That is also why no rule can withhold a write the library makes: a role that
+writes through a function holds the command itself, and may send it directly,
+with any number of arguments. ACLs grant commands, not their arity, and
+``client-query-buffer-limit`` caps only a client's unparsed input, not how many
+arguments a command has: one ``ZADD``, ``HSET`` or ``RPUSH`` of a million
+members by the chief's or the worker's password holds Redis for seconds.
+``tests/security/test_variadic_writes.py`` keeps both facts true
+(docs/reliability-security.md#threat-model).
 """
 
 from __future__ import annotations
@@ -68,10 +77,13 @@ _COMMANDS = {
     "chief": f"{_CONNECT} +fcall {_READS} {_LISTING} +hget +exists +hset +set +expire "
     "+zremrangebyscore +publish +spublish +blpop +zadd +zremrangebyrank +subscribe +ssubscribe "
     "+unlink +zcount +lpop",
-    # Only commands whose cost is bounded by their arguments (which
-    # client-query-buffer-limit bounds) whatever the worker wrote itself: no
-    # range read or range removal, no HGETALL, UNLINK rather than DEL (and
-    # the shipped redis.conf frees lazily what expires or is overwritten).
+    # Only commands whose cost is bounded by their arguments whatever the
+    # worker wrote itself: no range read or range removal, no HGETALL, UNLINK
+    # rather than DEL (and the shipped redis.conf frees lazily what expires or
+    # is overwritten). Nothing bounds how many arguments one command has
+    # (client-query-buffer-limit caps only unparsed input): HSET, ZADD, RPUSH
+    # and UNLINK, which the library's functions run as the worker, cannot be
+    # withheld, so one of a million members stalls Redis for seconds.
     # +fcall: waiter_register (EXPIRE, UNLINK, HSET, ZADD, LLEN, RPUSH, LTRIM:
     # a list is trimmed node by node, 0.3 ms for a million entries) and
     # waiter_leave (UNLINK, TYPE, ZREM), which declare only what a waiter
@@ -99,7 +111,9 @@ WORKER_BOUNDED = frozenset(
 bounded cost whatever the worker wrote before: O(1), O(log N) or O(its
 arguments), or (LTRIM, UNLINK) freeing memory without touching each element on
 Redis's main thread. ``tests/security/test_shared_redis.py`` checks that Redis
-grants exactly these, and refuses the costly ones."""
+grants exactly these, and refuses the costly ones. O(its arguments) is not
+small: Redis bounds neither how many arguments one command has nor (its ACLs)
+which of these the worker sends directly rather than through the library."""
 
 _BARRIER_NEWS = "({publish} &{channel})"
 """A worker's ACL selector: the last arrival at a barrier announces it (PUBLISH, or

@@ -417,11 +417,15 @@ def directives(text: str) -> dict[str, str]:
     return {name: value for name, value in pairs}
 
 
-def test_the_configmaps_redis_conf_is_ops_redis_conf_but_for_the_acl_path() -> None:
+def test_the_configmaps_redis_conf_is_ops_redis_conf_but_for_the_acl_path_and_bind() -> None:
+    """The pod listens on its own addresses (its Service's clients come there, and
+    networkpolicy.yaml admits only the job's); ops/redis/redis.conf on loopback."""
     k8s = directives(find("ConfigMap", "stepbarrier-redis-config")["data"]["redis.conf"])
     ops = directives((OPS / "redis.conf").read_text())
     assert k8s.pop("aclfile") == "/etc/redis/acl/users.acl"
     ops.pop("aclfile")
+    assert k8s.pop("bind") == "* -::*"
+    assert ops.pop("bind") == "127.0.0.1 -::1"
     assert k8s == ops
     assert k8s["busy-reply-threshold"] == "1000"
 
@@ -667,3 +671,128 @@ def test_the_one_job_recipe_gives_every_pod_of_the_job_its_uid_as_the_run_id() -
     # a cluster older than 1.27 has no such label: the variable is empty, no run id
     older = field_ref_env(recipe, {"controller-uid": uid})
     assert BarrierConfig.from_env({"STEPBARRIER_JOB": "k8s-demo", **older}).run_id is None
+
+
+# -- networkpolicy.yaml: who may connect ------------------------------------------------
+
+
+def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Whether a Kubernetes label selector (matchLabels, matchExpressions) selects
+    a pod of ``labels``; the empty selector selects every pod."""
+    if not set(selector) <= {"matchLabels", "matchExpressions"}:
+        raise AssertionError(f"unknown selector fields: {selector}")
+    if any(labels.get(key) != value for key, value in selector.get("matchLabels", {}).items()):
+        return False
+    for expression in selector.get("matchExpressions", []):
+        key, operator = expression["key"], expression["operator"]
+        values = expression.get("values", [])
+        present = key in labels
+        matched = {
+            "In": present and labels.get(key) in values,
+            "NotIn": not present or labels.get(key) not in values,
+            "Exists": present,
+            "DoesNotExist": not present,
+        }[operator]
+        if not matched:
+            return False
+    return True
+
+
+def network_policy(name: str) -> dict[str, Any]:
+    doc = find("NetworkPolicy", name)
+    assert doc["apiVersion"] == "networking.k8s.io/v1"
+    return doc
+
+
+def pod_labels() -> dict[str, dict[str, str]]:
+    """Every workload's name -> its pods' labels."""
+    return {
+        doc["metadata"]["name"]: doc["spec"]["template"]["metadata"]["labels"]
+        for doc in manifests()
+        if "template" in doc.get("spec", {})
+    }
+
+
+def admitted(policy: dict[str, Any], labels: dict[str, str], port: int) -> bool:
+    """Whether the policy lets a pod of this namespace with ``labels`` connect to ``port``
+    of the pods it selects."""
+    for rule in policy["spec"]["ingress"]:
+        ports = {(p.get("protocol", "TCP"), p["port"]) for p in rule["ports"]}
+        if ("TCP", port) in ports and any(
+            selects(peer["podSelector"], labels) for peer in rule["from"]
+        ):
+            return True
+    return False
+
+
+def test_every_ingress_rule_names_its_peers_and_ports() -> None:
+    """A rule without `from` admits every source, and one without `ports` every
+    port: each rule here has both, and its peers are pods of the namespace only
+    (no namespaceSelector, no ipBlock)."""
+    policies = [doc for doc in manifests() if doc["kind"] == "NetworkPolicy"]
+    assert {doc["metadata"]["name"] for doc in policies} == {
+        "stepbarrier-redis",
+        "stepbarrier-train",
+    }
+    for doc in policies:
+        assert doc["spec"]["policyTypes"] == ["Ingress"], doc
+        assert doc["spec"]["podSelector"], doc  # never every pod of the namespace
+        for rule in doc["spec"]["ingress"]:
+            assert rule["from"] and rule["ports"], rule
+            for peer in rule["from"]:
+                assert set(peer) == {"podSelector"} and peer["podSelector"], peer
+
+
+def test_the_redis_policy_selects_the_redis_pod_on_its_port() -> None:
+    policy = network_policy("stepbarrier-redis")
+    labels = pod_labels()
+    selected = {name for name, own in labels.items() if selects(policy["spec"]["podSelector"], own)}
+    assert selected == {"redis"}
+    [redis_container] = redis_pod()["containers"]
+    [port] = redis_container["ports"]
+    assert port["containerPort"] == 6379
+    assert find("Service", "redis")["spec"]["selector"].items() <= labels["redis"].items()
+
+
+def test_redis_admits_only_the_chief_the_workers_and_the_exporter() -> None:
+    """By the labels the manifests give their pods: the ps never uses Redis, and a
+    pod of the namespace without the job's labels is not admitted."""
+    policy = network_policy("stepbarrier-redis")
+    admitted_workloads = {
+        name for name, labels in pod_labels().items() if admitted(policy, labels, 6379)
+    }
+    assert admitted_workloads == {CHIEF_JOB, WORKERS_JOB, "stepbarrier-exporter"}
+    for stranger in (
+        {},
+        {"app": "attacker"},
+        {"app": "stepbarrier-train"},  # no role
+        {"app": "stepbarrier-train", "role": "ps"},
+        {"app": "stepbarrier-redis"},
+        {"role": "chief"},
+    ):
+        assert not admitted(policy, stranger, 6379), stranger
+    assert not admitted(policy, pod_labels()[CHIEF_JOB], 2222)  # Redis's port only
+
+
+def test_the_tensorflow_servers_admit_only_the_jobs_pods() -> None:
+    """TensorFlow's gRPC servers run whatever graph they are sent: only the ps, the
+    chief and the workers reach them, on the port TF_CONFIG and the Service name."""
+    policy = network_policy("stepbarrier-train")
+    labels = pod_labels()
+    selected = {name for name, own in labels.items() if selects(policy["spec"]["podSelector"], own)}
+    assert selected == {"ps", CHIEF_JOB, WORKERS_JOB}
+    assert {name for name, own in labels.items() if admitted(policy, own, 2222)} == selected
+    assert not admitted(policy, labels["stepbarrier-exporter"], 2222)
+    assert not admitted(policy, {"app": "attacker"}, 2222)
+    for name in selected:
+        workload = find("StatefulSet", name) if name == "ps" else job(name)
+        assert [p["containerPort"] for p in container(workload)["ports"]] == [2222]
+    assert all(address.endswith(":2222") for tasks in cluster().values() for address in tasks)
+    [service_port] = find("Service", "train")["spec"]["ports"]
+    assert service_port["port"] == 2222
+
+
+def test_the_deploy_commands_apply_the_network_policy_before_redis() -> None:
+    for path in (README, OPERATIONS):
+        [deploy] = [block for block in shell_blocks(path) if "ops/k8s/redis.yaml" in block]
+        assert deploy.index("ops/k8s/networkpolicy.yaml") < deploy.index("ops/k8s/redis.yaml")

@@ -369,12 +369,17 @@ def harness_config(port: int, name: str) -> list[bytes | str]:
 
 
 def test_with_the_opt_in_it_runs_on_loopback_only(tmp_path: Path, started: list[Started]) -> None:
-    """No --bind among the options: redis.conf's `bind * -::*` is overridden."""
+    """No --bind among the options: a configuration's `bind * -::*` (the Kubernetes
+    one's; ops/redis/redis.conf binds loopback itself) is overridden."""
+    conf = tmp_path / "redis.conf"
+    conf.write_text(REDIS_CONF.read_text().replace("\nbind 127.0.0.1 -::1\n", "\nbind * -::*\n"))
+    assert "\nbind * -::*\n" in conf.read_text()
     run = Started(
         tmp_path,
         SECRETS / "installer.password",
         ["--aclfile", str(example_acl(tmp_path))],
         "loopback-only",
+        conf=conf,
     )
     started.append(run)
     run.wait_loaded(PASSWORDS["installer"])

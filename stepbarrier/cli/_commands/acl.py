@@ -56,7 +56,13 @@ def acl(role: str, user: str, jobs: str | None, password_file: str | None) -> No
 
     The line is `user NAME on #<sha256 of the password> <rules>`: Redis keeps
     only the hash. No role runs Lua of its own: none has EVAL, EVALSHA or
-    SCRIPT LOAD, and only the installer has FUNCTION LOAD.
+    SCRIPT LOAD, and only the installer has FUNCTION LOAD. The chief and the
+    worker hold the commands the library writes with as them (HSET, ZADD, ...)
+    and may send them directly, with any number of arguments: their passwords
+    can stall a shared Redis for seconds. See
+
+    \b
+      docs/reliability-security.md#threat-model
 
     \b
     Example:
