@@ -169,7 +169,7 @@ class Barrier:
             clock=self._clock,
             sleep=self._sleep,
         )
-        return state_from_read(self.member, list(reply))
+        return state_from_read(self.member, list(reply), parties=self.parties)
 
     def close(self) -> None:
         """Release the connection (only if the barrier made its own client)."""

@@ -292,7 +292,7 @@ class BarrierWait:
         )
         self.timing.read_done()
         self._check_reset(reply[1])
-        state = state_from_read(b.member, reply)
+        state = state_from_read(b.member, reply, parties=b.parties)
         if state is not None and state.epoch == self.epoch:
             for task, at in state.arrivals:
                 self.seen.setdefault(task, at)

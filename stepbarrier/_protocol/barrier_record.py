@@ -92,9 +92,11 @@ class BarrierState:
 
     @property
     def complete(self) -> bool:
-        """True once every party arrived: each task's own field, counted (never the
-        stored ``arrived`` counter or ``completed_ms``, which anyone who may write
-        the barrier could set, nor an announcement)."""
+        """True once every party arrived: each task's own field, counted against
+        ``parties`` (a party's own number, if it read the barrier with it:
+        ``state_from_read(parties=...)``), never the stored ``arrived`` counter or
+        ``completed_ms``, which anyone who may write the barrier could set, nor an
+        announcement."""
         return len(self.arrivals) >= self.parties
 
     @property
@@ -109,15 +111,26 @@ class BarrierState:
         return tuple(task for task in range(self.parties) if task not in arrived)
 
 
-def parse_barrier(member: str, fields: Mapping[bytes, object]) -> BarrierState | None:
+def parse_barrier(
+    member: str, fields: Mapping[bytes, object], *, parties: int | None = None
+) -> BarrierState | None:
     """The barrier stored under ``member`` from its hash fields; ``None`` if malformed.
 
     Fields are bytes, as redis-py returns them. Task fields outside
     ``0..parties-1`` and malformed times are ignored.
+
+    Args:
+        parties: A party's own number of parties: the barrier is read as one of
+            that many tasks (``complete`` once each of ``0..parties-1`` arrived),
+            whatever ``parties`` is stored, which whoever may write the barrier
+            could have set. ``None``: the stored number (``status``, which has
+            no number of its own).
     """
-    parties = parse_int(fields.get(b"parties"), low=1, high=MAX_PARTIES)
-    if parties is None:
+    stored = parse_int(fields.get(b"parties"), low=1, high=MAX_PARTIES)
+    if stored is None:
         return None
+    if parties is None:
+        parties = stored
     arrivals = []
     for field, value in fields.items():
         match = _TASK_FIELD.fullmatch(field) if isinstance(field, bytes) else None
@@ -187,10 +200,14 @@ def parse_barrier_notice(raw: object) -> str | None:
     return None
 
 
-def state_from_read(member: str, reply: list[Any]) -> BarrierState | None:
-    """The barrier from a ``waiter_read`` reply on its hash (``None``: none, or malformed)."""
+def state_from_read(
+    member: str, reply: list[Any], *, parties: int | None = None
+) -> BarrierState | None:
+    """The barrier from a ``waiter_read`` reply on its hash (``None``: none, or malformed);
+    ``parties``: a party's own number of them (see ``parse_barrier``)."""
     kind = reply[2].decode() if isinstance(reply[2], bytes) else str(reply[2])
     if kind != "hash":
         return None
     flat = reply[3:]
-    return parse_barrier(member, dict(zip(flat[0::2], flat[1::2], strict=False)))
+    fields = dict(zip(flat[0::2], flat[1::2], strict=False))
+    return parse_barrier(member, fields, parties=parties)

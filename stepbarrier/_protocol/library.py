@@ -22,11 +22,24 @@ fields it needs (``HMGET`` of known names, never ``HGETALL``), reads and
 removes sorted set members by at most a fixed number per call, deletes with
 ``UNLINK`` (the memory of a large key is freed off the main thread), and
 refuses, or treats as malformed, what is larger than the limits below.
+
+Bounded calls (issue 34). Whatever a role may send, each function first checks
+how many keys and arguments it was given (a variadic part at most a small
+constant: ``MAX_FIELDS`` entry fields, ``MAX_RESTORED`` arrivals,
+``MAX_RESET_KEYS`` keys, ``MAX_WRITE_KEYS`` keys), that none of its arguments is
+longer than ``MAX_ARGUMENT``, and each argument's shape, before it reads, writes
+or loops over anything: a refused call has written nothing, and its loops over
+arguments are bounded by these constants. After its first write a function runs
+only work bounded by them and by the sizes it checked. The one loop over stored
+data that no such constant bounds, over a barrier's task fields (at most
+``MAX_PARTIES``), only reads, and runs before any write, so ``FUNCTION KILL``
+can end it. The callers here stay within the limits (``RedisCode`` sends a
+longer restore of arrivals as several calls): docs/protocol.md#bounds.
 """
 
 from __future__ import annotations
 
-from stepbarrier._protocol.barrier_library import MAX_BARRIER_INDEX
+from stepbarrier._protocol.barrier_library import MAX_BARRIER_INDEX, MAX_RESTORED
 from stepbarrier._protocol.barrier_record import MAX_PARTIES
 from stepbarrier._protocol.lua import lua_source
 from stepbarrier._protocol.wire import MAX_STEP
@@ -37,6 +50,9 @@ this plus its parties); a larger hash is ``oversized``: refused, never read."""
 MAX_VALUE = 256
 """Longest value of a known field that the code reads (a chief's ``host:pid`` is
 at most 200 characters); a longer one makes its hash ``oversized``."""
+MAX_ARGUMENT = 256
+"""Longest argument any function takes (a channel, a chief's ``host:pid``, a
+waiter entry's value); a longer one is refused before anything is done."""
 MAX_TASK_VALUE = 16
 """Longest arrival time of a barrier's task field (a whole number)."""
 MAX_MARKER = 64
@@ -53,6 +69,8 @@ whole before the next push (it only hurries the chief)."""
 MAX_RESET_KEYS = 2000
 """Most waiter entries and barrier hashes one ``reset_job`` call deletes (besides
 its six fixed keys): ``stepbarrier reset`` passes at most 1000 of each."""
+MAX_WRITE_KEYS = 8
+"""Most keys one ``may_write`` call checks (the library checks one)."""
 STATE_FIELDS = (
     "generation",
     "step",
@@ -88,6 +106,7 @@ local MAX_FIELDS, MAX_VALUE, MAX_TASK_VALUE = {MAX_FIELDS}, {MAX_VALUE}, {MAX_TA
 local MAX_MARKER, MAX_PARTIES, MAX_BARRIER_INDEX = {MAX_MARKER}, {MAX_PARTIES}, {MAX_BARRIER_INDEX}
 local MAX_TARGETS_READ, MAX_REMOVED = {MAX_TARGETS_READ}, {MAX_REMOVED}
 local MAX_REGISTRATIONS, MAX_RESET_KEYS = {MAX_REGISTRATIONS}, {MAX_RESET_KEYS}
+local MAX_ARGUMENT, MAX_RESTORED, MAX_WRITE_KEYS = {MAX_ARGUMENT}, {MAX_RESTORED}, {MAX_WRITE_KEYS}
 local STATE_FIELDS = {_lua_names(STATE_FIELDS)}
 local BARRIER_FIELDS = {_lua_names(BARRIER_FIELDS)}
 local EPOCH_FIELDS = {_lua_names(EPOCH_FIELDS)}

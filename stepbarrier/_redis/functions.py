@@ -13,6 +13,11 @@ client that finds the library missing loads it itself when its user may
 ``RedisRefused`` naming the command to run. Servers without Functions (Redis
 6, some managed services) work with ``STEPBARRIER_USE_EVAL=1``, at the price of
 granting ``+eval``/``+evalsha`` to the roles.
+
+Every function refuses more arguments than the library's limits allow
+(``stepbarrier._protocol.library``: bounded calls); the one call the library
+may make longer, an arrival that records many lost arrivals again, is sent as
+several (``split_arrival``) and answered as one.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from redis.commands.core import Script
 
 from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._protocol import library as scripts
+from stepbarrier._protocol.barrier_library import arrival_reply, split_arrival
 from stepbarrier._protocol.calls import Call
 from stepbarrier._redis.bounded import HeldConnection, HeldConnections
 from stepbarrier._redis.client import RedisClient, refresh_topology
@@ -186,7 +192,12 @@ class RedisCode:
             RedisRefused: As ``pipeline``.
             redis.RedisError: What the call raised (``TimeoutError`` past ``timeout``).
         """
-        if timeout is not None or self._config.use_eval or isinstance(self._client, RedisCluster):
+        if (
+            timeout is not None
+            or self._config.use_eval
+            or isinstance(self._client, RedisCluster)
+            or (name == "barrier_arrive" and len(split_arrival((name, keys, args))) > 1)
+        ):
             return self.pipeline([(name, keys, args)], timeout=timeout)[0]
         # One call is one plain command, not a pipeline of one: the chief's write
         # to release workers runs on this path, and a pipeline runs about twice
@@ -250,12 +261,20 @@ class RedisCode:
     def replies(self, calls: Sequence[Call], *, timeout: float | None = None) -> list[Any]:
         """Like ``pipeline``, but each call's error is returned in its reply's place.
 
+        A call longer than its function takes (an arrival restoring more than
+        ``MAX_RESTORED`` arrivals) goes as several, in order, in the same round
+        trip, and has one reply (``arrival_reply``).
+
         Raises:
             RedisRefused: The library is missing and this user may not load it,
                 or the server has no Functions.
             redis.RedisError: The round trip itself failed (a connection error, or
                 no reply within ``timeout``).
         """
+        sent, parts = _as_sent(calls)
+        return _as_called(self._replies(sent, timeout), parts)
+
+    def _replies(self, calls: Sequence[Call], timeout: float | None) -> list[Any]:
         if timeout is not None:
             pool = self._pool_of(calls)
             if pool is not None:
@@ -398,6 +417,30 @@ class RedisCode:
         if "unknown command" not in str(missing).lower():
             versions = loaded_versions(self._client)
         return explain_refusal(self._config, missing, versions)
+
+
+def _as_sent(calls: Sequence[Call]) -> tuple[list[Call], list[int]]:
+    """``calls`` as sent (an arrival restoring more than its function takes is split),
+    and how many were sent for each."""
+    sent: list[Call] = []
+    parts: list[int] = []
+    for call in calls:
+        split = split_arrival(call) if call[0] == "barrier_arrive" else [call]
+        sent += split
+        parts.append(len(split))
+    return sent, parts
+
+
+def _as_called(replies: list[Any], parts: list[int]) -> list[Any]:
+    """One reply per call given to ``_as_sent``, from the replies of what it sent."""
+    if len(replies) == len(parts):
+        return replies
+    joined: list[Any] = []
+    at = 0
+    for count in parts:
+        joined.append(replies[at] if count == 1 else arrival_reply(replies[at : at + count]))
+        at += count
+    return joined
 
 
 def _no_script(reply: object) -> bool:

@@ -14,6 +14,7 @@ import pytest
 import redis
 
 from stepbarrier import Barrier, BarrierConfig, BarrierTimeout
+from stepbarrier._protocol.barrier_library import MAX_RESTORED
 from tests.barrier_helpers import Waiting, as_task, eventually, subscribed
 from tests.redis_harness import RedisServer
 
@@ -90,6 +91,32 @@ def test_arrivals_missing_from_a_read_are_recorded_again_with_their_times(
     assert chief.waiting
     assert Barrier(as_task(config, 3), "end", 4).arrive(wait=False)  # the last: complete
     assert chief.join().result is True
+
+
+def test_more_lost_arrivals_than_one_call_takes_are_recorded_again_in_several(
+    make_config: Callable[..., BarrierConfig], client: redis.Redis
+) -> None:
+    """Issue 34: one arrival records again at most ``MAX_RESTORED`` lost arrivals (more
+    is refused before anything is written); a party that remembers more sends them
+    as several calls, and is released all the same."""
+    parties = 2 * MAX_RESTORED + 500
+    config = make_config(stall_timeout=30.0, fallback_interval=0.2)
+    key = config.keys.barrier("big")
+    assert not Barrier(as_task(config, 1), "big", parties).arrive(wait=False)
+    for first in range(2, parties - 1, 1000):  # tasks 2 .. parties - 2, as arrivals write them
+        last = min(first + 1000, parties - 1)
+        client.hset(key, mapping={f"t{task}": "1700000000000" for task in range(first, last)})
+    chief = Waiting(as_task(config, 0), "big", parties, timeout=30)
+    eventually(subscribed(client, config.keys.barrier_channel))
+    eventually(lambda: client.hexists(key, "t0"))
+    time.sleep(0.5)  # the read after the subscription, and a couple of fallback reads
+    client.delete(key)  # evicted: the chief remembers parties - 1 arrivals
+    eventually(lambda: client.hexists(key, f"t{parties - 2}"), timeout=8)
+    assert chief.waiting
+    assert Barrier(as_task(config, parties - 1), "big", parties).arrive(wait=False)
+    assert chief.join().result is True
+    state = Barrier(as_task(config, 0), "big", parties).read()
+    assert state is not None and state.arrived == tuple(range(parties))
 
 
 def test_an_arrival_lost_before_anyone_read_it_is_named_and_the_loss_is_said(

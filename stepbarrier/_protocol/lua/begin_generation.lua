@@ -16,6 +16,12 @@
 -- another marker is refused (docs/protocol.md#reset). A marker longer than
 -- MAX_MARKER reads as 'oversized', and an oversized state (see read_hash) as
 -- another type's key: no state, left alone (the next write replaces it).
+local refusal = called(KEYS, ARGV, 'a begin', 2, 2, 1, 2)
+if refusal then return refusal end
+if not run_id_ok(ARGV[1]) then return refused('malformed run id') end
+if ARGV[2] and ARGV[2] ~= '' and not whole(ARGV[2]) then
+  return refused('the floor is a whole number')
+end
 local now = redis.call('TIME')
 local generation = tonumber(now[1]) * 1000000 + tonumber(now[2])
 generation = above(generation, whole(ARGV[2] or ''))

@@ -70,3 +70,42 @@ local function barrier_parties(fields)
   if parties and parties >= 1 and parties <= MAX_PARTIES then return parties end
   return nil
 end
+local function refused(message)
+  -- the library's refusal of a call, in its one style (ERR stepbarrier: ...)
+  return redis.error_reply('ERR stepbarrier: ' .. message)
+end
+local function count_text(low, high)
+  if low == high then return tostring(low) end
+  return low .. ' to ' .. high
+end
+local function called(keys, args, what, key_low, key_high, arg_low, arg_high)
+  -- nil if a call names key_low..key_high keys and passes arg_low..arg_high
+  -- arguments, none longer than MAX_ARGUMENT bytes; else the refusal to return.
+  -- Every function checks this first, before it reads, writes or loops over
+  -- anything: its loops over arguments are bounded by these counts (a key's
+  -- name costs nothing but its hashing, so only the arguments' sizes count)
+  if #keys < key_low or #keys > key_high or #args < arg_low or #args > arg_high then
+    return refused(what .. ' names ' .. count_text(key_low, key_high) .. ' keys and takes ' ..
+                   count_text(arg_low, arg_high) .. ' arguments, not ' .. #keys .. ' and ' ..
+                   #args)
+  end
+  for i = 1, #args do
+    if #args[i] > MAX_ARGUMENT then
+      return refused(what .. ': argument ' .. i .. ' is longer than ' .. MAX_ARGUMENT .. ' bytes')
+    end
+  end
+  return nil
+end
+local function positive(text)
+  -- a whole number of at least 1 (a TTL), or nil
+  local n = whole(text)
+  if n and n >= 1 then return n end
+  return nil
+end
+local function run_id_ok(text)
+  -- a run id as Python validates it: at most 64 letters, digits, '.', '_' or '-'
+  return #text <= 64 and string.match(text, '^[%w._-]*$') ~= nil
+end
+local function publish_ok(name)
+  return name == 'PUBLISH' or name == 'SPUBLISH'
+end

@@ -32,13 +32,21 @@
 -- until its writer, having learned the id from a reply (any reply: a lost one
 -- costs nothing), has waited FENCE on its own clock and says so (ARGV[15])
 -- (docs/protocol.md#probation).
-local generation = tonumber(ARGV[1])
-local step = tonumber(ARGV[2])
+local refusal = called(KEYS, ARGV, 'a write', 3, 3, 15, 16)
+if refusal then return refusal end
+local generation = whole(ARGV[1])
+local step = whole(ARGV[2])
 local run_id = ARGV[8]
 local mode = ARGV[13]
 local contributor = mode == 'contributor'
-if #run_id > 64 or not string.match(run_id, '^[%w._-]*$') then
-  return redis.error_reply('ERR stepbarrier: malformed run id')
+if not run_id_ok(run_id) then return refused('malformed run id') end
+local function flag(text) return text == '0' or text == '1' end
+if not (generation and step and flag(ARGV[3]) and positive(ARGV[4]) and whole(ARGV[7])
+        and flag(ARGV[9]) and whole(ARGV[10]) and positive(ARGV[11]) and whole(ARGV[15])
+        and (ARGV[16] == nil or whole(ARGV[16])) and publish_ok(ARGV[14])
+        and (mode == 'chief' or contributor or mode == 'operator')) then
+  return refused('malformed arguments: a write takes whole numbers, flags of 0 or 1, '
+                 .. 'PUBLISH or SPUBLISH, and the mode chief, contributor or operator')
 end
 local now = now_ms()
 local repaired = 0

@@ -15,8 +15,13 @@
 -- reset stale at once, whatever the index names (see BARRIER_ARRIVE). Returns
 -- the marker.
 if #KEYS < 6 or #KEYS > 6 + MAX_RESET_KEYS then
-  return redis.error_reply('ERR stepbarrier: a reset names its 6 keys and at most ' ..
-                           MAX_RESET_KEYS .. ' waiter entries and barriers')
+  return refused('a reset names its 6 keys and at most ' .. MAX_RESET_KEYS ..
+                 ' waiter entries and barriers')
+end
+local refusal = called(KEYS, ARGV, 'a reset', 6, 6 + MAX_RESET_KEYS, 3, 4)
+if refusal then return refusal end
+if not positive(ARGV[2]) or not publish_ok(ARGV[3]) then
+  return refused('a reset takes a channel, a TTL, PUBLISH or SPUBLISH and a channel')
 end
 local epoch_clock = redis.call('TIME')
 local epoch = tonumber(epoch_clock[1]) * 1000000 + tonumber(epoch_clock[2])

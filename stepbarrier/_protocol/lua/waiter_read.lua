@@ -9,7 +9,10 @@
 -- kind is the key's type, or 'oversized' (nothing of it read): a hash of more
 -- than MAX_FIELDS fields (a barrier: MAX_FIELDS + its parties), or a known
 -- field longer than MAX_VALUE bytes (a task's: MAX_TASK_VALUE). A marker longer
--- than MAX_MARKER reads as 'oversized'.
+-- than MAX_MARKER reads as 'oversized'. Its one loop, over a barrier's task
+-- fields (at most MAX_PARTIES), only reads: FUNCTION KILL can end it.
+local refusal = called(KEYS, ARGV, 'a read', 2, 2, 0, 0)
+if refusal then return refusal end
 local result = {string.format('%.0f', now_ms())}
 local marker = short_string(KEYS[2], MAX_MARKER)
 if marker == false then marker = 'oversized' elseif marker == nil then marker = false end

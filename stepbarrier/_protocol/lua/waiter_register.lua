@@ -1,15 +1,20 @@
 
 -- KEYS[1] this waiter's registry hash, KEYS[2] targets zset, KEYS[3] registrations list
 -- ARGV[1] registry TTL (s), ARGV[2] key TTL (s), ARGV[3] waiter id, ARGV[4] target,
--- ARGV[5..] registry fields and values (at most MAX_FIELDS pairs)
+-- ARGV[5..] registry fields and values (at most MAX_FIELDS pairs, each at most
+-- MAX_ARGUMENT bytes)
 -- (Re-)registers the waiter if its entry is gone (first call, expiry, or a Redis
 -- restarted empty) or refreshes the entry's TTL, and puts its target back in the
 -- targets zset (the job's index of waiters, which the chief relearns from even
 -- if the zset was lost). Only what a waiter writes is declared: Redis's ACL
 -- demands read AND write permission on every key that FCALL/EVAL declares.
-if #ARGV < 4 or #ARGV > 4 + 2 * MAX_FIELDS then
-  return redis.error_reply('ERR stepbarrier: a waiter entry has at most ' .. MAX_FIELDS ..
-                           ' fields')
+if #ARGV < 4 or #ARGV > 4 + 2 * MAX_FIELDS or (#ARGV - 4) % 2 ~= 0 then
+  return refused('a waiter entry has at most ' .. MAX_FIELDS .. ' fields, each a name and a value')
+end
+local refusal = called(KEYS, ARGV, 'a registration', 3, 3, 4, 4 + 2 * MAX_FIELDS)
+if refusal then return refusal end
+if not positive(ARGV[1]) or not positive(ARGV[2]) or not tonumber(ARGV[4]) then
+  return refused('a registration takes two TTLs, a waiter id and a target step')
 end
 local fresh_entry = redis.call('EXPIRE', KEYS[1], ARGV[1]) == 0
 if fresh_entry then
