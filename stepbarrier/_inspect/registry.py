@@ -28,6 +28,7 @@ from stepbarrier._protocol.keys import JobKeys
 from stepbarrier._protocol.library import MAX_FIELDS, MAX_VALUE
 from stepbarrier._protocol.wire import parse_int, preview
 from stepbarrier._redis.client import RedisClient
+from stepbarrier._redis.failures import is_transient
 
 MAX_INDEXED = 10_000
 """Most waiters one status read shows (the first ones by target)."""
@@ -81,6 +82,18 @@ def printable(raw: object, limit: int = TEXT_LIMIT) -> str:
 
 def _identity(raw: Any) -> Any:
     return raw
+
+
+def raise_transient(replies: list[Any]) -> None:
+    """Raise the first reply that a retry may cure (BUSY, LOADING, a slot on the move).
+
+    A pipeline returns each command's error in its reply's place: a Redis busy
+    with a script must end the read (the caller retries, then reports BUSY),
+    not become a line of malformed content.
+    """
+    for reply in replies:
+        if isinstance(reply, Exception) and is_transient(reply):
+            raise reply
 
 
 def queue_index_read(
@@ -154,57 +167,89 @@ def read_entries(
     of at most ``MAX_VALUE`` bytes (``HMGET``): an oversized entry is a problem,
     and is not read. An entry that is gone has expired (its waiter died or left):
     it is skipped.
+
+    Raises:
+        redis.exceptions.NoPermissionError: The user may not read the entries.
     """
-    if not index:
-        return []
+    (found,) = read_entries_of(client, [(keys, index, problems)])
+    if isinstance(found, Exception):
+        raise found
+    return found
+
+
+EntriesRead = list[WaiterInfo] | redis.exceptions.NoPermissionError
+"""One job's waiters read by ``read_entries_of``, or the refusal of its entries."""
+
+
+def read_entries_of(
+    client: RedisClient, jobs: list[tuple[JobKeys, list[tuple[bytes, int]], list[str]]]
+) -> list[EntriesRead]:
+    """``read_entries`` of several jobs at once: ``(keys, index, problems)`` each.
+
+    The same two round trips for all of them (a listing reads a batch of jobs so);
+    a job whose entries this user may not read gets the refusal in its place.
+    """
+    width = 1 + len(ENTRY_FIELDS)
+    indexed = [(keys, waiter_id, target) for keys, index, _ in jobs for waiter_id, target in index]
+    if not indexed:
+        return [[] for _ in jobs]
     pipe = client.pipeline(transaction=False)
-    for waiter_id, _ in index:
+    for keys, waiter_id, _ in indexed:
         key = entry_key(keys, waiter_id)
         pipe.hlen(key)
         for name in ENTRY_FIELDS:
             pipe.hstrlen(key, name)
     sizes = pipe.execute(raise_on_error=False)
-    width = 1 + len(ENTRY_FIELDS)
-    readable: list[tuple[bytes, int]] = []
-    for position, (waiter_id, target) in enumerate(index):
-        replies = sizes[position * width : (position + 1) * width]
-        failed = next((r for r in replies if isinstance(r, Exception)), None)
-        if isinstance(failed, redis.exceptions.NoPermissionError):
-            raise failed
-        if failed is not None:
-            problems.append(
-                f"waiter entry {preview(waiter_id)} unreadable: {type(failed).__name__}"
-            )
-        elif replies[0] > MAX_FIELDS or max(replies[1:]) > MAX_VALUE:
-            problems.append(
-                f"waiter entry {preview(waiter_id)} is oversized ({replies[0]} fields, the "
-                f"longest known one {max(replies[1:])} bytes; an entry has at most "
-                f"{MAX_FIELDS} fields of {MAX_VALUE} bytes): not read"
-            )
-        elif replies[0]:
-            readable.append((waiter_id, target))
-    if not readable:
-        return []
-    pipe = client.pipeline(transaction=False)
-    for waiter_id, _ in readable:
-        pipe.hmget(entry_key(keys, waiter_id), ENTRY_FIELDS)
-    waiters = []
-    replies = pipe.execute(raise_on_error=False)
-    for (waiter_id, target), raw in zip(readable, replies, strict=True):
-        if isinstance(raw, redis.exceptions.NoPermissionError):
-            raise raw
-        if isinstance(raw, Exception):
-            problems.append(f"waiter entry {preview(waiter_id)} unreadable: {type(raw).__name__}")
-            continue
-        pairs = zip(ENTRY_FIELDS, raw, strict=True)
-        fields = {name: value for name, value in pairs if value is not None}
-        if not fields:  # fields, but none of an entry's
-            problems.append(f"waiter {preview(waiter_id)}: wait_until_step=missing")
-            continue
-        entry = parse_entry(fields, waiter_id, target, problems)
-        if entry is not None:
-            waiters.append(entry)
-    return waiters
+    raise_transient(sizes)
+    refused: dict[int, redis.exceptions.NoPermissionError] = {}
+    readable: list[tuple[int, bytes, int]] = []  # (job number, waiter id, target)
+    position = 0
+    for number, (_keys, index, problems) in enumerate(jobs):
+        for waiter_id, target in index:
+            replies = sizes[position * width : (position + 1) * width]
+            position += 1
+            failed = next((r for r in replies if isinstance(r, Exception)), None)
+            if isinstance(failed, redis.exceptions.NoPermissionError):
+                refused[number] = failed
+            elif failed is not None:
+                problems.append(
+                    f"waiter entry {preview(waiter_id)} unreadable: {type(failed).__name__}"
+                )
+            elif replies[0] > MAX_FIELDS or max(replies[1:]) > MAX_VALUE:
+                problems.append(
+                    f"waiter entry {preview(waiter_id)} is oversized ({replies[0]} fields, the "
+                    f"longest known one {max(replies[1:])} bytes; an entry has at most "
+                    f"{MAX_FIELDS} fields of {MAX_VALUE} bytes): not read"
+                )
+            elif replies[0]:
+                readable.append((number, waiter_id, target))
+    readable = [entry for entry in readable if entry[0] not in refused]
+    waiters: list[list[WaiterInfo]] = [[] for _ in jobs]
+    if readable:
+        pipe = client.pipeline(transaction=False)
+        for number, waiter_id, _ in readable:
+            pipe.hmget(entry_key(jobs[number][0], waiter_id), ENTRY_FIELDS)
+        replies = pipe.execute(raise_on_error=False)
+        raise_transient(replies)
+        for (number, waiter_id, target), raw in zip(readable, replies, strict=True):
+            problems = jobs[number][2]
+            if isinstance(raw, redis.exceptions.NoPermissionError):
+                refused[number] = raw
+                continue
+            if isinstance(raw, Exception):
+                problems.append(
+                    f"waiter entry {preview(waiter_id)} unreadable: {type(raw).__name__}"
+                )
+                continue
+            pairs = zip(ENTRY_FIELDS, raw, strict=True)
+            fields = {name: value for name, value in pairs if value is not None}
+            if not fields:  # fields, but none of an entry's
+                problems.append(f"waiter {preview(waiter_id)}: wait_until_step=missing")
+                continue
+            entry = parse_entry(fields, waiter_id, target, problems)
+            if entry is not None:
+                waiters[number].append(entry)
+    return [refused.get(number, found) for number, found in enumerate(waiters)]
 
 
 def parse_entry(

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from stepbarrier._config.settings import BarrierConfig
-from stepbarrier._inspect.registry import parse_index, queue_index_read
+from stepbarrier._inspect.registry import parse_index, queue_index_read, raise_transient
 from stepbarrier._inspect.status import STATUS_RETRY_SECONDS, JobStatus, read_status
 from stepbarrier._redis.client import RedisClient, with_client
 
@@ -106,6 +106,7 @@ def _read(config: BarrierConfig, client: RedisClient) -> tuple[JobStatus, Waiter
         pipe = client.pipeline(transaction=False)
         queue_index_read(pipe, config.keys, start=start, count=PAGE)
         (raw,) = pipe.execute(raise_on_error=False)
+        raise_transient([raw])  # BUSY: retried, then said as such (not a malformed index)
         targets += [target for _, target in parse_index(raw, problems)]
         if not isinstance(raw, list) or len(raw) < PAGE:
             break

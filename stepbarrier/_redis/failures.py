@@ -5,7 +5,10 @@ reset, timeouts, a server still loading, a replica that just lost its master)
 may be cured by a retry (``stepbarrier._redis.retries`` retries them). Everything else
 (a wrong password, a missing ACL permission, a TLS certificate that does not
 verify, a key of the wrong type) cannot get better by retrying, so ``translate``
-turns it into a clear ``RedisRefused`` at once.
+turns it into a clear ``RedisRefused`` at once. A BUSY reply (a script that
+runs past ``busy-reply-threshold``) is retried like an outage, but once the
+retries run out it is said as what it is (``RedisBusy``): Redis is up, and
+answers again when the script ends or an administrator ends it.
 """
 
 from __future__ import annotations
@@ -25,6 +28,29 @@ from stepbarrier.errors import RedisRefused, RedisUnavailable, StepBarrierError
 
 REDIS_ERRORS = (rex.RedisError, rex.RedisClusterException)
 """What redis-py raises (its cluster client's own exception is no RedisError)."""
+
+
+class RedisBusy(RedisUnavailable):
+    """Redis answered BUSY after retries: a script (an ``EVAL`` script or a
+    function) has run past ``busy-reply-threshold`` and holds its one thread.
+
+    A ``RedisUnavailable`` (a retry may cure it, and code that rides out an
+    outage rides this out too), told apart so that it is said as what it is:
+    Redis is up, and answers again once the script ends, or once an
+    administrator ends it (``FUNCTION KILL``, ``SCRIPT KILL``).
+    """
+
+
+def is_busy(exc: BaseException) -> bool:
+    """True if ``exc`` is Redis's BUSY reply: a script runs past ``busy-reply-threshold``.
+
+    Not BUSYKEY nor BUSYGROUP, which are other errors that start alike.
+    """
+    cause = _cluster_cause(exc)
+    if cause is not None:
+        return is_busy(cause)
+    text = str(exc)
+    return isinstance(exc, rex.ResponseError) and (text == "BUSY" or text.startswith("BUSY "))
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -317,6 +343,16 @@ def translate(
         return RedisRefused(
             f"TLS mismatch with {where} while trying to {action}: {hint}",
             kind="tls",
+            job=config.job,
+        )
+    if is_busy(exc):
+        return RedisBusy(
+            f"{where} is busy running a script (BUSY: a function or an EVAL script has run "
+            f"longer than busy-reply-threshold, and Redis answers nothing else meanwhile) while "
+            f"trying to {action}: {detail}. Redis is up: wait for the script to end, or have an "
+            "administrator end it with FUNCTION KILL (SCRIPT KILL for an EVAL script; the "
+            "emergency user may), which works while the script has written nothing; "
+            "FUNCTION STATS names what runs",
             job=config.job,
         )
     if is_transient(exc):

@@ -24,6 +24,7 @@ import click
 
 from stepbarrier._config.checks import DURATION_EXAMPLES, mask_url, parse_duration
 from stepbarrier._config.settings import BarrierConfig
+from stepbarrier._redis.failures import RedisBusy
 from stepbarrier.errors import (
     BarrierAborted,
     BarrierTimeout,
@@ -42,6 +43,7 @@ EXIT_ABORTED = 4
 EXIT_UNAVAILABLE = 5
 EXIT_NO_JOB = 6
 EXIT_DEAD = 7
+EXIT_BUSY = 8
 EXIT_INTERRUPTED = 130
 
 _EXIT_TEXT = {
@@ -50,6 +52,8 @@ _EXIT_TEXT = {
     EXIT_TIMEOUT: "timeout (the overall timeout, or no chief heartbeat for the stall timeout)",
     EXIT_ABORTED: "aborted: the job finished or was reset before the step came",
     EXIT_UNAVAILABLE: "Redis unreachable after retries",
+    EXIT_BUSY: "Redis busy running a script (BUSY) after retries: wait, or have an "
+    "administrator end it (FUNCTION KILL, SCRIPT KILL)",
     EXIT_NO_JOB: "no such job on this Redis (the message lists a few that exist)",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
     EXIT_FAILED: "anything else (a bug: please report it with the --debug output)",
@@ -64,6 +68,12 @@ def exit_codes(*entries: int | tuple[int, str]) -> str:
     """
     rows = [entry if isinstance(entry, tuple) else (entry, _EXIT_TEXT[entry]) for entry in entries]
     given = {code for code, _ in rows}
+    if EXIT_UNAVAILABLE in given and EXIT_BUSY not in given:
+        # a command that can find Redis unreachable can find it busy: BUSY is
+        # a RedisUnavailable too, told apart by its exit code
+        at = [code for code, _ in rows].index(EXIT_UNAVAILABLE) + 1
+        rows.insert(at, (EXIT_BUSY, _EXIT_TEXT[EXIT_BUSY]))
+        given.add(EXIT_BUSY)
     rows += [
         (code, _EXIT_TEXT[code]) for code in (EXIT_INTERRUPTED, EXIT_FAILED) if code not in given
     ]
@@ -95,6 +105,8 @@ Exit codes (each command's --help lists its own):
   {EXIT_UNAVAILABLE}  Redis unreachable after retries
   {EXIT_NO_JOB}  no such job (reset; status --check)
   {EXIT_DEAD}  status --check: the job is dead (no chief heartbeat within the stall timeout)
+  {EXIT_BUSY}  Redis busy running a script (BUSY) after retries: Redis is up; wait, or have
+     an administrator end the script (FUNCTION KILL, SCRIPT KILL)
   {EXIT_FAILED}  anything else (a bug: please report it with the --debug output); doctor:
      a check failed
   {EXIT_INTERRUPTED}  interrupted (Ctrl-C)
@@ -233,6 +245,8 @@ def exit_code_for(exc: BaseException) -> int:
         return EXIT_TIMEOUT
     if isinstance(exc, BarrierAborted):
         return EXIT_ABORTED
+    if isinstance(exc, RedisBusy):  # a RedisUnavailable: Redis is up, but busy
+        return EXIT_BUSY
     if isinstance(exc, RedisUnavailable):
         return EXIT_UNAVAILABLE
     return EXIT_FAILED

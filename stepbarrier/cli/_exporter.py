@@ -8,7 +8,16 @@ is one series per gauge, labelled ``job_name``: never ``job``, which is
 Prometheus's own target label (a clash would rename ours ``exported_job``),
 and never a worker: per-worker labels would make a series of every task of
 every run. While Redis is gone it goes on serving, with ``stepbarrier_up 0``
-and no job series.
+and no job series (and ``stepbarrier_redis_busy 1`` while Redis answers BUSY).
+
+Fair to each team (issue 34): it exports the jobs of one or more patterns, one
+per team (``--job 'team-a-*' --job 'team-b-*'``; ``*`` by default), each with
+its fair share of the ``EXPORTED_JOBS`` one reading reads, so one team's jobs,
+however many its chief made, never push another team's out of the metrics. A
+reading reads at most that many jobs and makes at most ``SCRAPE_SCAN_CALLS``
+``SCAN`` calls per master, so it ends well within Prometheus's scrape timeout
+whatever the keyspace holds; a pattern whose jobs were not all exported has
+``stepbarrier_jobs_truncated{pattern} 1`` (and an alert).
 
 Needs the ``exporter`` extra (``pip install 'stepbarrier[exporter]'``), which
 this module imports only when an exporter is made: without it, ``serve`` and
@@ -29,19 +38,28 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING
 from wsgiref.simple_server import WSGIServer
 
 from stepbarrier._config.settings import BarrierConfig
-from stepbarrier._inspect.listing import LISTING_WAITERS, JobListing, JobSummary, list_jobs
-from stepbarrier._protocol.roles import validate_jobs_pattern
-from stepbarrier.errors import RedisRefused, RedisUnavailable
+from stepbarrier._inspect.listing import (
+    LISTING_WAITERS,
+    MAX_JOBS,
+    JobListing,
+    JobSummary,
+    PatternListing,
+    list_jobs,
+    validate_patterns,
+)
+from stepbarrier._redis.failures import RedisBusy
+from stepbarrier.errors import ConfigurationError, RedisRefused, RedisUnavailable
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
@@ -58,6 +76,12 @@ MIN_READ_INTERVAL = 2.0
 READ_RETRY_SECONDS = 1.0
 """How long one reading retries an unreachable Redis: a scrape must end well
 within Prometheus's scrape timeout (10 s by default)."""
+EXPORTED_JOBS = 5_000
+"""Most jobs one reading reads (``--max-jobs``), shared fairly among the patterns:
+a few seconds of reading on a small host, within the scrape timeout."""
+SCRAPE_SCAN_CALLS = 2_000
+"""Most ``SCAN`` calls of one reading, per master (2 million keys looked at); a
+larger keyspace leaves every pattern truncated."""
 
 JOB_GAUGES: dict[str, tuple[str, Callable[[JobSummary], float | None]]] = {
     "stepbarrier_step": ("The chief's stored global step.", lambda j: j.step),
@@ -92,11 +116,29 @@ JOB_GAUGES: dict[str, tuple[str, Callable[[JobSummary], float | None]]] = {
 (``None``: no series for that job)."""
 SERVER_GAUGES = {
     "stepbarrier_up": "1 when the last reading of Redis succeeded, else 0.",
-    "stepbarrier_jobs": "Jobs found on Redis by the last reading (absent while it fails).",
+    "stepbarrier_redis_busy": (
+        "1 when the last reading failed because Redis answered BUSY (a script has run past "
+        "busy-reply-threshold: FUNCTION KILL or SCRIPT KILL end it), else 0."
+    ),
+    "stepbarrier_jobs": "Jobs exported by the last reading (absent while it fails).",
     "stepbarrier_scrape_duration_seconds": "Seconds the last reading of Redis took.",
 }
 """The gauges without labels, about the exporter's reading of Redis."""
-METRIC_NAMES = frozenset(JOB_GAUGES) | frozenset(SERVER_GAUGES)
+PATTERN_GAUGES: dict[str, tuple[str, Callable[[PatternListing], float]]] = {
+    "stepbarrier_jobs_found": (
+        "Jobs the last reading's scan found whose names match the pattern (a team's), "
+        "each counted for the first pattern it matches.",
+        lambda p: p.found,
+    ),
+    "stepbarrier_jobs_truncated": (
+        "1 when some of the pattern's jobs are not exported: more than its fair share of "
+        "the jobs one reading reads, or the scan stopped at its bound; else 0.",
+        lambda p: int(p.truncated),
+    ),
+}
+"""The per-pattern gauges (label ``pattern``, a team's jobs pattern): help text,
+and the value of a pattern (absent while a reading fails)."""
+METRIC_NAMES = frozenset(JOB_GAUGES) | frozenset(SERVER_GAUGES) | frozenset(PATTERN_GAUGES)
 """Every metric the exporter serves."""
 
 
@@ -108,11 +150,13 @@ class Reading:
         taken_at: When it was taken (the collector's monotonic clock).
         duration: Seconds it took.
         listing: The jobs, or ``None`` if Redis could not be read.
+        busy: Redis could not be read because it answered BUSY (a script running).
     """
 
     taken_at: float
     duration: float
     listing: JobListing | None
+    busy: bool = False
 
 
 def require_prometheus_client() -> None:
@@ -136,10 +180,16 @@ class JobsCollector:
 
     Args:
         config: Where Redis is and who to be (its job is ignored).
-        pattern: The jobs to export: a name, or a glob such as ``team-a-*``.
+        pattern: The jobs to export: a name, or a glob such as ``team-a-*``
+            (if ``patterns`` is not given).
+        patterns: The teams' patterns: each gets its fair share of ``max_jobs``.
         min_interval: Seconds a reading is served again before a new one.
-        read: Reads the jobs (``list_jobs``; injectable for tests).
+        read: Reads the jobs of the patterns (``list_jobs``; injectable for tests).
         clock: Monotonic clock (injectable for tests).
+        max_jobs: Most jobs one reading reads (``EXPORTED_JOBS``).
+
+    Raises:
+        ConfigurationError: An invalid pattern, or ``max_jobs`` out of range.
     """
 
     def __init__(
@@ -147,15 +197,22 @@ class JobsCollector:
         config: BarrierConfig,
         *,
         pattern: str = "*",
+        patterns: Sequence[str] | None = None,
         min_interval: float = MIN_READ_INTERVAL,
-        read: Callable[[BarrierConfig, str], JobListing] | None = None,
+        read: Callable[[BarrierConfig, tuple[str, ...]], JobListing] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        max_jobs: int = EXPORTED_JOBS,
     ) -> None:
         require_prometheus_client()
+        if not 1 <= max_jobs <= MAX_JOBS:
+            raise ConfigurationError(
+                f"the exporter reads 1 to {MAX_JOBS} jobs per reading, got {max_jobs}",
+                variable="max_jobs",
+            )
         self.config = config
-        self.pattern = pattern
+        self.patterns = validate_patterns((pattern,) if patterns is None else patterns)
         self.min_interval = min_interval
-        self._read = read or _read_jobs
+        self._read = read or functools.partial(_read_jobs, max_jobs=max_jobs)
         self._clock = clock
         self._lock = threading.Lock()  # scrapes are served on threads of their own
         self._last: Reading | None = None
@@ -175,19 +232,30 @@ class JobsCollector:
     def _take(self, last: Reading | None) -> Reading:
         started = self._clock()
         listing: JobListing | None
+        busy = False
         try:
-            listing = self._read(self.config, self.pattern)
+            listing = self._read(self.config, self.patterns)
         except (RedisUnavailable, RedisRefused) as exc:
-            if last is None or last.listing is not None:  # once per outage, not per scrape
+            busy = isinstance(exc, RedisBusy)
+            if last is None or last.listing is not None or last.busy != busy:
+                # once per outage (or change of its kind), not per scrape
                 log.warning("cannot read the jobs (serving stepbarrier_up 0): %s", exc)
             listing = None
         else:
             if last is not None and last.listing is None:
                 log.warning("reading the jobs again (serving stepbarrier_up 1)")
-            if listing is not None and not listing.complete:
-                log.warning("more jobs match %r than are exported", self.pattern)
+            if _truncated(listing) != _truncated(last):  # once while it stays, not per scrape
+                for part in listing.patterns:
+                    if part.truncated:
+                        log.warning(
+                            "not every job matching %r is exported: %d found, %d read "
+                            "(serving stepbarrier_jobs_truncated 1)",
+                            part.pattern,
+                            part.found,
+                            part.read,
+                        )
         finished = self._clock()
-        return Reading(finished, finished - started, listing)
+        return Reading(finished, finished - started, listing, busy)
 
     def collect(self) -> Iterator[Metric]:
         """The metrics of the current reading (read now if the last one is too old)."""
@@ -199,6 +267,11 @@ class JobsCollector:
             "stepbarrier_up", SERVER_GAUGES["stepbarrier_up"], value=int(listing is not None)
         )
         yield GaugeMetricFamily(
+            "stepbarrier_redis_busy",
+            SERVER_GAUGES["stepbarrier_redis_busy"],
+            value=int(reading.busy),
+        )
+        yield GaugeMetricFamily(
             "stepbarrier_scrape_duration_seconds",
             SERVER_GAUGES["stepbarrier_scrape_duration_seconds"],
             value=reading.duration,
@@ -208,6 +281,11 @@ class JobsCollector:
         yield GaugeMetricFamily(
             "stepbarrier_jobs", SERVER_GAUGES["stepbarrier_jobs"], value=len(listing.jobs)
         )
+        for name, (text, of_pattern) in PATTERN_GAUGES.items():
+            patterns = GaugeMetricFamily(name, text, labels=["pattern"])
+            for part in listing.patterns:
+                patterns.add_metric([part.pattern], float(of_pattern(part)))
+            yield patterns
         for name, (text, value_of) in JOB_GAUGES.items():
             family = GaugeMetricFamily(name, text, labels=["job_name"])
             for job in listing.jobs:
@@ -217,10 +295,26 @@ class JobsCollector:
             yield family
 
 
-def _read_jobs(config: BarrierConfig, pattern: str) -> JobListing:
+def _truncated(reading: JobListing | Reading | None) -> frozenset[str]:
+    """The patterns a listing (or a reading's) left jobs out of."""
+    listing = reading.listing if isinstance(reading, Reading) else reading
+    if listing is None:
+        return frozenset()
+    return frozenset(part.pattern for part in listing.patterns if part.truncated)
+
+
+def _read_jobs(
+    config: BarrierConfig, patterns: tuple[str, ...], *, max_jobs: int = EXPORTED_JOBS
+) -> JobListing:
     # a client of its own per reading: a Cluster's slot map is read anew, and
     # no connection outlives an outage
-    return list_jobs(config, pattern=pattern, retry_seconds=READ_RETRY_SECONDS)
+    return list_jobs(
+        config,
+        patterns=patterns,
+        limit=max_jobs,
+        scan_calls=SCRAPE_SCAN_CALLS,
+        retry_seconds=READ_RETRY_SECONDS,
+    )
 
 
 class MetricsServer:
@@ -269,6 +363,8 @@ def serve(
     bind: str = DEFAULT_BIND,
     pattern: str = "*",
     min_interval: float = MIN_READ_INTERVAL,
+    patterns: Sequence[str] | None = None,
+    max_jobs: int = EXPORTED_JOBS,
 ) -> MetricsServer:
     """Serve the jobs' metrics on ``http://bind:port/metrics``, on a thread of its own.
 
@@ -276,16 +372,20 @@ def serve(
         config: Where Redis is and who to be (the ``monitor`` user is enough).
         port: The port (0: any free one; see ``MetricsServer.port``).
         bind: The address to listen on.
-        pattern: The jobs to export: a name, or a glob such as ``team-a-*``.
+        pattern: The jobs to export: a name, or a glob such as ``team-a-*``
+            (if ``patterns`` is not given).
         min_interval: Seconds a reading of Redis is served again.
+        patterns: The teams' patterns, e.g. ``("team-a-*", "team-b-*")``: each
+            gets its fair share of ``max_jobs``.
+        max_jobs: Most jobs one reading reads.
 
     Raises:
-        ConfigurationError: ``pattern`` is not a valid jobs pattern.
+        ConfigurationError: An invalid pattern, or ``max_jobs`` out of range.
         ImportError: prometheus-client is not installed (the ``exporter`` extra).
         OSError: The address cannot be listened on (in use, not this host's).
     """
     collector = JobsCollector(
-        config, pattern=validate_jobs_pattern(pattern), min_interval=min_interval
+        config, pattern=pattern, patterns=patterns, min_interval=min_interval, max_jobs=max_jobs
     )
     from prometheus_client import CollectorRegistry, start_http_server
 

@@ -76,7 +76,7 @@ def test_jobs_and_the_exporter_cover_every_master_as_the_monitor(cluster: LocalC
         with serve(monitor, port=0, pattern=f"{name}-*") as exporter:
             samples = scrape(exporter.url)
     assert listed.exit_code == 0, listed.output
-    rows = {row["job"]: row for row in json.loads(listed.stdout)}
+    rows = {row["job"]: row for row in json.loads(listed.stdout)["jobs"]}
     assert sorted(rows) == jobs
     assert {cluster.owner_of(JobKeys.for_job(job).state) for job in rows} == set(cluster.masters)
     assert all(row["problems"] == [] for row in rows.values())

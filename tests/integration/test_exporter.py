@@ -102,11 +102,11 @@ def summary(job: str, step: int) -> JobSummary:
 
 
 def test_scrapes_within_the_min_interval_share_one_reading_of_redis() -> None:
-    reads: list[str] = []
+    reads: list[tuple[str, ...]] = []
     clock = FakeClock()
 
-    def read(config: BarrierConfig, pattern: str) -> JobListing:
-        reads.append(pattern)
+    def read(config: BarrierConfig, patterns: tuple[str, ...]) -> JobListing:
+        reads.append(patterns)
         return JobListing((summary("j", len(reads)),))
 
     collector = JobsCollector(
@@ -114,10 +114,10 @@ def test_scrapes_within_the_min_interval_share_one_reading_of_redis() -> None:
     )
     first = collector.reading()
     clock.now += 1.9
-    assert collector.reading() is first and reads == ["t-*"]
+    assert collector.reading() is first and reads == [("t-*",)]
     clock.now += 0.1
     assert collector.reading().listing == JobListing((summary("j", 2),))
-    assert reads == ["t-*", "t-*"]
+    assert reads == [("t-*",), ("t-*",)]
 
 
 def test_a_failed_reading_is_up_0_with_no_job_series_and_is_logged_once(
@@ -126,7 +126,7 @@ def test_a_failed_reading_is_up_0_with_no_job_series_and_is_logged_once(
     clock = FakeClock()
     failing = [True]
 
-    def read(config: BarrierConfig, pattern: str) -> JobListing:
+    def read(config: BarrierConfig, patterns: tuple[str, ...]) -> JobListing:
         if failing[0]:
             raise RedisUnavailable("Redis at redis://nowhere:6379/0 is unreachable")
         return JobListing((summary("back", 3),))
@@ -135,7 +135,11 @@ def test_a_failed_reading_is_up_0_with_no_job_series_and_is_logged_once(
     with caplog.at_level("WARNING", logger="stepbarrier.exporter"):
         for _ in range(3):
             names = {family.name: family for family in collector.collect()}
-            assert set(names) == {"stepbarrier_up", "stepbarrier_scrape_duration_seconds"}
+            assert set(names) == {
+                "stepbarrier_up",
+                "stepbarrier_redis_busy",
+                "stepbarrier_scrape_duration_seconds",
+            }
             assert names["stepbarrier_up"].samples[0].value == 0
         failing[0] = False
         names = {family.name: family for family in collector.collect()}

