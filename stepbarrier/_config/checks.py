@@ -227,6 +227,22 @@ def check_url(url: str, variable: str, *, tls_insecure: bool = False) -> None:
     _check_query(parts, variable, tls_insecure=tls_insecure)
 
 
+def url_username(url: str) -> str | None:
+    """The ACL user ``url`` logs in as (``None``: the default user), as percent-encoded
+    in the URL; a lone userinfo is the password, never a user name.
+
+    Examples:
+        >>> url_username("redis://worker:s3cret@redis:6379/0")
+        'worker'
+        >>> url_username("redis://s3cret@redis:6379/0") is None
+        True
+    """
+    try:
+        return urlsplit(lone_userinfo_as_password(url)).username or None
+    except ValueError:
+        return None
+
+
 def _check_host(host: str, variable: str, masked: str) -> None:
     # a name the resolver cannot take (a label over 63 characters, a name over
     # 253, a character IDNA refuses) would fail at the first connect, inside

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 from redis import exceptions as rex
 
+from stepbarrier._config.checks import url_username
 from stepbarrier._config.defaults import DEFAULT_REDIS_URL
 from stepbarrier._config.settings import BarrierConfig
 from stepbarrier.errors import RedisRefused, RedisUnavailable, StepBarrierError
@@ -232,7 +233,7 @@ def translate(
     if cause is not None:
         return translate(cause, config, action=action, probe=probe)
     where = describe_redis(config)
-    user = config.redis_username or _url_username(config.redis_url) or "default"
+    user = config.redis_username or url_username(config.redis_url) or "default"
     detail = one_line(exc)
     if isinstance(exc, StepBarrierError):
         return exc
@@ -408,13 +409,6 @@ def _url_address(url: str) -> tuple[str, int] | None:
     try:
         parts = urlsplit(url)
         return (parts.hostname, parts.port or 6379) if parts.hostname else None
-    except ValueError:
-        return None
-
-
-def _url_username(url: str) -> str | None:
-    try:
-        return urlsplit(url).username or None
     except ValueError:
         return None
 

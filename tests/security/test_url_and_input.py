@@ -36,7 +36,13 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stepbarrier import BarrierConfig, ConfigurationError, RedisRefused, read_status
+from stepbarrier import (
+    BarrierConfig,
+    ConfigurationError,
+    RedisRefused,
+    StepPublisher,
+    read_status,
+)
 from stepbarrier._config.checks import mask_url
 from stepbarrier._config.defaults import ENVIRONMENT_VARIABLES
 from stepbarrier._config.environment import MAX_PASSWORD_FILE
@@ -556,6 +562,36 @@ def test_a_lone_userinfo_is_the_password_as_redis_cli_reads_it_and_never_shows(
             "status", "--job", job, "--redis-url", f"redis://not-it@127.0.0.1:{server.port}/0"
         )
         assert wrong.exit_code != 0 and "not-it" not in wrong.output + wrong.stderr
+
+
+def test_a_refused_lone_userinfo_never_shows_in_errors_or_logs(
+    job: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The review's repro: a wrong lone userinfo was named as the user in the
+    library's RedisRefused, the chief's log lines and ``doctor -v``."""
+    secret = "Zq9SECRETzq"
+    with RedisServer(args=["--requirepass", PASSWORD]) as server:
+        for given in (secret, f"{secret}%40x"):
+            url = f"redis://{given}@127.0.0.1:{server.port}/0"
+            config = BarrierConfig(job=job, redis_url=url)
+            with pytest.raises(RedisRefused) as refused:
+                read_status(config)
+            assert secret not in str(refused.value)
+            assert "as user 'default'" in str(refused.value)
+            caplog.clear()
+            with caplog.at_level(logging.DEBUG):
+                publisher = StepPublisher(config)
+                publisher.publish(1)
+                deadline = time.monotonic() + 30  # the writer thread says it: a bounded wait
+                while "refused authentication" not in caplog.text:
+                    assert time.monotonic() < deadline, "the chief never said Redis refused it"
+                    time.sleep(0.05)
+                publisher.close(done=False, timeout=1)
+            logged = "\n".join(record.getMessage() for record in caplog.records)
+            assert secret not in logged
+            doctor = invoke("doctor", "-v", "--job", job, **{URL_VARIABLE: url})
+            assert secret not in doctor.output + doctor.stderr
+            assert "Traceback" not in doctor.output + doctor.stderr
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 import click
 from redis import exceptions as rex
 
-from stepbarrier._config.checks import lone_userinfo_as_password
+from stepbarrier._config.checks import lone_userinfo_as_password, url_username
 from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._inspect.status import read_status
 from stepbarrier._redis.client import RedisClient, make_client
@@ -260,7 +260,7 @@ def _userinfo(config: BarrierConfig) -> str:
 
 def _user(config: BarrierConfig) -> str:
     """The ACL user the client logs in as."""
-    return config.redis_username or _userinfo(config).partition(":")[0] or "default"
+    return config.redis_username or url_username(config.redis_url) or "default"
 
 
 def _fix_for(kind: str) -> str:
