@@ -20,9 +20,11 @@ from stepbarrier._protocol.wire import NAME, parse_int
 from stepbarrier.errors import ConfigurationError
 
 MAX_PARTIES = 10_000
-"""Most tasks one barrier can wait for: the largest barrier's read (every waiting
-party reads it) and its completing arrival hold Redis for tens of milliseconds,
-not the 0.2 to 0.6 s of 100,000 parties (docs/protocol.md#bounds)."""
+"""Most tasks one barrier can wait for: one read of the largest barrier and its
+completing arrival each hold Redis for tens of milliseconds, not the 0.2 to 0.6 s
+of 100,000 parties (docs/protocol.md#bounds). Every waiting party reads it (at
+least every 5 s, and at the release), so the total grows with the square of
+the parties: a barrier of thousands of parties costs Redis seconds per second."""
 BARRIER_NAME = NAME
 """A barrier's name: like a job name, it becomes part of a key."""
 _TASK_FIELD = re.compile(rb"t(0|[1-9][0-9]{0,8})")
