@@ -59,8 +59,12 @@ from tests.ops_redis import (
     acl_with,
 )
 
-LIMIT_US = 100_000
-"""Longest any command may run while the operators read, as SLOWLOG measures it."""
+LIMIT_US = 500_000
+"""Longest any command may run while the operators read, as SLOWLOG measures it: a
+coarse guard, ten times under the review's stalls (4.5 to 5.5 s), because SLOWLOG
+counts the time Redis was descheduled on a loaded machine too (a 2-field FCALL took
+265 ms in a fresh clone's CI beside another suite). What bounds the work are the
+commands themselves, asserted apart: their kinds and counts, no whole-barrier read."""
 PLANTED_BARRIERS = 10
 """Barriers team A's worker plants (the review: eight stalled Redis for 5 s, ten made
 other teams' commands fail with BUSY)."""
