@@ -7,6 +7,7 @@ by the test session or by a single test, and stopped at its end.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -17,13 +18,39 @@ from pathlib import Path
 
 import redis
 
+_PICKER = random.SystemRandom()  # not the seeded `random`: two suites must not pick alike
+_LOWEST_PORT = 10_000
+
+
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands out for bind(0) and outgoing connections."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
 
 def free_port() -> int:
-    """A TCP port on loopback that was free a moment ago.
+    """A TCP port that was free a moment ago, below the kernel's ephemeral range.
 
-    The harness's own (not the demo's): ``bench.before_after`` imports it in
-    processes that run another checkout's ``stepbarrier``.
+    Not the port of a ``bind(("", 0))``, which comes from the ephemeral range:
+    between the moment it is freed and the moment a server (a TensorFlow task,
+    a redis-server) binds it, any outgoing connection on the machine may take
+    it as its source port ("Could not start gRPC server" in a suite run beside
+    another). A random port below that range is taken by no outgoing
+    connection, only by another server that picked it too. The harness's own
+    (not the demo's): ``bench.before_after`` imports it in processes that run
+    another checkout's ``stepbarrier``.
     """
+    high = _ephemeral_low()
+    for _ in range(200) if high - _LOWEST_PORT >= 1000 else ():
+        port = _PICKER.randrange(_LOWEST_PORT, high)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
