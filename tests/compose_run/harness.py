@@ -114,7 +114,7 @@ class Project:
     def popen(self, *args: str) -> subprocess.Popen[str]:
         return subprocess.Popen(
             self.argv(*args), cwd=REPO, env=self.env(), stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True, start_new_session=True,
+            stderr=subprocess.STDOUT, text=True, start_new_session=True, preexec_fn=interruptible,
         )  # fmt: skip
 
     def container(self, service: str) -> str:
@@ -278,6 +278,13 @@ def records_override(directory: Path, extra: dict[str, dict[str, str]] | None = 
 def read_record(directory: Path, service: str) -> dict[str, Any]:
     record: dict[str, Any] = json.loads((directory / "records" / f"{service}.json").read_text())
     return record
+
+
+def interruptible() -> None:
+    """``preexec_fn`` of a process that ``interrupt`` ends: Ctrl-C as a terminal
+    gives it, also when the suite runs with SIGINT ignored (``make test-compose &``
+    in a shell without job control), which its children would inherit."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def interrupt(process: subprocess.Popen[str], timeout: float = 15) -> tuple[int, str]:

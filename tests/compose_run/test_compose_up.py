@@ -31,6 +31,7 @@ from tests.compose_run.harness import (
     exit_statuses,
     first_exits,
     interrupt,
+    interruptible,
     problems,
     releases,
     wait_for,
@@ -67,6 +68,7 @@ def test_the_job_runs_and_the_host_sees_the_waiting_workers(cleanup: list[Projec
         watch = subprocess.Popen(
             [STEPBARRIER, "watch", *MONITOR], cwd=REPO,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+            preexec_fn=interruptible,
         )  # fmt: skip
         time.sleep(3)
         code, output = interrupt(watch)
