@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 # it in one process.
 TEST_WORKERS ?= 2
 
-.PHONY: all demo test test-unit test-core test-compose docker-engine soak model lint docs dist venv redis-server prometheus bench bench-quick clean
+.PHONY: all demo test test-unit test-core test-compose docker-engine soak model lint docs dist venv redis-server prometheus valgrind bench bench-quick clean
 
 all: lint test
 
@@ -148,10 +148,22 @@ dist: venv
 	$(PY) -m build --outdir dist .
 	$(VENV)/bin/twine check --strict dist/*
 
-bench: venv redis-server
+# The instruction counts (bench/instructions.py) run the measured process under
+# Callgrind: valgrind, installed when missing and we may (root), else say how.
+valgrind:
+	@if command -v valgrind >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing valgrind (apt-get)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind >/dev/null; \
+	else \
+		echo "valgrind is missing: install it (Debian/Ubuntu: sudo apt-get install valgrind)" >&2; \
+		exit 1; \
+	fi
+
+bench: venv redis-server valgrind
 	$(PY) -m bench
 
-bench-quick: venv redis-server
+bench-quick: venv redis-server valgrind
 	$(PY) -m bench --quick
 
 clean:

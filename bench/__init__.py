@@ -9,8 +9,10 @@ redis-server harness they share) is importable:
   ``bench/results/results.md`` and its plots (``python -m bench.report``).
 - ``python -m bench.<name> [--quick]`` (``wake_floor``, ``fanout``,
   ``publish_call``, ``redis_load``, ``tf_job``, ``async_lateness``, ``cluster``,
-  ``fleet``): one benchmark; ``python -m bench.before_after BEFORE_TREE``
-  compares two checkouts' waiters.
+  ``fleet``, ``instructions``): one benchmark; ``python -m bench.before_after
+  BEFORE_TREE`` compares two checkouts' waiters. ``instructions`` counts
+  instructions with Callgrind (``valgrind``, which ``make bench`` installs
+  when missing).
 
 Each benchmark starts its own redis-server on a free loopback port and writes
 ``bench/results/<name>.json`` (``bench/results/quick/`` with ``--quick``).

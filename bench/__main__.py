@@ -20,13 +20,13 @@ from bench.harness import RESULTS_DIR, ROOT, child_env, git, load_average, machi
 
 BENCHMARKS = (
     "wake_floor", "wake_path", "fanout", "publish_call", "redis_load", "tf_job", "async_lateness",
-    "cluster", "fleet",
+    "cluster", "fleet", "instructions",
 )  # fmt: skip
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="a short smoke run (2-3 minutes)")
+    parser.add_argument("--quick", action="store_true", help="a short smoke run (about 6 minutes)")
     parser.add_argument("--only", nargs="+", choices=BENCHMARKS, help="run only these")
     args = parser.parse_args()
     started = time.monotonic()

@@ -4,18 +4,23 @@ Parts (``--only`` picks some):
 
 - ``independent``: 1,024 ``StepWaiter`` threads (32 processes of 32), each
   with its own connections, released by one ``publish``; next to the raw
-  pub/sub floor with the same number of subscriber connections (32 processes
-  of 32 threads, each a redis-py subscription), in alternating phases of the
-  same run. Time from just before ``publish``/``PUBLISH`` to the last (and
-  the median) waiter's return. ``--profile`` splits each waiter's wake path
-  at the arrival of the announcement.
+  floor in the same layout (``bench.floors.RawWaiter``: each thread reads the
+  stored step with ``GET``, then waits on a subscription it keeps; the
+  chief's floor writes with ``SET`` + ``PUBLISH``), in alternating phases of
+  the same run. Time from just before ``publish``/``PUBLISH`` to the last
+  (and the median) waiter's return. ``--profile`` splits each waiter's wake
+  path at the arrival of the announcement.
 - ``independent-16x64``: the same 1,024 waiters as 16 processes of 64 threads
   (more threads share one interpreter lock), against the floor in that layout.
+- ``independent-4x16``: 64 waiters (4 processes of 16), for Redis's CPU per
+  waiter per step at 64 waiters.
 - ``async``: 10,000 concurrent ``AsyncStepWaiter.wait`` calls (4 processes of
   2,500, one waiter each) released by one ``publish``.
-- ``floor10k``: the raw floor at 10,000 subscriber connections (asyncio
-  subscribers, 4 processes of 2,500): what one announcement to 10,000
-  independent waiters costs Redis.
+- ``async-floor``: its floor, 10,000 concurrent waits as 4 processes of 2,500
+  on one shared raw subscription each (``bench.floors.SharedFloor``).
+- ``floor10k``: 10,000 raw waiters each with its own connection (asyncio, 4
+  processes of 2,500): what one announcement to 10,000 independent waiters
+  costs Redis; not the floor of waits that share a process.
 - ``distinct``: 10,000 async waits for 10,000 distinct steps; the chief runs
   through them at ``RATE`` steps/s; its writes are counted (one per
   heartbeat plus one per crossed threshold at most) and every release is
@@ -24,8 +29,19 @@ Parts (``--only`` picks some):
   commands counted, over a job of 10,000 registered waiters (registered with
   the waiters' own call; none live, so that no waiter's traffic is counted).
 
-Each part reports Redis's CPU per release (``INFO cpu``), the waiter
-processes' CPU, and Redis's memory and connections per waiting worker.
+Each part but ``distinct`` reports, per release, Redis's CPU (``INFO cpu``) and
+the waiter processes' (every thread's ``/proc/PID/task/TID/schedstat``, in
+nanoseconds), and Redis's memory and connections per waiting worker. A
+release's CPU window runs from just before ``publish``/``PUBLISH`` until
+every waiter is ready for the next trial (stepbarrier's: its next wait
+registered in Redis's index; the floor's: its next ``GET`` answered), so the
+next wait's registration is in every figure (the waiters rest ``QUIET``
+seconds after each wake, their training step, before they wait again). From
+Redis's CPU, what its own timers cost in as long is subtracted (measured
+while the floor's waiters wait, which costs Redis nothing else); windows a
+chief heartbeat fell into have what a heartbeat costs Redis subtracted
+(``cycles``). What a second of waiting costs (every waiter waiting:
+stepbarrier's read the state and take the heartbeats) is reported apart.
 
 Usage: ``python -m bench.fleet [--quick] [--only PART ...] [--no-profile]``;
 ``--only`` replaces those parts in the saved results and keeps the others.
@@ -35,8 +51,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
-import os
+import statistics
 import subprocess
 import sys
 import threading
@@ -47,8 +64,8 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from redis.client import PubSub
 
+from bench.floors import FLOOR_CHANNEL, FLOOR_KEY, RawWaiter, SharedFloor, raw_write
 from bench.harness import (
     RESULTS_DIR,
     ROOT,
@@ -66,25 +83,63 @@ from bench.harness import (
 
 STEP_GAP = 10
 """Steps between two trials' targets."""
-QUIET = 1.0
-"""Seconds a process rests after its waiters woke before it waits again (the
-others may still be waking: registering now would take their CPU)."""
-FLOOR_CHANNEL = "bench:fleet:floor"
+QUIET = 0.5
+"""Seconds a waiter rests after it woke before it waits again (its training step:
+the others may still be waking, and registering at once would take their CPU).
+Under a second, so that a release's CPU window (until the next registrations)
+mostly ends before the chief's next heartbeat (1 s after its write)."""
 SETTLE = 3.0
-"""Seconds between the last subscription and the first trial of a floor phase."""
+"""Seconds between the first registrations of a phase and its idle measurement."""
+IDLE = 2.0
+"""Seconds of the waiting measurement at the start of each phase: what every
+process costs while all its waiters wait (a floor's: Redis's timers alone)."""
+SETTLE_AFTER = 0.05
+"""Seconds a CPU window goes on after the last registration was seen (its reply
+taken in)."""
 RATE = 2000
 """Steps per second of the chief in the ``distinct`` part."""
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-PARTS = ("independent", "independent-16x64", "async", "floor10k", "distinct")
-LAYOUTS = {"independent": (32, 32), "independent-16x64": (16, 64)}
+PARTS = (
+    "independent", "independent-16x64", "independent-4x16", "async", "async-floor", "floor10k",
+    "distinct",
+)  # fmt: skip
+LAYOUTS = {"independent": (32, 32), "independent-16x64": (16, 64), "independent-4x16": (4, 16)}
 """Processes x threads of each ``independent`` part (``--quick``: a quarter of the
 processes, half the threads)."""
+LAYOUT_QUIET = {"independent-4x16": 0.3}
+"""A shorter rest where the part is there for Redis's CPU (64 waiters wake in a few
+ms): the shorter the window, the less of Redis's idle cost is subtracted from it."""
 
 
 # -- helper processes ---------------------------------------------------------------
+#
+# Every helper waits for ``trials + 1`` steps (the last one's registration closes
+# the last measured window), rests ``QUIET`` seconds after each wake, and prints
+# its wake times as one JSON line at the end. The floors' helpers also print
+# ``ready <trial>`` once each of their waits read the stored step for that trial
+# (stepbarrier's registrations are seen in Redis's index instead).
 
 
-def sync_role(url: str, job: str, threads: int, trials: int, profile: bool) -> None:
+def _target(trial: int) -> int:
+    return (trial + 1) * STEP_GAP
+
+
+class _Ready:
+    """Prints ``ready <trial>`` once ``count`` waits of this process are past their read."""
+
+    def __init__(self, count: int) -> None:
+        self._count = count
+        self._seen: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def note(self, trial: int) -> None:
+        with self._lock:
+            seen = self._seen[trial] = self._seen.get(trial, 0) + 1
+            if seen == self._count:
+                sys.stdout.write(f"ready {trial}\n")
+                sys.stdout.flush()
+
+
+def sync_role(url: str, job: str, threads: int, trials: int, quiet: float, profile: bool) -> None:
     from stepbarrier import BarrierConfig, StepWaiter
     from stepbarrier._redis.subscription import Subscription
 
@@ -102,77 +157,142 @@ def sync_role(url: str, job: str, threads: int, trials: int, profile: bool) -> N
     config = BarrierConfig(job=job, redis_url=url, task_id=1, stall_timeout=300)
     woke = [[0.0] * trials for _ in range(threads)]
     came = [[0.0] * trials for _ in range(threads)]
+    by_read = [0]
     errors: list[str] = []
 
     def run(index: int) -> None:
         try:
             with StepWaiter(config) as waiter:
-                for trial in range(trials):
-                    waiter.wait((trial + 1) * STEP_GAP, timeout=300)
+                for trial in range(trials + 1):
+                    waiter.wait(_target(trial), timeout=300)
+                    if trial == trials:
+                        break
                     woke[index][trial] = time.time()
                     came[index][trial] = getattr(arrived, "t", 0.0)
-                    time.sleep(QUIET)
+                    if waiter.last_released_by != "an announcement":
+                        by_read[0] += 1
+                    time.sleep(quiet)
         except Exception as exc:
             errors.append(repr(exc))
 
     run_threads(threads, run)
-    print(json.dumps({"woke": woke, "arrived": came if profile else None, "errors": errors}))
+    print(
+        json.dumps(
+            {
+                "woke": woke,
+                "arrived": came if profile else None,
+                "released_by_read": by_read[0],
+                "errors": errors,
+            }
+        )
+    )
 
 
-def floor_role(url: str, threads: int, trials: int) -> None:
+def floor_role(url: str, threads: int, trials: int, quiet: float) -> None:
+    """The floor of ``sync_role``: ``threads`` ``bench.floors.RawWaiter`` s."""
     received = [[0.0] * trials for _ in range(threads)]
+    by_read = [0]
     errors: list[str] = []
+    ready = _Ready(threads)
 
     def run(index: int) -> None:
         try:
-            client = redis.Redis.from_url(url)
-            pubsub: PubSub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
-            pubsub.subscribe(FLOOR_CHANNEL)
-            seen = 0
-            idle_until = time.monotonic() + 600
-            while seen < trials and time.monotonic() < idle_until:
-                # idle like a waiter: it wakes for a fallback read every 5 s
-                message = pubsub.get_message(timeout=5.0)
-                if message is not None and message["type"] == "message":
-                    received[index][int(message["data"])] = time.time()
-                    seen += 1
-            pubsub.close()
+            trial = 0
+            waiter = RawWaiter(url, after_read=lambda: ready.note(trial))
+            for trial in range(trials + 1):
+                waiter.wait(_target(trial))
+                if trial == trials:
+                    break
+                received[index][trial] = time.time()
+                time.sleep(quiet)
+            by_read[0] += waiter.released_by_read
+            waiter.close()
         except Exception as exc:
             errors.append(repr(exc))
 
     run_threads(threads, run)
-    print(json.dumps({"woke": received, "errors": errors}))
+    print(json.dumps({"woke": received, "released_by_read": by_read[0], "errors": errors}))
 
 
-def floor_async_role(url: str, connections: int, trials: int) -> None:
+def floor_connections_role(url: str, connections: int, trials: int, quiet: float) -> None:
+    """``connections`` asyncio waits in one process, each with its own connection and
+    subscription (each reads the stored step, then waits on its subscription):
+    what independent waiters cost, not the floor of waits that share a process."""
     import redis.asyncio
 
-    async def one(index: int, out: list[list[float]], connecting: asyncio.Semaphore) -> None:
+    ready = _Ready(connections)
+
+    async def one(
+        index: int, out: list[list[float]], connecting: asyncio.Semaphore, reads: Any
+    ) -> None:
         client = redis.asyncio.Redis.from_url(url, socket_connect_timeout=60)
         pubsub = client.pubsub(ignore_subscribe_messages=True)
         async with connecting:  # thousands of connects at once overflow the listen backlog
             await pubsub.subscribe(FLOOR_CHANNEL)
-        seen = 0
-        while seen < trials:
-            message = await pubsub.get_message(timeout=600)
-            if message is not None and message["type"] == "message":
-                out[index][int(message["data"])] = time.time()
-                seen += 1
+        for trial in range(trials + 1):
+            target = _target(trial)
+            stored = await reads.get(FLOOR_KEY)
+            ready.note(trial)
+            step = 0 if stored is None else int(stored)
+            while step < target:
+                message = await pubsub.get_message(timeout=600)
+                if message is not None and message["type"] == "message":
+                    step = json.loads(message["data"])["step"]
+            if trial == trials:
+                break
+            out[index][trial] = time.time()
+            await asyncio.sleep(quiet)
         await pubsub.aclose()  # type: ignore[no-untyped-call]
         await client.aclose()
 
     async def main() -> list[list[float]]:
         out = [[0.0] * trials for _ in range(connections)]
         connecting = asyncio.Semaphore(100)
-        await asyncio.gather(*(one(i, out, connecting) for i in range(connections)))
+        # the reads share a few connections (a connection each would pass maxclients)
+        pool = redis.asyncio.BlockingConnectionPool.from_url(url, max_connections=32, timeout=600)
+        reads = redis.asyncio.Redis(connection_pool=pool)
+        await asyncio.gather(*(one(i, out, connecting, reads) for i in range(connections)))
+        await reads.aclose()
         return out
 
     print(json.dumps({"woke": asyncio.run(main()), "errors": []}))
 
 
-def aio_role(url: str, job: str, waits: int, trials: int, first: int, stride: int) -> None:
-    """``trials`` rounds of ``waits`` concurrent waits for one step each; or, with
-    ``trials`` 0, one round of ``waits`` waits for the steps first, first+stride, ..."""
+def floor_shared_role(url: str, waits: int, trials: int, quiet: float) -> None:
+    """The floor of ``aio_role``: ``waits`` concurrent waits on one ``bench.floors.SharedFloor``."""
+
+    async def main() -> dict[str, Any]:
+        floor = SharedFloor(url, expected=waits)
+        await floor.start()
+        by_trial: list[list[float]] = []
+
+        async def one(target: int) -> float:
+            await floor.wait(target)
+            return time.time()
+
+        for trial in range(trials + 1):
+            floor.reset()
+            round_ = asyncio.gather(*(one(_target(trial)) for _ in range(waits)))
+            await floor.all_waiting.wait()
+            sys.stdout.write(f"ready {trial}\n")
+            sys.stdout.flush()
+            woke = await round_
+            if trial == trials:
+                break
+            by_trial.append(woke)
+            await asyncio.sleep(quiet)
+        await floor.aclose()
+        return {"woke": [list(w) for w in zip(*by_trial, strict=True)], "errors": []}
+
+    print(json.dumps(asyncio.run(main())))
+
+
+def aio_role(
+    url: str, job: str, waits: int, trials: int, first: int, stride: int, quiet: float
+) -> None:
+    """``trials`` rounds (and one more) of ``waits`` concurrent waits for one step each;
+    or, with ``trials`` 0, one round of ``waits`` waits for the steps first,
+    first+stride, ..."""
     from stepbarrier import BarrierConfig
     from stepbarrier.aio import AsyncStepWaiter
 
@@ -194,10 +314,12 @@ def aio_role(url: str, job: str, waits: int, trials: int, first: int, stride: in
                 targets = [first + i * stride for i in range(waits)]
                 return {"released": await asyncio.gather(*map(one, targets)), "errors": errors}
             by_trial: list[list[float]] = []
-            for trial in range(trials):
-                results = await asyncio.gather(*(one((trial + 1) * STEP_GAP) for _ in range(waits)))
+            for trial in range(trials + 1):
+                results = await asyncio.gather(*(one(_target(trial)) for _ in range(waits)))
+                if trial == trials:
+                    break
                 by_trial.append([when for _, _, when in results])
-                await asyncio.sleep(QUIET)
+                await asyncio.sleep(quiet)
             woke = [list(per_wait) for per_wait in zip(*by_trial, strict=True)]
             return {"woke": woke, "errors": errors, "round_trips": waiter.round_trips}
 
@@ -208,14 +330,14 @@ def aio_role(url: str, job: str, waits: int, trials: int, first: int, stride: in
 
 
 def process_cpu(pids: list[int]) -> float:
-    total = 0.0
+    """CPU seconds of every thread of ``pids`` (``/proc/PID/task/TID/schedstat``: the
+    scheduler's nanoseconds, not the 10 ms ticks of ``/proc/PID/stat``)."""
+    total = 0
     for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-        except (OSError, IndexError, ValueError):
-            pass
-    return total
+        for task in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                total += int(task.read_text().split()[0])
+    return total / 1e9
 
 
 def redis_cpu(client: redis.Redis) -> float:
@@ -228,12 +350,69 @@ def redis_footprint(client: redis.Redis) -> dict[str, int]:
     return {"used_memory": memory["used_memory"], "clients": clients["connected_clients"]}
 
 
+def fresh(client: redis.Redis) -> None:
+    """Empty the server before a phase: keys an earlier phase left (registry entries
+    with a TTL) would expire during this one, on Redis's CPU."""
+    client.flushall()
+    time.sleep(0.5)
+
+
 def wait_until(check: Callable[..., object], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:
             raise RuntimeError(f"timed out: {what}")
         time.sleep(0.01)
+
+
+class Helpers:
+    """The helper processes of one phase: their ``ready <trial>`` lines as they come,
+    then the JSON line each prints at its end."""
+
+    def __init__(self, roles: list[list[str]]) -> None:
+        self.processes = [child_process("bench.fleet", "--role", *role) for role in roles]
+        self._lock = threading.Lock()
+        self._ready: dict[int, int] = {}
+        self._outputs: list[dict[str, Any] | None] = [None] * len(self.processes)
+        self._readers = [
+            threading.Thread(target=self._read, args=(i,), daemon=True)
+            for i in range(len(self.processes))
+        ]
+        for reader in self._readers:
+            reader.start()
+
+    @property
+    def pids(self) -> list[int]:
+        return [process.pid for process in self.processes]
+
+    def _read(self, index: int) -> None:
+        stdout = self.processes[index].stdout
+        assert stdout is not None
+        for line in stdout:
+            if line.startswith("ready "):
+                with self._lock:
+                    trial = int(line.split()[1])
+                    self._ready[trial] = self._ready.get(trial, 0) + 1
+            elif line.strip():
+                self._outputs[index] = json.loads(line)
+
+    def ready(self, trial: int) -> bool:
+        """Every helper said ``ready <trial>``."""
+        with self._lock:
+            return self._ready.get(trial, 0) >= len(self.processes)
+
+    def outputs(self, timeout: float) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        for reader in self._readers:
+            reader.join(max(0.0, deadline - time.monotonic()))
+        missing = [i for i, output in enumerate(self._outputs) if output is None]
+        if missing:
+            raise RuntimeError(f"helpers {missing} ended without their results")
+        return [output for output in self._outputs if output is not None]
+
+    def stop(self) -> None:
+        for process in self.processes:
+            stop_process(process)
 
 
 def collect(helpers: list[subprocess.Popen[str]], timeout: float) -> list[dict[str, Any]]:
@@ -263,51 +442,170 @@ def wake_stats(by_trial: list[list[float]], sent: list[float]) -> dict[str, Any]
     }
 
 
-def floor_phase(
-    server: RedisServer, processes: int, threads: int, trials: int, *, asyncio_role: bool = False
+HEARTBEATS = 2
+"""Chief heartbeats whose cost to Redis each stepbarrier phase measures (``heartbeat_cost``)."""
+
+
+def heartbeat_cost(client: redis.Redis, writes: Callable[[], int], timers: float) -> float:
+    """Redis's CPU seconds per chief heartbeat, every waiter waiting: from one
+    heartbeat write to the next (the chief's ``writes`` count moves), less Redis's
+    timers (``timers``: CPU seconds per second). Measured just after every waiter
+    registered, before any of them reads the state again (5 s after its registration)."""
+
+    def after_next(count: int) -> tuple[float, float]:
+        deadline = time.monotonic() + 3.0
+        while writes() <= count:
+            if time.monotonic() > deadline:
+                raise RuntimeError("no chief heartbeat in 3 s")
+            time.sleep(0.002)
+        return redis_cpu(client), time.monotonic()
+
+    start = after_next(writes())
+    costs = []
+    for _ in range(HEARTBEATS):
+        end = after_next(writes())
+        costs.append(end[0] - start[0] - timers * (end[1] - start[1]))
+        start = end
+    return statistics.fmean(costs)
+
+
+def cycles(
+    client: redis.Redis,
+    helpers: Helpers,
+    trials: int,
+    ready: Callable[[int], bool],
+    release: Callable[[int], None],
+    quiet: float,
+    *,
+    timers: float | None = None,
+    writes: Callable[[], int] | None = None,
+    footprints: list[dict[str, int]] | None = None,
 ) -> dict[str, Any]:
+    """Release ``trials`` times, and measure each release's CPU.
+
+    A release's window runs from just before it until every waiter is ready again
+    (its next wait registered, or its stored step read), so the next wait's
+    registration is in it (the waiters rest ``quiet`` seconds between). What Redis's
+    own timers cost in that long is subtracted: ``timers`` (ms/s), or else what
+    Redis costs while every waiter of this phase waits (measured first, for
+    ``IDLE`` seconds: right for a floor, whose waiting waiters cost Redis nothing;
+    a stepbarrier phase passes its floor's, since its waiting waiters read and
+    take heartbeats). A chief heartbeat is a cost per second of waiting, not per
+    step: where the chief's ``writes`` count shows one in a window (a window of
+    1,024 waiters lasts more than the heartbeat's second), what one heartbeat costs
+    Redis (``heartbeat_cost``, measured after the last release) is subtracted from
+    its Redis CPU too. A last release, not measured, ends the helpers' last wait.
+    """
+
+    def sample() -> tuple[float, float, float]:
+        return redis_cpu(client), process_cpu(helpers.pids), time.monotonic()
+
+    wait_until(lambda: ready(0), 600, "the first registrations")
+    time.sleep(SETTLE)  # the helpers' start-up is over
+    start = sample()
+    time.sleep(IDLE)
+    end = sample()
+    idle = [(end[i] - start[i]) / (end[2] - start[2]) for i in (0, 1)]
+    subtract = idle[0] if timers is None else timers / 1000
+    sent: list[float] = []
+    cpu: list[list[float]] = []
+    windows: list[float] = []
+    heartbeats: list[int] = []
+    for trial in range(trials):
+        wait_until(lambda t=trial: ready(t), 600, f"ready for trial {trial}")
+        if footprints is not None:
+            footprints.append(redis_footprint(client))
+        wrote = writes() if writes is not None else 0
+        before = sample()
+        sent.append(time.time())
+        release(trial)
+        time.sleep(quiet)  # no waiter registers again before its rest is over
+        wait_until(lambda t=trial: ready(t + 1), 600, f"ready again after trial {trial}")
+        time.sleep(SETTLE_AFTER)
+        after = sample()
+        window = after[2] - before[2]
+        windows.append(window)
+        heartbeats.append(max(0, writes() - wrote - 1) if writes is not None else 0)
+        cpu.append([after[0] - before[0] - subtract * window, after[1] - before[1]])
+    wait_until(lambda: ready(trials), 600, "the last registrations")
+    beat = heartbeat_cost(client, writes, subtract) if writes is not None else 0.0
+    release(trials)
+    redis_net = [c[0] - beat * beats for c, beats in zip(cpu, heartbeats, strict=True)]
+    return {
+        "sent": sent,
+        "release_cpu_ms": {
+            "redis": 1000 * statistics.fmean(redis_net),
+            "waiters": 1000 * statistics.fmean(c[1] for c in cpu),
+        },
+        "release_cpu_samples_ms": {
+            "redis": [1000 * c for c in redis_net],
+            "waiters": [1000 * c[1] for c in cpu],
+        },
+        "release_redis_with_heartbeats_ms": 1000 * statistics.fmean(c[0] for c in cpu),
+        "heartbeats_in_windows": sum(heartbeats),
+        "heartbeat_redis_ms": 1000 * beat,
+        "timers_ms_per_s": 1000 * subtract,
+        "idle_cpu_ms_per_s": {"redis": 1000 * idle[0], "waiters": 1000 * idle[1]},
+        "window_s": summarize(windows),
+    }
+
+
+def floor_phase(
+    server: RedisServer,
+    processes: int,
+    threads: int,
+    trials: int,
+    *,
+    role: str = "floor",
+    quiet: float = QUIET,
+) -> dict[str, Any]:
+    """``role``: ``floor`` (threads, each a ``RawWaiter``), ``floor-shared`` (asyncio,
+    one ``SharedFloor`` per process) or ``floor-connections`` (asyncio, a connection
+    per wait)."""
     client = server.client()
+    fresh(client)
+    client.set(FLOOR_KEY, 0)
     total = processes * threads
-    role = "floor-async" if asyncio_role else "floor"
-    helpers = [
-        child_process("bench.fleet", "--role", role, server.url, str(threads), str(trials))
-        for _ in range(processes)
-    ]
-    sent, cpu = [], []
+    helpers = Helpers(
+        [[role, server.url, str(threads), str(trials), str(quiet)] for _ in range(processes)]
+    )
     try:
-        wait_until(lambda: client.pubsub_numsub(FLOOR_CHANNEL)[0][1] >= total, 300, "subscribers")
-        time.sleep(SETTLE)  # the helpers' start-up is over, as the waiters' is
+        measured = cycles(
+            client,
+            helpers,
+            trials,
+            helpers.ready,
+            lambda trial: raw_write(client, _target(trial)),
+            quiet,
+        )
         before_footprint = redis_footprint(client)
-        for trial in range(trials):
-            time.sleep(QUIET)
-            cpu_before = (redis_cpu(client), process_cpu([h.pid for h in helpers]))
-            sent.append(time.time())
-            client.publish(FLOOR_CHANNEL, str(trial))
-            time.sleep(QUIET * 0.8)
-            cpu_after = (redis_cpu(client), process_cpu([h.pid for h in helpers]))
-            cpu.append([a - b for a, b in zip(cpu_after, cpu_before, strict=True)])
-        outputs = collect(helpers, 120)
+        outputs = helpers.outputs(300)
     finally:
-        for helper in helpers:
-            stop_process(helper)
+        helpers.stop()
         client.close()
-    result = wake_stats(per_trial(outputs, "woke", trials), sent)
+    result = wake_stats(per_trial(outputs, "woke", trials), measured.pop("sent"))
     result.update(
+        measured,
         subscribers=total,
         processes=processes,
         trials=trials,
-        errors=[e for o in outputs for e in o["errors"]],
-        release_cpu_ms={
-            "redis": 1000 * sum(c[0] for c in cpu) / trials,
-            "waiters": 1000 * sum(c[1] for c in cpu) / trials,
-        },
+        errors=[e for o in outputs for e in o["errors"]][:5],
+        released_by_read=sum(o.get("released_by_read", 0) for o in outputs),
         redis_with_subscribers=before_footprint,
     )
     return result
 
 
 def waiters_phase(
-    server: RedisServer, processes: int, per_process: int, trials: int, *, kind: str, profile: bool
+    server: RedisServer,
+    processes: int,
+    per_process: int,
+    trials: int,
+    *,
+    kind: str,
+    profile: bool,
+    quiet: float = QUIET,
+    timers: float | None = None,
 ) -> dict[str, Any]:
     """``kind``: ``"sync"`` (threads, each its own StepWaiter) or ``"aio"``."""
     from stepbarrier import BarrierConfig, StepPublisher
@@ -315,56 +613,63 @@ def waiters_phase(
     job = f"fleet-{kind}-{uuid.uuid4().hex[:6]}"
     config = BarrierConfig(job=job, redis_url=server.url, role="chief", task_id=0)
     client = server.client()
+    if timers is None:
+        fresh(client)
     total = processes * per_process
     baseline = redis_footprint(client)
-    helpers: list[subprocess.Popen[str]] = []
-    sent, cpu, footprints = [], [], []
+    footprints: list[dict[str, int]] = []
+    helpers: Helpers | None = None
     try:
         with StepPublisher(config) as publisher:
             publisher.publish(0)
             publisher.flush(10)
+            roles = []
             for _ in range(processes):
                 if kind == "sync":
-                    role = ["sync", server.url, job, str(per_process), str(trials)]
+                    role = ["sync", server.url, job, str(per_process), str(trials), str(quiet)]
                     role += ["profile"] if profile else []
                 else:
                     role = ["aio", server.url, job, str(per_process), str(trials), "0", "0"]
-                helpers.append(child_process("bench.fleet", "--role", *role))
-            pids = [h.pid for h in helpers]
-            for trial in range(trials):
-                step = (trial + 1) * STEP_GAP
-                wait_until(
-                    lambda s=step: (
-                        client.zcount(config.keys.targets, s, s) >= total
-                        and publisher.next_threshold == s
-                    ),
-                    300,
-                    f"{total} waiters registered for step {step}",
+                    role.append(str(quiet))
+                roles.append(role)
+            helpers = Helpers(roles)
+
+            def ready(trial: int) -> bool:
+                step = _target(trial)
+                return bool(
+                    publisher.next_threshold == step
+                    and client.zcount(config.keys.targets, step, step) >= total
                 )
-                time.sleep(0.2)  # let the registration traffic settle
-                footprints.append(redis_footprint(client))
-                cpu_before = (redis_cpu(client), process_cpu(pids))
-                sent.append(time.time())
-                publisher.publish(step)
-                time.sleep(QUIET * 0.8)
-                cpu_after = (redis_cpu(client), process_cpu(pids))
-                cpu.append([a - b for a, b in zip(cpu_after, cpu_before, strict=True)])
-            outputs = collect(helpers, 300)
+
+            writes = publisher.writes
+            measured = cycles(
+                client,
+                helpers,
+                trials,
+                ready,
+                lambda trial: publisher.publish(_target(trial)),
+                quiet,
+                timers=timers,
+                writes=lambda: publisher.writes,
+                footprints=footprints,
+            )
+            outputs = helpers.outputs(300)
+            writes = publisher.writes - writes
     finally:
-        for helper in helpers:
-            stop_process(helper)
+        if helpers is not None:
+            helpers.stop()
         client.close()
+    sent = measured.pop("sent")
     result = wake_stats(per_trial(outputs, "woke", trials), sent)
     waiting = footprints[-1]
     result.update(
+        measured,
         waiters=total,
         processes=processes,
         trials=trials,
+        chief_writes=writes,
         errors=[e for o in outputs for e in o["errors"]][:5],
-        release_cpu_ms={
-            "redis": 1000 * sum(c[0] for c in cpu) / trials,
-            "waiters": 1000 * sum(c[1] for c in cpu) / trials,
-        },
+        released_by_read=sum(o.get("released_by_read", 0) for o in outputs),
         redis_per_waiter={
             "bytes": (waiting["used_memory"] - baseline["used_memory"]) / total,
             "connections": (waiting["clients"] - baseline["clients"] - 2)
@@ -397,24 +702,53 @@ def waiters_phase(
 def independent(server: RedisServer, part: str, quick: bool, profile: bool) -> dict[str, Any]:
     processes, threads = LAYOUTS[part]
     if quick:
-        processes, threads = processes // 4, threads // 2
-    trials, blocks = (3, 1) if quick else (8, 2)
+        processes, threads = max(1, processes // 4), threads // 2
+    trials, blocks = (3, 1) if quick else (16, 2)
+    if part == "independent-4x16" and not quick:
+        trials, blocks = 24, 3
+    quiet = LAYOUT_QUIET.get(part, QUIET)
     floor: list[dict[str, Any]] = []
     core: list[dict[str, Any]] = []
     for _ in range(blocks):
-        floor.append(floor_phase(server, processes, threads, trials))
-        core.append(waiters_phase(server, processes, threads, trials, kind="sync", profile=profile))
+        floor.append(floor_phase(server, processes, threads, trials, quiet=quiet))
+        timers = floor[-1]["idle_cpu_ms_per_s"]["redis"]  # its waiters cost Redis nothing
+        core.append(
+            waiters_phase(
+                server,
+                processes,
+                threads,
+                trials,
+                kind="sync",
+                profile=profile,
+                quiet=quiet,
+                timers=timers,
+            )
+        )
     return {"floor": floor, "stepbarrier": core}
 
 
 def async_fleet(server: RedisServer, quick: bool) -> dict[str, Any]:
+    """10,000 async waits; Redis's timers measured before, with no waiter connected (the
+    waits hold 8 connections in all)."""
     processes, waits = (2, 1000) if quick else (4, 2500)
-    return waiters_phase(server, processes, waits, 3 if quick else 10, kind="aio", profile=False)
+    client = server.client()
+    fresh(client)
+    before = redis_cpu(client), time.monotonic()
+    time.sleep(IDLE)
+    timers = 1000 * (redis_cpu(client) - before[0]) / (time.monotonic() - before[1])
+    client.close()
+    trials = 3 if quick else 10
+    return waiters_phase(server, processes, waits, trials, kind="aio", profile=False, timers=timers)
+
+
+def async_floor(server: RedisServer, quick: bool) -> dict[str, Any]:
+    processes, waits = (2, 1000) if quick else (4, 2500)
+    return floor_phase(server, processes, waits, 3 if quick else 10, role="floor-shared")
 
 
 def floor10k(server: RedisServer, quick: bool) -> dict[str, Any]:
     processes, connections = (2, 1000) if quick else (4, 2500)
-    return floor_phase(server, processes, connections, 3 if quick else 8, asyncio_role=True)
+    return floor_phase(server, processes, connections, 3 if quick else 8, role="floor-connections")
 
 
 def status_costs(url: str, job: str, client: redis.Redis) -> dict[str, Any]:
@@ -493,7 +827,7 @@ def distinct(server: RedisServer, quick: bool) -> dict[str, Any]:
     helpers = [
         child_process(
             "bench.fleet", "--role", "aio", server.url, job, str(per_process), "0", str(1 + i),
-            str(processes),
+            str(processes), "0",
         )
         for i in range(processes)
     ]  # fmt: skip
@@ -558,13 +892,18 @@ def main() -> None:
     if args.role:
         role, url, *rest = args.role
         if role == "sync":
-            sync_role(url, rest[0], int(rest[1]), int(rest[2]), rest[3:] == ["profile"])
-        elif role == "floor":
-            floor_role(url, int(rest[0]), int(rest[1]))
-        elif role == "floor-async":
-            floor_async_role(url, int(rest[0]), int(rest[1]))
+            job, threads, trials, quiet, *profile = rest
+            sync_role(url, job, int(threads), int(trials), float(quiet), profile == ["profile"])
+        elif role == "aio":
+            job, waits, trials, first, stride, quiet = rest
+            aio_role(url, job, int(waits), int(trials), int(first), int(stride), float(quiet))
         else:
-            aio_role(url, rest[0], *map(int, rest[1:5]))
+            floors = {
+                "floor": floor_role,
+                "floor-shared": floor_shared_role,
+                "floor-connections": floor_connections_role,
+            }
+            floors[role](url, int(rest[0]), int(rest[1]), float(rest[2]))
         return
     load_before = load_average()
     started = time.monotonic()
@@ -591,12 +930,15 @@ def main() -> None:
                 result[part] = independent(server, part, args.quick, args.profile)
             elif part == "async":
                 result[part] = async_fleet(server, args.quick)
+            elif part == "async-floor":
+                result[part] = async_floor(server, args.quick)
             elif part == "floor10k":
                 result[part] = floor10k(server, args.quick)
             else:
                 result[part] = distinct(server, args.quick)
             result.setdefault("part_commits", {})[part] = git("rev-parse", "--short", "HEAD")
             print(json.dumps(brief(result[part]), indent=1), file=sys.stderr, flush=True)
+            save("fleet", result)  # each part as soon as it is measured
     result.update(
         seconds=time.monotonic() - started,
         load_before=load_before,

@@ -15,6 +15,7 @@ from typing import Any
 
 from bench.harness import RESULTS_DIR
 from bench.report_fleet import fleet_section, fleet_targets, plot_fleet
+from bench.report_instructions import instructions_section, instructions_targets
 
 TARGETS = {
     "wake_median_ms": 2.0,
@@ -869,7 +870,7 @@ def machine_section(run: dict[str, Any] | None) -> list[str]:
     if run.get("failed"):
         lines += [f"- **failed benchmarks**: {run['failed']}", ""]
     later = []
-    for name in ("fleet", "before_after", "wake_path"):
+    for name in ("fleet", "before_after", "wake_path", "instructions"):
         result = load(name)
         commit = result and (result.get("commit") or result.get("after"))
         if result and commit and commit != run["commit"]:
@@ -988,12 +989,13 @@ def main() -> None:
     tf, floor = load("tf_job"), load("wake_floor")
     fanout, publish, load_result = load("fanout"), load("publish_call"), load("redis_load")
     late, run, cluster = load("async_lateness"), load("run"), load("cluster")
-    fleet = load("fleet")
+    fleet, instructions = load("fleet"), load("instructions")
     if run is not None and tf is not None:
         run["tensorflow"] = tf.get("tensorflow")
     lines = ["# stepbarrier benchmark results", ""]
     lines += machine_section(run)
-    lines += targets_section(tf, floor, fanout, publish, load_result, fleet_targets(fleet, tf))
+    extra = fleet_targets(fleet, tf) + instructions_targets(instructions, fleet)
+    lines += targets_section(tf, floor, fanout, publish, load_result, extra)
     lines += wake_section(tf, floor, run)
     lines += fanout_section(fanout)
     lines += chief_section(tf, publish)
@@ -1004,6 +1006,7 @@ def main() -> None:
     lines += fleet_section(fleet)
     lines += before_after_section(load("before_after"))
     lines += wake_path_section(load("wake_path"))
+    lines += instructions_section(instructions, fleet)
     plot_fleet(fleet, RESULTS_DIR / "fleet_wake.png")
     if not plot(tf, floor, RESULTS_DIR / "wake_latency.png"):
         lines.append("(no TF results: no plot)")

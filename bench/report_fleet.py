@@ -25,6 +25,10 @@ def _loads(values: list[float]) -> str:
     return " / ".join(f"{v:g}" for v in values)
 
 
+def _plain_list(values: list[Any] | None) -> str:
+    return "-" if not values else ", ".join(str(v) for v in values)
+
+
 def _verdict(ok: bool) -> str:
     return "pass" if ok else "**MISS**"
 
@@ -39,8 +43,10 @@ def _median(values: list[float]) -> float:
     return data[middle] if len(data) % 2 else (data[middle - 1] + data[middle]) / 2
 
 
-INDEPENDENT_PARTS = ("independent", "independent-16x64")
+INDEPENDENT_PARTS = ("independent", "independent-16x64", "independent-4x16")
 """The layouts of independent waiters ``bench.fleet`` measures (its ``LAYOUTS``)."""
+LATENCY_TARGET_PARTS = ("independent", "independent-16x64")
+"""The layouts of 1,024 waiters the last-wake target is about."""
 
 
 def _layout(phase: dict[str, Any]) -> str:
@@ -62,7 +68,7 @@ def fleet_targets(fleet: dict[str, Any] | None, tf: dict[str, Any] | None) -> li
     """Rows for the targets table."""
     rows: list[tuple[str, ...]] = []
     if fleet:
-        for name in INDEPENDENT_PARTS:
+        for name in LATENCY_TARGET_PARTS:
             ratio = independent_ratio(fleet, name)
             if ratio:
                 first = fleet[name]["stepbarrier"][0]
@@ -119,6 +125,60 @@ def fleet_targets(fleet: dict[str, Any] | None, tf: dict[str, Any] | None) -> li
     return rows
 
 
+def _cpu_cells(phase: dict[str, Any]) -> str:
+    """Redis's and the waiters' CPU per release (the next registration included)."""
+    cpu = phase["release_cpu_ms"]
+    return f"{cpu['redis']:.1f} ms | {cpu['waiters']:.0f} ms"
+
+
+def _new_windows(phases: list[dict[str, Any]]) -> bool:
+    """The phases' CPU windows took in the next wait's registration (this method)."""
+    return all("timers_ms_per_s" in phase for phase in phases)
+
+
+def _cpu_means(phases: list[dict[str, Any]]) -> tuple[float, float]:
+    """Redis's and the waiters' CPU per release (ms), the mean over ``phases``."""
+    return (
+        sum(p["release_cpu_ms"]["redis"] for p in phases) / len(phases),
+        sum(p["release_cpu_ms"]["waiters"] for p in phases) / len(phases),
+    )
+
+
+CPU_NOTE = (
+    "CPU per release: from just before `publish`/`PUBLISH` until every waiter is ready for "
+    "the next trial (stepbarrier's: its next wait registered in Redis's index; the floor's: "
+    "its next `GET` answered), so the next wait's registration is in it; Redis's from `INFO "
+    "cpu`, less what its own timers cost in as long (measured while the floor's waiters "
+    "wait), and less what a chief heartbeat costs it where one fell into the window (a "
+    "heartbeat is a cost per second of waiting, not per step: below); the waiters' from "
+    "every thread's `schedstat` (nanoseconds), as measured."
+)
+
+
+def _waiting_line(ours: list[dict[str, Any]], floor: list[dict[str, Any]]) -> str:
+    """What a second of waiting costs each side, and what the CPU means left out."""
+    idle_ours = [p["idle_cpu_ms_per_s"] for p in ours]
+    idle_floor = [p["idle_cpu_ms_per_s"] for p in floor]
+    beats = sum(p.get("heartbeats_in_windows", 0) for p in ours)
+    windows = sum(p["trials"] for p in ours)
+    cost = ", ".join(f"{p.get('heartbeat_redis_ms', 0):.1f}" for p in ours)
+    return (
+        "- a second of waiting (every waiter waiting, each phase): Redis "
+        + ", ".join(f"{i['redis']:.1f}" for i in idle_ours)
+        + " ms (floor: "
+        + ", ".join(f"{i['redis']:.1f}" for i in idle_floor)
+        + ", its timers alone), the waiters "
+        + ", ".join(f"{i['waiters']:.0f}" for i in idle_ours)
+        + " ms (floor: "
+        + ", ".join(f"{i['waiters']:.0f}" for i in idle_floor)
+        + f"); chief heartbeats in stepbarrier's {windows} windows: {beats}, one costing "
+        + f"Redis {cost} ms (each phase; subtracted from its window's Redis CPU); "
+        + "released by a read rather than the announcement: stepbarrier "
+        + f"{sum(p.get('released_by_read', 0) for p in ours)}, floor "
+        + f"{sum(p.get('released_by_read', 0) for p in floor)}."
+    )
+
+
 def _independent_lines(fleet: dict[str, Any], name: str) -> list[str]:
     """The table and notes of one ``independent`` layout (none if it did not run)."""
     part = fleet.get(name)
@@ -126,11 +186,17 @@ def _independent_lines(fleet: dict[str, Any], name: str) -> list[str]:
     if part:
         ours, floor = part["stepbarrier"], part["floor"]
         first = ours[0]
+        new = _new_windows(ours + floor)
+        floor_what = (
+            "as many raw waiters in the same layout (each reads the stored step with `GET`, "
+            "then waits on a subscription it keeps), released by one `SET` + `PUBLISH`"
+            if new
+            else "as many redis-py subscriptions in the same layout, one `PUBLISH`"
+        )
         lines += [
             f"**Independent waiters, {_layout(first)}.** {first['waiters']:,} `StepWaiter` "
             "threads, each with its own subscription and command connection, against the raw "
-            "floor: as many redis-py subscriptions in the same layout, one `PUBLISH`. Phases "
-            "alternate, floor first:",
+            f"floor: {floor_what}. Phases alternate, floor first:",
             "",
             "| phase | trials | last wake median | p90 | max | median wake (median) | "
             "Redis CPU per release | waiters' CPU per release |",
@@ -138,19 +204,36 @@ def _independent_lines(fleet: dict[str, Any], name: str) -> list[str]:
         ]
         for floor_phase, our_phase in zip(floor, ours, strict=False):
             for label, phase in (("raw floor", floor_phase), ("stepbarrier", our_phase)):
-                s, m, cpu = phase["last_wake_ms"], phase["median_wake_ms"], phase["release_cpu_ms"]
+                s, m = phase["last_wake_ms"], phase["median_wake_ms"]
                 lines.append(
                     f"| {label} | {phase['trials']} | {_fmt(s['median'])} | {_fmt(s['p90'])} | "
-                    f"{_fmt(s['max'])} | {_fmt(m['median'])} | {cpu['redis']:.1f} ms | "
-                    f"{cpu['waiters']:.0f} ms |"
+                    f"{_fmt(s['max'])} | {_fmt(m['median'])} | {_cpu_cells(phase)} |"
                 )
+        lines.append("")
         ratio = independent_ratio(fleet, name)
         if ratio:
-            lines += [
-                "",
+            target = " (target 1.5x)" if name in LATENCY_TARGET_PARTS else ""
+            lines.append(
                 f"- all trials pooled: last wake {ratio[0]:.0f} ms vs {ratio[1]:.0f} ms for the "
-                f"floor, **{ratio[2]:.2f}x** (target 1.5x).",
-            ]
+                f"floor, **{ratio[2]:.2f}x**{target}."
+            )
+        if new:
+            (our_redis, our_waiters), (floor_redis, floor_waiters) = (
+                _cpu_means(ours),
+                _cpu_means(floor),
+            )
+            waiters = first["waiters"]
+            lines.append(
+                f"- CPU per release and the next registration, the mean over the phases: "
+                f"Redis {our_redis:.1f} ms against {floor_redis:.1f} ms for the floor "
+                f"(**{our_redis / floor_redis:.2f}x**; per waiter "
+                f"{1000 * our_redis / waiters:.1f} us against {1000 * floor_redis / waiters:.1f} "
+                f"us), the waiters {our_waiters:.0f} ms against {floor_waiters:.0f} ms "
+                f"(**{our_waiters / floor_waiters:.2f}x**; per waiter "
+                f"{1000 * our_waiters / waiters:.0f} us against "
+                f"{1000 * floor_waiters / waiters:.0f} us)."
+            )
+            lines.append(_waiting_line(ours, floor))
         profiles = [p["profile"] for p in ours if p.get("profile")]
         if profiles:
             prof = profiles[-1]
@@ -181,15 +264,32 @@ def fleet_section(fleet: dict[str, Any] | None) -> list[str]:
         "the last (and the median) waiter's return, per trial, in ms.",
         "",
     ]
+    if any(
+        _new_windows(phases)
+        for phases in (
+            *(fleet[n]["stepbarrier"] + fleet[n]["floor"] for n in INDEPENDENT_PARTS if n in fleet),
+            [fleet[n] for n in ("async", "async-floor") if n in fleet],
+        )
+        if phases
+    ):
+        lines += [CPU_NOTE, ""]
     for name in INDEPENDENT_PARTS:
         lines += _independent_lines(fleet, name)
-    run = fleet.get("async")
+    run, floor = fleet.get("async"), fleet.get("async-floor")
     if run:
         s, per = run["last_wake_ms"], run["redis_per_waiter"]
         lines += [
             f"**Concurrent async waits.** {run['waiters']:,} `AsyncStepWaiter.wait` calls "
             f"({run['processes']} processes of {run['waiters'] // run['processes']:,}, one "
-            f"`AsyncStepWaiter` each), one `publish` releases all; {run['trials']} trials:",
+            f"`AsyncStepWaiter` each), one `publish` releases all; {run['trials']} trials"
+            + (
+                f"; their floor: as many waits on one shared raw subscription per process "
+                f"(its reader task parses each message once and resolves the waits' futures; "
+                f"the waits of a round share one `GET`), {floor['trials']} trials"
+                if floor
+                else ""
+            )
+            + ":",
             "",
             "| | n | median | p90 | p99 | max |",
             "|---|---|---|---|---|---|",
@@ -198,27 +298,54 @@ def fleet_section(fleet: dict[str, Any] | None) -> list[str]:
             f"| median wake (ms) | {run['median_wake_ms']['n']} | "
             f"{_fmt(run['median_wake_ms']['median'])} | {_fmt(run['median_wake_ms']['p90'])} | "
             f"{_fmt(run['median_wake_ms']['p99'])} | {_fmt(run['median_wake_ms']['max'])} |",
+        ]
+        if floor:
+            f, m = floor["last_wake_ms"], floor["median_wake_ms"]
+            lines += [
+                f"| floor: last wake (ms) | {f['n']} | {_fmt(f['median'])} | {_fmt(f['p90'])} | "
+                f"{_fmt(f['p99'])} | {_fmt(f['max'])} |",
+                f"| floor: median wake (ms) | {m['n']} | {_fmt(m['median'])} | "
+                f"{_fmt(m['p90'])} | {_fmt(m['p99'])} | {_fmt(m['max'])} |",
+            ]
+        lines += [
             "",
             f"- Redis per waiting worker: {per['connections']:.4f} connections "
             f"({run['redis_while_waiting']['clients'] - run['redis_baseline']['clients']} in all, "
             f"the chief's 2 included), {per['bytes']:.0f} bytes (its registry entry and target).",
-            f"- CPU per release: Redis {run['release_cpu_ms']['redis']:.1f} ms (the announcing "
-            f"script removes {run['waiters']:,} targets from the index), the waiter processes "
-            f"{run['release_cpu_ms']['waiters']:.0f} ms.",
+        ]
+        cpu = run["release_cpu_ms"]
+        if floor and _new_windows([run, floor]):
+            fcpu = floor["release_cpu_ms"]
+            lines.append(
+                f"- CPU per release and the next registration: Redis {cpu['redis']:.1f} ms "
+                f"against {fcpu['redis']:.1f} ms for the floor, the waiter processes "
+                f"{cpu['waiters']:.0f} ms against {fcpu['waiters']:.0f} ms "
+                f"(**{cpu['waiters'] / fcpu['waiters']:.2f}x**); last wake "
+                f"**{s['median'] / floor['last_wake_ms']['median']:.2f}x** the floor's."
+            )
+            lines.append(_waiting_line([run], [floor]))
+        else:
+            lines.append(
+                f"- CPU per release: Redis {cpu['redis']:.1f} ms (the announcing script "
+                f"removes {run['waiters']:,} targets from the index), the waiter processes "
+                f"{cpu['waiters']:.0f} ms."
+            )
+        lines += [
             f"- registration round trips per process, all trials: "
-            f"{run.get('round_trips_per_process')}.",
+            f"{_plain_list(run.get('round_trips_per_process'))}.",
             "",
         ]
     floor10k = fleet.get("floor10k")
     if floor10k:
         s = floor10k["last_wake_ms"]
         lines += [
-            f"**The raw floor at {floor10k['subscribers']:,} subscriber connections** (asyncio "
-            f"subscribers, {floor10k['processes']} processes): last delivery median "
-            f"{_fmt(s['median'])} ms (max {_fmt(s['max'])} ms); one `PUBLISH` costs Redis "
-            f"{floor10k['release_cpu_ms']['redis']:.1f} ms of CPU. What {floor10k['subscribers']:,}"
-            f" independent waiters would cost at least, against the async waiters' shared "
-            f"subscriptions above.",
+            f"**{floor10k['subscribers']:,} raw waiters, each with its own connection** "
+            f"(asyncio, {floor10k['processes']} processes; each reads the stored step, then "
+            f"waits on its own subscription): last delivery median {_fmt(s['median'])} ms "
+            f"(max {_fmt(s['max'])} ms); a release costs Redis "
+            f"{floor10k['release_cpu_ms']['redis']:.1f} ms of CPU. What "
+            f"{floor10k['subscribers']:,} independent waiters would cost at least; not the "
+            f"floor of waits that share a process (that is the shared subscription above).",
             "",
         ]
     dist = fleet.get("distinct")
@@ -287,7 +414,7 @@ def plot_fleet(fleet: dict[str, Any] | None, path: Path) -> bool:
     import matplotlib.pyplot as plt
 
     series: list[tuple[str, list[float], str, str]] = []
-    for name, color in zip(INDEPENDENT_PARTS, ("tab:blue", "tab:purple"), strict=True):
+    for name, color in zip(INDEPENDENT_PARTS, ("tab:blue", "tab:purple", "tab:olive"), strict=True):
         part = fleet.get(name)
         if part:
             first = part["stepbarrier"][0]
