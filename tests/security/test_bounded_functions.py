@@ -23,7 +23,6 @@ that a worker planted.
 from __future__ import annotations
 
 import dataclasses
-import re
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -46,6 +45,7 @@ from stepbarrier._protocol.roles import emergency_rules, role_rules
 from stepbarrier._redis.functions import function_name, install_functions
 from tests.barrier_helpers import Waiting, as_task, eventually, subscribed
 from tests.redis_harness import RedisServer
+from tests.security.test_bounded_work import acl_arguments
 
 LIMIT_US = 100_000
 """Longest a library call may hold Redis, as SLOWLOG measures it (100 ms): a
@@ -88,11 +88,6 @@ class Roles:
             stall_timeout=30.0,
             fallback_interval=0.2,
         )
-
-
-def acl_arguments(rules: str) -> list[str]:
-    """The rules as ACL SETUSER arguments (a selector ``(...)`` is one)."""
-    return re.findall(r"\([^)]*\)|\S+", rules)
 
 
 @pytest.fixture(scope="module")
