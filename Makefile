@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
-EXTRAS ?= dev,docs,tensorflow,jax,fast,exporter
+EXTRAS ?= dev,docs,tensorflow,jax,fast,exporter,torch
 PYTEST_ARGS ?=
 # `make test` runs the suite in this many pytest workers (pytest-xdist), each
 # test file on one worker (--dist loadfile: a file's servers and clusters are
@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 # it in one process.
 TEST_WORKERS ?= 2
 
-.PHONY: all demo test test-unit test-core test-compose docker-engine soak model lint docs dist venv redis-server prometheus valgrind bench bench-quick clean
+.PHONY: all demo test test-unit test-core test-compose docker-engine soak model lint docs docs-serve dist venv redis-server prometheus valgrind bench bench-quick clean
 
 all: lint test
 
@@ -138,9 +138,18 @@ lint: venv
 	$(VENV)/bin/lint-imports --no-cache
 
 # The documentation site: --strict turns a broken link, a missing page or an
-# unresolved API reference into a failure.
+# unresolved API reference into a failure. Open site/index.html in a browser
+# (the site works from disk), or serve it: make docs-serve.
 docs: venv
 	$(VENV)/bin/mkdocs build --strict --site-dir site
+
+# The site at http://$(DOCS_ADDR)/, built in memory and rebuilt (the open page
+# reloaded) whenever docs/, mkdocs.yml or a docstring changes; Ctrl-C stops it.
+# Only this machine reaches the default address; e.g. DOCS_ADDR=127.0.0.1:8001
+# when 8000 is taken.
+DOCS_ADDR ?= 127.0.0.1:8000
+docs-serve: venv
+	$(VENV)/bin/mkdocs serve --dev-addr $(DOCS_ADDR)
 
 # The sdist and wheel as PyPI would get them, checked by twine.
 dist: venv

@@ -8,8 +8,10 @@ its step, and within 3 s (the protocol's grace) if the job has finished.
 Environment variables (this script reads no command-line arguments):
     STEPBARRIER_JOB             required: the job's name, the same on every host.
     STEPBARRIER_REDIS_URL       Redis, e.g. redis://redis:6379/0 (default localhost).
-    STEPBARRIER_ROLE            "chief" or "worker" (else taken from TF_CONFIG).
-    STEPBARRIER_TASK_ID         this host's task id, the chief being 0.
+    STEPBARRIER_ROLE            "chief" or "worker" (else taken from TF_CONFIG, or
+                                under torchrun or srun from the rank: 0 is the chief).
+    STEPBARRIER_TASK_ID         this host's task id, the chief being 0 (else
+                                TF_CONFIG's, torchrun's RANK or SLURM_PROCID).
     STEPBARRIER_WAIT_UNTIL_STEP a worker's step to wait for, or
     STEPBARRIER_SCHEDULE        a ramp such as "log:20": int(20 * log(task_id + 1)).
     (every other STEPBARRIER_* variable works too: docs/configuration.md)

@@ -161,8 +161,11 @@ class GlobalStepWaiterHook(tf.compat.v1.train.SessionRunHook):  # type: ignore[m
             needs a user allowed to write the step: by default
             (``REPORT_EVERY``) a worker whose user may not (the shipped
             ``worker`` role) says so at INFO and trains on; given explicitly,
-            that refusal is a WARNING. Reporting needs a config: given here,
-            or read in ``begin()``.
+            that refusal is a WARNING. Not given, the config's
+            ``report_every`` (``STEPBARRIER_REPORT_EVERY``) counts as given,
+            when set: 0 turns reporting off for workers whose user may not
+            write (the shipped compose file does so). Reporting needs a
+            config: given here, or read in ``begin()``.
 
     Attributes:
         released_at_step: The step that released this worker (``None`` until a
@@ -275,6 +278,10 @@ class GlobalStepWaiterHook(tf.compat.v1.train.SessionRunHook):  # type: ignore[m
             reporter.close(done=False, timeout=2.0)
 
     def _start_reporting(self) -> None:
+        config = self._config
+        if self._report_optional and config is not None and config.report_every is not None:
+            # STEPBARRIER_REPORT_EVERY in place of the default: asked for
+            self._report_every, self._report_optional = config.report_every, False
         if self._report_every and self._config is not None and self._reporter is None:
             # report into the generation this worker's wait was released by, and
             # no other: a later chief may be another run's, or one that restored

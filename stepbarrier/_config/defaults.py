@@ -14,6 +14,29 @@ OnTimeout = Literal["raise", "proceed"]
 RunIdSource = Literal["STEPBARRIER_RUN_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"]
 """The variable a run id came from (``BarrierConfig.run_id_source``)."""
 
+TaskIdSource = Literal[
+    "STEPBARRIER_TASK_ID", "STEPBARRIER_ROLE", "TF_CONFIG", "RANK", "SLURM_PROCID"
+]
+"""Where a task id came from (``BarrierConfig.task_id_source``): ``STEPBARRIER_ROLE``
+is ``chief`` (task 0), ``RANK`` is torchrun's rank, ``SLURM_PROCID`` Slurm's."""
+
+TASK_ID_SOURCES: tuple[TaskIdSource, ...] = (
+    "STEPBARRIER_TASK_ID",
+    "STEPBARRIER_ROLE",
+    "TF_CONFIG",
+    "RANK",
+    "SLURM_PROCID",
+)
+"""Where ``from_env`` looks for the task id, first to last: the first one that
+gives it wins (docs/configuration.md#task-id-and-role)."""
+
+LAUNCHER_RANKS: dict[TaskIdSource, str] = {
+    "RANK": "torchrun's global rank",
+    "SLURM_PROCID": "the rank of the Slurm task",
+}
+"""The launchers' rank variables, in the order ``from_env`` reads them, and what
+each is, for messages (``RANK`` only counts with ``TORCHELASTIC_RUN_ID`` set)."""
+
 RUN_ID_SOURCES: tuple[RunIdSource, ...] = (
     "STEPBARRIER_RUN_ID",
     "TORCHELASTIC_RUN_ID",
@@ -41,6 +64,8 @@ plus a minute, whatever this says (docs/protocol.md#done)."""
 DEFAULT_NO_CHIEF_WARNING = 20.0
 """Seconds a wait goes on without any write of its job's chief seen before it
 warns that the chief may not publish (or publishes under another job or Redis)."""
+MAX_REPORT_EVERY = 1_000_000
+"""The most runs between two reports of a TensorFlow worker's step (``report_every``)."""
 FALLBACK_INTERVAL = 5.0
 """Seconds between a waiter's re-reads of the stored step (pub/sub is only a hint)."""
 
@@ -72,14 +97,20 @@ ENVIRONMENT_VARIABLES: tuple[str, ...] = (
     "STEPBARRIER_NO_CHIEF_WARNING",
     "STEPBARRIER_USE_EVAL",
     "STEPBARRIER_REDIS_CLUSTER",
+    "STEPBARRIER_REPORT_EVERY",
 )
 
-#: The launchers' variables ``from_env`` reads for the run id when
-#: ``STEPBARRIER_RUN_ID`` is not set (docs/configuration.md#run-id): torchrun's
-#: rendezvous id, the Slurm job and how often Slurm requeued it. A test or a
-#: tool that must see no run id unsets these along with ``STEPBARRIER_*``.
+#: The launchers' variables ``from_env`` reads when no ``STEPBARRIER_*``
+#: variable (nor ``TF_CONFIG``) says it: for the run id
+#: (docs/configuration.md#run-id) torchrun's rendezvous id, the Slurm job and
+#: how often Slurm requeued it; for the task id and role
+#: (docs/configuration.md#task-id-and-role) torchrun's ``RANK`` (only with
+#: ``TORCHELASTIC_RUN_ID`` set) and Slurm's ``SLURM_PROCID``. A test or a tool
+#: that must see no launcher unsets these along with ``STEPBARRIER_*``.
 LAUNCHER_VARIABLES: tuple[str, ...] = (
     "TORCHELASTIC_RUN_ID",
     "SLURM_JOB_ID",
     "SLURM_RESTART_COUNT",
+    "RANK",
+    "SLURM_PROCID",
 )

@@ -4,9 +4,11 @@
 ``hooks_from_env`` and ``callbacks_from_env`` first ask ``barrier_role_from_env``;
 nothing else in the library looks at the environment. When
 ``STEPBARRIER_RUN_ID`` is not set, the run id is the launcher's own
-(torchrun's, Slurm's): ``run_id_from_env``. Each variable is parsed
-here and checked again by ``BarrierConfig``; an error names the variable and
-what was expected, and never contains a secret. This module builds no
+(torchrun's, Slurm's): ``run_id_from_env``; when neither ``STEPBARRIER_TASK_ID``
+nor ``TF_CONFIG`` gives the task id, it is the launcher's rank (torchrun's
+``RANK``, Slurm's ``SLURM_PROCID``), and rank 0 the chief: ``task_from_env``.
+Each variable is parsed here and checked again by ``BarrierConfig``; an error
+names the variable and what was expected, and never contains a secret. This module builds no
 ``BarrierConfig`` itself: ``stepbarrier._config.settings`` depends on it, not the reverse.
 """
 
@@ -18,7 +20,7 @@ import os
 import re
 import stat
 from collections.abc import Mapping
-from typing import TypedDict
+from typing import NamedTuple, TypedDict
 
 from stepbarrier._config.checks import (
     DURATION_EXAMPLES,
@@ -36,9 +38,12 @@ from stepbarrier._config.defaults import (
     DEFAULT_REDIS_URL,
     DEFAULT_SENTINEL_SERVICE,
     DEFAULT_STALL_TIMEOUT,
+    LAUNCHER_RANKS,
+    MAX_REPORT_EVERY,
     OnTimeout,
     Role,
     RunIdSource,
+    TaskIdSource,
 )
 from stepbarrier._config.schedule import validate_schedule
 from stepbarrier._config.tf_config import (
@@ -85,12 +90,14 @@ def barrier_role_from_env(environ: Mapping[str, str] | None = None) -> Role | No
             nor a chief or worker task in ``TF_CONFIG``), or a variable the role
             comes from is invalid.
     """
-    role, _, tf_type = _host_task(os.environ if environ is None else environ)
+    task = task_from_env(os.environ if environ is None else environ)
+    role, tf_type = task.role, task.tf_type
     if role is not None or tf_type in NO_ROLE_TASK_TYPES:
         return role
     how = (
         "set STEPBARRIER_ROLE=chief on the chief, and STEPBARRIER_ROLE=worker with "
-        "STEPBARRIER_TASK_ID=N (N >= 1, the chief being task 0) on each worker"
+        "STEPBARRIER_TASK_ID=N (N >= 1, the chief being task 0) on each worker, or "
+        "start the tasks with torchrun or srun (rank 0 is the chief)"
     )
     if tf_type is not None:
         raise ConfigurationError(
@@ -99,8 +106,9 @@ def barrier_role_from_env(environ: Mapping[str, str] | None = None) -> Role | No
             variable="TF_CONFIG",
         )
     raise ConfigurationError(
-        "this host has no barrier role: neither STEPBARRIER_ROLE nor TF_CONFIG says "
-        "whether it is the chief or a worker (launchers that pass --job_name/--task_index "
+        "this host has no barrier role: neither STEPBARRIER_ROLE, TF_CONFIG nor a launcher's "
+        "rank (torchrun's RANK, Slurm's SLURM_PROCID) says whether it is the chief or a "
+        "worker (launchers that pass --job_name/--task_index "
         f"flags set neither): {how}, or set TF_CONFIG to the cluster and this task",
         variable="STEPBARRIER_ROLE",
     )
@@ -127,23 +135,83 @@ def barrier_parties_from_env(
     return found
 
 
-def _host_task(env: Mapping[str, str]) -> tuple[Role | None, int | None, str | None]:
-    """Role, task id, and the task type of ``TF_CONFIG`` if it had to be read.
+class HostTask(NamedTuple):
+    """This host's role and task id, where the task id came from, and the task type
+    of ``TF_CONFIG`` if it had to be read (``task_from_env``)."""
 
-    ``STEPBARRIER_ROLE`` and ``STEPBARRIER_TASK_ID`` win; ``TF_CONFIG`` is read
-    only for what they leave open, so that a ``TF_CONFIG`` this library cannot
-    use never blocks them.
+    role: Role | None
+    task_id: int | None
+    task_id_source: TaskIdSource | None
+    tf_type: str | None
+
+
+def task_from_env(environ: Mapping[str, str] | None = None) -> HostTask:
+    """This host's barrier role and task id (docs/configuration.md#task-id-and-role).
+
+    The task id is the first of these that gives one:
+
+    1. ``STEPBARRIER_TASK_ID``;
+    2. ``STEPBARRIER_ROLE=chief``: task 0;
+    3. ``TF_CONFIG``'s task;
+    4. torchrun's ``RANK``, only when ``TORCHELASTIC_RUN_ID`` is set too (any
+       value: torchrun sets both in every process it starts), so that a ``RANK``
+       some other tool left behind is never taken for a task id;
+    5. Slurm's ``SLURM_PROCID`` (``srun`` sets it in each task; the batch
+       script itself runs as 0).
+
+    The role is ``STEPBARRIER_ROLE``, else ``TF_CONFIG``'s; when neither gives
+    one and a launcher's rank is set, it follows the task id in force: task 0
+    is the chief, every other a worker. A ``TF_CONFIG`` that names a task type
+    without a role (``ps``, ``evaluator``) keeps the host out whatever the
+    launcher says. A variable's value is read (and checked) only when those
+    before it leave the task id open: a conflict is no error, the earlier one
+    wins (a bad ``RANK`` beside ``STEPBARRIER_TASK_ID`` is not even looked at).
+
+    Raises:
+        ConfigurationError: A variable that is read is invalid (e.g. ``RANK=abc``);
+            the message names it.
     """
+    env = os.environ if environ is None else environ
     role = _env_role(env)
     task_id = _env_int(env, "STEPBARRIER_TASK_ID", low=0, high=MAX_TASK_ID)
+    source: TaskIdSource | None = "STEPBARRIER_TASK_ID" if task_id is not None else None
     if role == "chief" and task_id is None:
-        task_id = 0
+        task_id, source = 0, "STEPBARRIER_ROLE"
     if role is not None and task_id is not None:
-        return role, task_id, None
+        return HostTask(role, task_id, source, None)
+    # STEPBARRIER_ROLE and STEPBARRIER_TASK_ID win; TF_CONFIG is read only for
+    # what they leave open, so that a TF_CONFIG this library cannot use never
+    # blocks them
     tf_task = task_from_tf_config(env.get("TF_CONFIG"))
+    if task_id is None and tf_task.task_id is not None:
+        task_id, source = tf_task.task_id, "TF_CONFIG"
+    role = role or tf_task.role
+    if (role is not None and task_id is not None) or tf_task.type is not None:
+        return HostTask(role, task_id, source, tf_task.type)
+    launcher = _launcher_rank_variable(env)
+    if launcher is None:
+        return HostTask(role, task_id, source, None)
     if task_id is None:
-        task_id = tf_task.task_id
-    return role or tf_task.role, task_id, tf_task.type
+        # only now is its value needed: an explicit task id leaves it unread
+        what = LAUNCHER_RANKS[launcher]
+        task_id = _env_int(env, launcher, low=0, high=MAX_TASK_ID, what=what)
+        source = launcher
+    if role is None:
+        role = "chief" if task_id == 0 else "worker"
+    return HostTask(role, task_id, source, None)
+
+
+def _launcher_rank_variable(env: Mapping[str, str]) -> TaskIdSource | None:
+    """The launcher's rank variable set in ``env``: torchrun's ``RANK`` (with
+    ``TORCHELASTIC_RUN_ID`` set), else Slurm's ``SLURM_PROCID``; ``None`` when
+    neither is set (to anything but blanks)."""
+    torchrun = env.get("TORCHELASTIC_RUN_ID") is not None
+    for name in LAUNCHER_RANKS:
+        if name == "RANK" and not torchrun:
+            continue  # a RANK without torchrun's id may be anyone's
+        if _get(env, name) is not None:
+            return name
+    return None
 
 
 def _env_role(env: Mapping[str, str]) -> Role | None:
@@ -174,6 +242,7 @@ class EnvSettings(TypedDict):
     sentinel_service: str
     role: Role | None
     task_id: int | None
+    task_id_source: TaskIdSource | None
     wait_until_step: int | None
     schedule: str | None
     timeout: float | None
@@ -189,6 +258,7 @@ class EnvSettings(TypedDict):
     use_eval: bool
     redis_cluster: bool
     tls_insecure: bool
+    report_every: int | None
 
 
 def settings_from_env(env: Mapping[str, str]) -> EnvSettings:
@@ -210,7 +280,7 @@ def settings_from_env(env: Mapping[str, str]) -> EnvSettings:
     url = _get(env, "STEPBARRIER_REDIS_URL") or DEFAULT_REDIS_URL
     tls_insecure = _env_flag(env, "STEPBARRIER_TLS_INSECURE")
     check_url(url, "STEPBARRIER_REDIS_URL", tls_insecure=tls_insecure)
-    role, task_id, _ = _host_task(env)
+    role, task_id, task_id_source, _ = task_from_env(env)
     schedule = _get(env, "STEPBARRIER_SCHEDULE")
     if schedule is not None:
         schedule = validate_schedule(schedule, variable="STEPBARRIER_SCHEDULE")
@@ -266,6 +336,7 @@ def settings_from_env(env: Mapping[str, str]) -> EnvSettings:
         sentinel_service=_get(env, "STEPBARRIER_SENTINEL_SERVICE") or DEFAULT_SENTINEL_SERVICE,
         role=role,
         task_id=task_id,
+        task_id_source=task_id_source,
         wait_until_step=_env_int(env, "STEPBARRIER_WAIT_UNTIL_STEP", low=0, high=MAX_STEP),
         schedule=schedule,
         timeout=_env_seconds(env, "STEPBARRIER_TIMEOUT"),
@@ -282,6 +353,7 @@ def settings_from_env(env: Mapping[str, str]) -> EnvSettings:
         use_eval=_env_flag(env, "STEPBARRIER_USE_EVAL"),
         redis_cluster=_env_flag(env, "STEPBARRIER_REDIS_CLUSTER"),
         tls_insecure=tls_insecure,
+        report_every=_env_int(env, "STEPBARRIER_REPORT_EVERY", low=0, high=MAX_REPORT_EVERY),
     )
 
 
@@ -363,7 +435,9 @@ def launcher_run_id(text: str) -> str:
     return f"{_NOT_IN_RUN_ID.sub('_', text[:LAUNCHER_ID_KEPT])}-{digest}"
 
 
-def _env_int(env: Mapping[str, str], name: str, *, low: int, high: int) -> int | None:
+def _env_int(
+    env: Mapping[str, str], name: str, *, low: int, high: int, what: str = ""
+) -> int | None:
     text = _get(env, name)
     if text is None:
         return None
@@ -372,8 +446,9 @@ def _env_int(env: Mapping[str, str], name: str, *, low: int, high: int) -> int |
     except ValueError:
         value = None
     if value is None or not low <= value <= high:
+        shown = f"{name} ({what})" if what else name
         raise ConfigurationError(
-            f"{name} must be an integer from {low} to {high}, got {text[:80]!r}",
+            f"{shown} must be an integer from {low} to {high}, got {text[:80]!r}",
             variable=name,
         )
     return value

@@ -36,10 +36,14 @@ from stepbarrier._config.defaults import (
     DEFAULT_SENTINEL_SERVICE,
     DEFAULT_STALL_TIMEOUT,
     FALLBACK_INTERVAL,
+    LAUNCHER_RANKS,
+    MAX_REPORT_EVERY,
     RUN_ID_SOURCES,
+    TASK_ID_SOURCES,
     OnTimeout,
     Role,
     RunIdSource,
+    TaskIdSource,
 )
 from stepbarrier._config.environment import settings_from_env
 from stepbarrier._config.schedule import schedule_wait_until_step, validate_schedule
@@ -61,6 +65,10 @@ class BarrierConfig:
     ``"TORCHELASTIC_RUN_ID"`` or ``"SLURM_JOB_ID"``; ``None`` for a run id given
     in code, or when nothing gave one. ``"STEPBARRIER_RUN_ID"`` with ``run_id``
     ``None`` is that variable set empty: no run id, on purpose.
+    ``task_id_source`` says the same of ``task_id``
+    (docs/configuration.md#task-id-and-role): ``"STEPBARRIER_TASK_ID"``,
+    ``"STEPBARRIER_ROLE"`` (the chief, task 0), ``"TF_CONFIG"``, ``"RANK"``
+    (torchrun's) or ``"SLURM_PROCID"``; ``None`` when given in code or unknown.
 
     Examples:
         >>> cfg = BarrierConfig(job="mnist-42", redis_url="redis://redis:6379/0")
@@ -95,6 +103,10 @@ class BarrierConfig:
     redis_cluster: bool = False
     tls_insecure: bool = False
     run_id_source: RunIdSource | None = None
+    task_id_source: TaskIdSource | None = None
+    # GlobalStepWaiterHook's report_every when the hook is given none: 0 never
+    # reports; None leaves the hook's default (STEPBARRIER_REPORT_EVERY)
+    report_every: int | None = None
 
     def __post_init__(self) -> None:
         validate_job(self.job, variable="job")
@@ -105,6 +117,8 @@ class BarrierConfig:
         if self.progress_timeout is not None:
             check_seconds(self.progress_timeout, "progress_timeout")
         check_seconds(self.no_chief_warning, "no_chief_warning")
+        if self.report_every is not None:
+            check_int(self.report_every, "report_every", low=0, high=MAX_REPORT_EVERY)
         if not isinstance(self.use_eval, bool):
             raise ConfigurationError(
                 f"use_eval must be True or False, got {self.use_eval!r}", variable="use_eval"
@@ -129,6 +143,7 @@ class BarrierConfig:
             )
         if self.task_id is not None:
             check_int(self.task_id, "task_id", low=0, high=1_000_000)
+        _check_task_id_source(self.task_id, self.task_id_source)
         if self.wait_until_step is not None:
             check_int(self.wait_until_step, "wait_until_step", low=0, high=MAX_STEP)
         if self.schedule is not None:
@@ -200,6 +215,19 @@ class BarrierConfig:
         """
         return describe_run_id(self.run_id, self.run_id_source)
 
+    def describe_task(self) -> str:
+        """The task id and role in force, and where the task id came from, for logs
+        and ``doctor``.
+
+        Examples:
+            >>> config = BarrierConfig(job="j", role="worker", task_id=2, task_id_source="RANK")
+            >>> config.describe_task()
+            "task 2, worker (from RANK, torchrun's global rank)"
+            >>> BarrierConfig(job="j", role="chief", task_id=0).describe_task()
+            'task 0, chief (given in code)'
+        """
+        return describe_task(self.role, self.task_id, self.task_id_source)
+
     def resolved_wait_until_step(self) -> int:
         """The step this host waits for: the explicit value, else its schedule.
 
@@ -216,7 +244,8 @@ class BarrierConfig:
             )
         if self.task_id is None:
             raise ConfigurationError(
-                f"schedule {self.schedule!r} needs a task id: set STEPBARRIER_TASK_ID or TF_CONFIG",
+                f"schedule {self.schedule!r} needs a task id: set STEPBARRIER_TASK_ID or "
+                "TF_CONFIG, or start the task with torchrun or srun (their rank is its task id)",
                 variable="STEPBARRIER_TASK_ID",
             )
         return schedule_wait_until_step(self.task_id, self.schedule)
@@ -272,13 +301,18 @@ def config_from_env(env: Mapping[str, str]) -> BarrierConfig:
     return config
 
 
-def _check_run_id_source(run_id: str | None, source: object) -> None:
-    if source is not None and source not in RUN_ID_SOURCES:
+def _check_source(name: str, source: object, sources: tuple[str, ...]) -> None:
+    """``source`` is ``None`` or one of ``sources`` (``name`` is ``run_id`` or ``task_id``)."""
+    if source is not None and source not in sources:
         raise ConfigurationError(
-            f"run_id_source must be None or one of {', '.join(RUN_ID_SOURCES)} (the "
-            f"variable the run id came from), got {str(source)[:80]!r}",
-            variable="run_id_source",
+            f"{name}_source must be None or one of {', '.join(sources)} (the variable the "
+            f"{name.replace('_', ' ')} came from), got {str(source)[:80]!r}",
+            variable=f"{name}_source",
         )
+
+
+def _check_run_id_source(run_id: str | None, source: object) -> None:
+    _check_source("run_id", source, RUN_ID_SOURCES)
     if run_id is None and source not in (None, "STEPBARRIER_RUN_ID"):
         # only STEPBARRIER_RUN_ID can say "no run id" (set empty); a launcher's
         # variable always gives one
@@ -287,6 +321,34 @@ def _check_run_id_source(run_id: str | None, source: object) -> None:
             "give the run id too, or no run_id_source",
             variable="run_id_source",
         )
+
+
+def _check_task_id_source(task_id: int | None, source: object) -> None:
+    _check_source("task_id", source, TASK_ID_SOURCES)
+    if task_id is None and source is not None:
+        raise ConfigurationError(
+            f"task_id_source {source} names where the task id came from, but task_id is "
+            "None: give the task id too, or no task_id_source",
+            variable="task_id_source",
+        )
+
+
+def describe_task(role: Role | None, task_id: int | None, source: TaskIdSource | None) -> str:
+    """The task id, role and where the task id came from, in words: ``"task 2, worker
+    (from SLURM_PROCID, the rank of the Slurm task)"``."""
+    who = role or "no role"
+    if task_id is None:
+        return (
+            f"no task id, {who} (no STEPBARRIER_TASK_ID, no task in TF_CONFIG, no RANK "
+            "under torchrun, no SLURM_PROCID)"
+        )
+    if source is None:
+        return f"task {task_id}, {who} (given in code)"
+    if source in LAUNCHER_RANKS:
+        return f"task {task_id}, {who} (from {source}, {LAUNCHER_RANKS[source]})"
+    if source == "STEPBARRIER_ROLE":
+        return f"task {task_id}, {who} (STEPBARRIER_ROLE=chief: the chief is task 0)"
+    return f"task {task_id}, {who} (from {source})"
 
 
 _LAUNCHERS = {
@@ -310,15 +372,17 @@ def describe_run_id(run_id: str | None, source: RunIdSource | None) -> str:
 
 
 _logged_lock = threading.Lock()
-_logged: dict[str, tuple[str | None, RunIdSource | None]] = {}
+_logged: dict[str, tuple[str | None, RunIdSource | None, int | None]] = {}
 _MAX_LOGGED_JOBS = 64
 
 
 def _log_run_id(config: BarrierConfig) -> None:
     """One INFO line per job and run id: hooks, callbacks and waiters of one
     process each read the environment, and one line is enough to tell which run
-    the process belongs to (a new one when it changes)."""
-    shown = (config.run_id, config.run_id_source)
+    the process belongs to (a new one when it changes); a second when a
+    launcher's rank gave the task id, saying the task and role."""
+    launched = config.task_id_source in LAUNCHER_RANKS
+    shown = (config.run_id, config.run_id_source, config.task_id if launched else None)
     with _logged_lock:
         if _logged.get(config.job) == shown:
             return
@@ -326,3 +390,7 @@ def _log_run_id(config: BarrierConfig) -> None:
             _logged.clear()  # bounded, whatever a process reads; a line again costs nothing
         _logged[config.job] = shown
     log.info("job %s: run id %s", config.job, config.describe_run_id())
+    if launched:
+        # the role and task id a launcher gave: which rank is the chief is no
+        # longer written anywhere in the job's own settings
+        log.info("job %s: %s", config.job, config.describe_task())

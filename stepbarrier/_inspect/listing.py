@@ -53,6 +53,7 @@ from redis.cluster import RedisCluster
 
 from stepbarrier._config.checks import JOB_NAME
 from stepbarrier._config.settings import BarrierConfig
+from stepbarrier._inspect.live_chief import is_stale
 from stepbarrier._inspect.registry import (
     parse_index,
     queue_index_read,
@@ -126,6 +127,9 @@ class JobSummary:
             host's clock against the worker's (``None``: none waits, or no
             waiter stored a plausible start).
         problems: Malformed content in the job's keys, or why it could not be read.
+        stale: The chief may be gone: its heartbeat is older than three of its
+            periods (at least 5 s), by the rule ``status`` marks STALE with
+            (``stepbarrier._inspect.live_chief.is_stale``).
     """
 
     job: str
@@ -138,6 +142,7 @@ class JobSummary:
     next_wait_until_step: int | None
     oldest_wait: float | None
     problems: tuple[str, ...] = ()
+    stale: bool = False
 
     @classmethod
     def of(cls, status: JobStatus, now: float) -> JobSummary:
@@ -154,6 +159,7 @@ class JobSummary:
             next_wait_until_step=min((w.wait_until_step for w in status.waiters), default=None),
             oldest_wait=round(max(0.0, now - min(starts)), 3) if starts else None,
             problems=status.problems,
+            stale=is_stale(status),
         )
 
     @classmethod

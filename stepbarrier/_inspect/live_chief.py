@@ -1,4 +1,8 @@
-"""Whether a chief still heartbeats a job: a hand-run ``publish`` must not supersede it.
+"""Whether a chief still heartbeats a job: the one chief-liveness rule of the operator's views.
+
+``stale_limit`` and ``is_stale`` are the rule every view shows (``status``,
+``watch``, ``jobs``, ``wait``'s progress, ``status --check``), and a hand-run
+``publish`` must not supersede a chief that is live by it.
 
 Each ``publish`` starts a new chief generation, and a newer generation wins for
 good: the running chief would stop publishing and its workers would follow the
@@ -7,6 +11,7 @@ hand-set step. So ``stepbarrier publish`` first asks ``find_live_chief``.
 
 from __future__ import annotations
 
+from stepbarrier._config.defaults import DEFAULT_HEARTBEAT
 from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._inspect.status import STATUS_RETRY_SECONDS, JobStatus, read_status
 from stepbarrier._protocol.freshness import stale_after
@@ -18,25 +23,44 @@ HAND_PUBLISHED = "cli:"
 and left, so it is no running chief that a later ``publish`` would supersede."""
 
 
-def live_chief_limit(status: JobStatus, default_heartbeat: float) -> float | None:
-    """The heartbeat age under which ``status``'s chief counts as live, if it does.
+def stale_limit(status: JobStatus, default_heartbeat: float = DEFAULT_HEARTBEAT) -> float | None:
+    """The heartbeat age from which ``status``'s chief counts as stale, if the question arises.
 
-    The chief is live while its heartbeat is younger than three of its own
-    heartbeat periods (at least five seconds); the period is the one the chief
-    stored, or ``default_heartbeat`` if it stored none. A chief that marked
-    the job done is finished, however recent its last write, and an earlier
-    ``stepbarrier publish`` is no running chief.
+    The one chief-liveness rule of every operator's view (``status``, ``watch``,
+    ``jobs``, ``wait``'s progress, ``status --check``) and of ``publish``'s
+    refusal: a chief is live while its heartbeat is younger than three of its
+    own heartbeat periods (at least five seconds), stale from then on. The
+    period is the one the chief stored, or ``default_heartbeat`` if it stored
+    none. Display only: no waiter decides by it (they judge observed writes).
 
     Returns:
-        That age limit in seconds while the chief is live, else ``None``.
+        That age in seconds; ``None`` when no running chief is in question: the
+        job is done (finished, however recent its last write), no chief wrote a
+        heartbeat, or the step was published by hand (``stepbarrier publish``
+        wrote once and left).
     """
     if status.done or status.heartbeat_age is None:
         return None
     if status.chief is not None and status.chief.startswith(HAND_PUBLISHED):
         return None
     period = status.heartbeat_period if status.heartbeat_period is not None else default_heartbeat
-    limit = stale_after(period)
-    return limit if status.heartbeat_age < limit else None
+    return stale_after(period)
+
+
+def is_stale(status: JobStatus, default_heartbeat: float = DEFAULT_HEARTBEAT) -> bool:
+    """True if ``status``'s chief is stale by ``stale_limit``: the chief may be gone."""
+    limit = stale_limit(status, default_heartbeat)
+    return limit is not None and status.heartbeat_age is not None and status.heartbeat_age >= limit
+
+
+def live_chief_limit(status: JobStatus, default_heartbeat: float) -> float | None:
+    """The heartbeat age under which ``status``'s chief counts as live, if it does.
+
+    Returns:
+        ``stale_limit`` while the chief is live (not stale), else ``None``.
+    """
+    limit = stale_limit(status, default_heartbeat)
+    return None if limit is None or is_stale(status, default_heartbeat) else limit
 
 
 def find_live_chief(

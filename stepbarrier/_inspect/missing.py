@@ -2,8 +2,9 @@
 
 ``stepbarrier status``, ``wait`` and ``reset`` say so when a job has no keys
 (a typo in ``--job`` is the usual cause) and name a few jobs found on the
-Redis. The names come from a short ``SCAN`` (``SUGGEST_SCAN_CALLS`` calls of
-``SCAN_COUNT`` keys per master), never a walk of a large keyspace; a user
+Redis, the closest to the job's name first ("did you mean"). A short ``SCAN``
+finds the names (``SUGGEST_SCAN_CALLS`` calls of ``SCAN_COUNT`` keys per
+master), never a walk of a large keyspace; a user
 that may not ``SCAN`` (a worker's or a chief's password) learns how to list
 them instead.
 
@@ -14,6 +15,7 @@ whether or not one of its barriers is open.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +30,10 @@ from stepbarrier._redis.client import RedisClient, with_client
 
 SUGGEST = 5
 """Most job names a message names."""
+CLOSE = 3
+"""Most close matches ("did you mean") a message names."""
+CLOSE_CUTOFF = 0.6
+"""How alike (``difflib``'s ratio, 0 to 1) a job's name must be to be a close match."""
 SUGGEST_SCAN_CALLS = 10
 """Most ``SCAN`` calls per master when looking for other jobs' names."""
 
@@ -40,11 +46,14 @@ class OtherJobs:
         names: Up to ``SUGGEST`` job names, sorted.
         more: More jobs exist, or the short scan did not see the whole keyspace.
         may_scan: False if the user may not run ``SCAN`` (``names`` is then empty).
+        close: The names found that are closest to the job's (a typo's likely
+            meaning), best first: at most ``CLOSE``, whether or not among ``names``.
     """
 
     names: tuple[str, ...] = ()
     more: bool = False
     may_scan: bool = True
+    close: tuple[str, ...] = ()
 
 
 def is_missing(status: JobStatus, waiting: int = 0) -> bool:
@@ -140,4 +149,5 @@ def _scan(config: BarrierConfig, client: RedisClient) -> OtherJobs:
     except redis.exceptions.NoPermissionError:
         return OtherJobs(may_scan=False)
     names = sorted(found)
-    return OtherJobs(tuple(names[:SUGGEST]), more or len(names) > SUGGEST)
+    close = difflib.get_close_matches(config.job, names, n=CLOSE, cutoff=CLOSE_CUTOFF)
+    return OtherJobs(tuple(names[:SUGGEST]), more or len(names) > SUGGEST, close=tuple(close))

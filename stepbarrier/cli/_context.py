@@ -44,6 +44,7 @@ EXIT_UNAVAILABLE = 5
 EXIT_NO_JOB = 6
 EXIT_DEAD = 7
 EXIT_BUSY = 8
+EXIT_STALE = 9
 EXIT_INTERRUPTED = 130
 
 _EXIT_TEXT = {
@@ -107,6 +108,8 @@ Exit codes (each command's --help lists its own):
   {EXIT_DEAD}  status --check: the job is dead (no chief heartbeat within the stall timeout)
   {EXIT_BUSY}  Redis busy running a script (BUSY) after retries: Redis is up; wait, or have
      an administrator end the script (FUNCTION KILL, SCRIPT KILL)
+  {EXIT_STALE}  status --check: the chief is stale (no heartbeat for three of its periods,
+     at least 5 s, but within the stall timeout): it may be gone
   {EXIT_FAILED}  anything else (a bug: please report it with the --debug output); doctor:
      a check failed
   {EXIT_INTERRUPTED}  interrupted (Ctrl-C)
@@ -118,7 +121,8 @@ Exit codes:
   {EXIT_OK}    the job ran to its end, or Ctrl-C stopped it (the partial summary is
         shown; nothing is left running)
   {EXIT_FAILED}    a task failed (its last log lines are shown)
-  {EXIT_USAGE}    usage or configuration error (e.g. TensorFlow is not installed)
+  {EXIT_USAGE}    usage or configuration error, or something the demo needs is not
+        installed (TensorFlow; redis-server or fakeredis)
 """
 
 #: Options that stand for a variable, for hints in configuration errors.
@@ -449,22 +453,27 @@ def reporting(command: F, *, quiet_level: int = logging.CRITICAL) -> F:
         except Exception as exc:
             fail(exc, session)
 
-    run = click.option(
+    return verbosity_options(run)  # type: ignore[return-value]
+
+
+def verbosity_options(command: F) -> F:
+    """``--debug`` and ``--verbose``: on each command, and on the group before it
+    (``stepbarrier --debug status`` is ``stepbarrier status --debug``)."""
+    command = click.option(
         "--verbose",
         "-v",
         is_flag=True,
         expose_value=False,
         callback=_flag("verbose"),
         help="Log what the barrier does (INFO lines on stderr).",
-    )(run)
-    run = click.option(
+    )(command)
+    return click.option(
         "--debug",
         is_flag=True,
         expose_value=False,
         callback=_flag("debug"),
         help="Log everything and print tracebacks.",
-    )(run)
-    return run  # type: ignore[return-value]
+    )(command)
 
 
 def reporting_warnings(command: F) -> F:

@@ -31,6 +31,7 @@ from stepbarrier.cli._context import (
     EXIT_CODES,
     FiniteFloatRange,
     reporting,
+    verbosity_options,
 )
 from stepbarrier.errors import ConfigurationError
 
@@ -76,6 +77,7 @@ Each command's --help (or -h) lists its own exit codes. Shell completion:
 """,
 )
 @click.version_option(__version__, prog_name="stepbarrier", message=_versions())
+@verbosity_options
 def cli() -> None:
     """Hold distributed-training workers until the chief reaches a global step."""
     # a shell user's typo in a host name fails an interactive command at once;

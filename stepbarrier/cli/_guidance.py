@@ -1,4 +1,4 @@
-"""What the command says when a job is not there, or its chief seems gone.
+"""What the command says when a job is not there.
 
 ``status``, ``wait`` and ``reset`` name a job that has no keys on this Redis
 (most often a typo in ``--job``) and a few jobs that are there, found by a
@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import click
 
-from stepbarrier._config.defaults import DEFAULT_HEARTBEAT
 from stepbarrier._config.settings import BarrierConfig
-from stepbarrier._inspect.live_chief import HAND_PUBLISHED
-from stepbarrier._inspect.missing import OtherJobs, other_jobs
+from stepbarrier._inspect.missing import OtherJobs, is_missing, other_jobs
 from stepbarrier._inspect.status import JobStatus
-from stepbarrier._protocol.freshness import stale_after
 from stepbarrier.cli._context import EXIT_NO_JOB
 from stepbarrier.errors import StepBarrierError
 
+CUT = " ..."
+"""Ends a text ``one_line`` shortened."""
 LIST_THEM = "list them with `stepbarrier jobs` as a user that may SCAN (e.g. the monitor user)"
 
 
@@ -36,8 +35,25 @@ def missing_job_message(config: BarrierConfig, *, yet: bool = False) -> str:
     try:
         others = other_jobs(config)
     except StepBarrierError as exc:
-        return f"{head} (could not list the jobs here: {' '.join(str(exc).split())[:200]})"
+        return f"{head} (could not list the jobs here: {one_line(str(exc))})"
     return f"{head}; {describe_others(others)}"
+
+
+def one_line(text: str, width: int = 200) -> str:
+    """``text`` on one line, shortened to ``width`` characters at a word's end (never
+    cut mid-word: it goes into progress lines and notes)."""
+    text = " ".join(text.split())
+    if len(text) <= width:
+        return text
+    cut = text.rfind(" ", 0, width - len(CUT) + 1)
+    return (text[:cut] if cut > 0 else text[: width - len(CUT)]) + CUT
+
+
+def note_if_missing(config: BarrierConfig, status: JobStatus, waiting: int = 0) -> None:
+    """Say on stderr that the job is not there (``status``, ``watch``), naming the jobs
+    that are; ``waiting``: waiters a summary counted apart from ``status``."""
+    if is_missing(status, waiting=waiting):
+        click.echo(f"Note: {missing_job_message(config)}", err=True)
 
 
 def describe_others(others: OtherJobs) -> str:
@@ -48,22 +64,9 @@ def describe_others(others: OtherJobs) -> str:
             "no other job either" if not others.more else f"none found in a short scan: {LIST_THEM}"
         )
     names = ", ".join(others.names)
+    close = ""
+    if others.close:
+        close = f"did you mean {' or '.join(repr(name) for name in others.close)}? "
     if others.more:
-        return f"jobs here include: {names} (`stepbarrier jobs` lists them all)"
-    return f"jobs here: {names}"
-
-
-def stale_limit(status: JobStatus) -> float | None:
-    """The heartbeat age past which ``status``'s chief counts as stale, or ``None`` if
-    the question does not arise (job done, no chief yet, a step published by hand)."""
-    if status.done or status.heartbeat_age is None:
-        return None
-    if status.chief is not None and status.chief.startswith(HAND_PUBLISHED):
-        return None
-    period = status.heartbeat_period if status.heartbeat_period is not None else DEFAULT_HEARTBEAT
-    return stale_after(period)
-
-
-def is_stale(status: JobStatus) -> bool:
-    limit = stale_limit(status)
-    return limit is not None and status.heartbeat_age is not None and status.heartbeat_age > limit
+        return f"{close}jobs here include: {names} (`stepbarrier jobs` lists them all)"
+    return f"{close}jobs here: {names}"

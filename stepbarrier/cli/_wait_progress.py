@@ -24,10 +24,12 @@ from rich.table import Table
 from rich.text import Text
 
 from stepbarrier._config.settings import BarrierConfig
+from stepbarrier._inspect.live_chief import is_stale
 from stepbarrier._inspect.missing import is_missing
 from stepbarrier._inspect.status import JobStatus, read_status
 from stepbarrier._redis.client import RedisClient, make_client
-from stepbarrier.cli._guidance import is_stale, missing_job_message
+from stepbarrier.cli._guidance import missing_job_message, one_line
+from stepbarrier.cli._views.output import interactive
 from stepbarrier.cli._views.status import describe_age
 from stepbarrier.errors import StepBarrierError
 
@@ -77,7 +79,7 @@ class WaitProgress:
 
     def _run(self) -> None:
         try:
-            if self.console.is_terminal:
+            if interactive(self.console):
                 with Live(
                     self.view(), console=self.console, transient=True, auto_refresh=False
                 ) as live:
@@ -104,7 +106,7 @@ class WaitProgress:
                 self._client = make_client(self.config, socket_timeout=READ_SOCKET_TIMEOUT)
             self.status = read_status(self.config, self._client, waiters=False, barriers=False)
         except StepBarrierError as exc:
-            self.note = f"status unavailable: {' '.join(str(exc).split())[:200]}"
+            self.note = f"status unavailable: {one_line(str(exc))}"
             return
         except Exception as exc:  # the progress must never end the wait
             self.note = f"status unavailable: {type(exc).__name__}"

@@ -38,11 +38,15 @@ JUST_PAST = 25
 STANDIN_LABEL = "org.stepbarrier.compose-standin"
 BASE_IMAGES = ("python:3.11-slim", "redis:7.2")
 STEPBARRIER = str(Path(sys.executable).parent / "stepbarrier")
-MONITOR = [
-    "--redis-url", "redis://127.0.0.1:6379/0", "--job", JOB,
+MONITOR_USER = [
+    "--job", JOB,
     "--username", "monitor", "--password-file", "ops/redis/example-secrets/monitor.password",
 ]  # fmt: skip
 """The monitor user, as docker-compose.yml's header and docs/operations.md give it."""
+REDIS_PORT = 6379
+"""Redis's port in its container; the host's is the one Docker picked at `up`
+(docker-compose.yml publishes it on a free port of 127.0.0.1: `docker compose
+port redis 6379`), never a fixed one."""
 RELEASED = re.compile(rf"job {JOB}: released at step (\d+) \(target (\d+)\)")
 EXIT_STATUS = re.compile(r"\b(worker|chief) exit status: (\d+)\b")
 """The line the compose files' chief and worker commands print when the example
@@ -56,7 +60,6 @@ EXPECTED_STEPBARRIER_LINES = (
     "Waiting for global step",
     "waiting for step",
     "released at step",
-    "this worker does not report the global step",  # INFO: the worker role may not write
     ": run id ",  # INFO: which run id is in force, and where it came from
 )
 """What stepbarrier logs, at INFO, in a run without faults. The example's log
@@ -138,6 +141,19 @@ class Project:
             assert time.monotonic() < deadline, f"{service} still {state['Status']}"
             time.sleep(0.5)
 
+    def published(self, service: str, port: int) -> str | None:
+        """``host:port`` where the service's ``port`` is published on the host
+        (`docker compose port`); None while its container is not running."""
+        address = self.compose("port", service, str(port), timeout=60, check=False).strip()
+        return address if re.fullmatch(r"127\.0\.0\.1:\d+", address) else None
+
+    def monitor(self) -> list[str]:
+        """The host's `stepbarrier status`/`watch` options as the monitor user,
+        against the Redis this project published (docker-compose.yml's header)."""
+        address = self.published("redis", REDIS_PORT)
+        assert address is not None, "redis is not published (not running?)"
+        return ["--redis-url", f"redis://{address}/0", *MONITOR_USER]
+
     def logs(self, service: str | None = None) -> str:
         return self.compose("logs", "--no-color", *([service] if service else []))
 
@@ -157,10 +173,14 @@ def shown(path: Path) -> str:
     return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
 
 
-def host_status() -> dict[str, Any] | None:
-    """`stepbarrier status --json` from the host as the monitor user; None if it fails."""
+def host_status(project: Project) -> dict[str, Any] | None:
+    """`stepbarrier status --json` from the host as the monitor user, against the
+    port Redis is published on now (a Redis started again may get another one);
+    None if it fails."""
+    if project.published("redis", REDIS_PORT) is None:
+        return None
     result = subprocess.run(
-        [STEPBARRIER, "status", "--json", *MONITOR],
+        [STEPBARRIER, "status", "--json", *project.monitor()],
         cwd=REPO, capture_output=True, text=True, timeout=30, check=False,
     )  # fmt: skip
     if result.returncode != 0:
@@ -179,12 +199,14 @@ def wait_for(what: str, condition: Callable[[], Any], timeout: float, interval: 
         time.sleep(interval)
 
 
-def waiting_at(minimum_step: int, waiters: int = 3) -> Callable[[], dict[str, Any] | None]:
-    """A condition: the host's status shows ``waiters`` waiting and the step at least
-    ``minimum_step``."""
+def waiting_at(
+    project: Project, minimum_step: int, waiters: int = 3
+) -> Callable[[], dict[str, Any] | None]:
+    """A condition: the host's status of ``project`` shows ``waiters`` waiting and
+    the step at least ``minimum_step``."""
 
     def check() -> dict[str, Any] | None:
-        status = host_status()
+        status = host_status(project)
         if status and len(status["waiters"]) >= waiters and (status["step"] or 0) >= minimum_step:
             return status
         return None
@@ -252,6 +274,36 @@ def problems(logs: str) -> list[str]:
         if TRACEBACK in line or unexpected or warning:
             bad.append(line)
     return bad
+
+
+WARNING_OR_REFUSAL = re.compile(
+    r"warn|refus|not allow|noperm|denied|forbidden|may not|address already in use", re.I
+)
+"""What a line that warns, or tells of a refusal, says: stepbarrier's WARNING and
+its refusals ("user 'worker' may not publish ...: Its ACL does not allow this"),
+Redis's own "# WARNING ...", start-redis.sh's, Docker's."""
+WARNINGS_THE_FILE_CANNOT_HELP = (
+    # start-redis.sh, on purpose (docs/operations.md#the-example-passwords): the
+    # public EXAMPLE passwords, opted in to, with the compose network's --bind
+    "start-redis: WARNING: STEPBARRIER_EXAMPLE_PASSWORDS=loopback-only with the "
+    "EXAMPLE (public) passwords, and --bind * -::*: ",
+    # Redis, of the host's kernel: vm.overcommit_memory is the host's own (not
+    # namespaced: no compose file can set it); absent where the host sets it to 1
+    "# WARNING Memory overcommit must be enabled!",
+)
+"""The only warnings a default run may log: each names a choice made on purpose
+or a setting of the host, not something the configuration asks for in vain."""
+
+
+def warnings_and_refusals(logs: str) -> list[str]:
+    """The lines of ``logs`` (`docker compose logs`: every container's) that warn
+    or tell of a refusal, but for ``WARNINGS_THE_FILE_CANNOT_HELP``."""
+    return [
+        line
+        for line in logs.splitlines()
+        if WARNING_OR_REFUSAL.search(line)
+        and not any(known in line for known in WARNINGS_THE_FILE_CANNOT_HELP)
+    ]
 
 
 def records_override(directory: Path, extra: dict[str, dict[str, str]] | None = None) -> Path:

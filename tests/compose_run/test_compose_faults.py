@@ -75,14 +75,18 @@ def test_a_waiting_worker_cut_off_the_network_is_released_after_it_reconnects(
     tmp_path: Path, cleanup: list[Project], built: None
 ) -> None:
     project = start(tmp_path, cleanup, {name: SHORT_JOB for name in ("chief", *WORKERS)})
-    wait_for("training under way", waiting_at(20), timeout=300)
+    wait_for("training under way", waiting_at(project, 20), timeout=300)
     worker = project.container("worker-3")
     network = project.network("worker-3")
     docker("network", "disconnect", network, worker)
     target = TARGETS["worker-3"]
     passed = wait_for(
         "the chief past worker-3's step",
-        lambda: (status := host_status()) is not None and status["step"] >= target + 20 and status,
+        lambda: (
+            (status := host_status(project)) is not None
+            and status["step"] >= target + 20
+            and status
+        ),
         timeout=120,
     )
     assert "released at step" not in project.logs("worker-3")
@@ -117,17 +121,17 @@ def test_the_chief_paused_then_redis_killed_and_started_again_mid_wait(
     project = start(
         tmp_path, cleanup, {"chief": {**SHORT_JOB, **slower}, **{w: SHORT_JOB for w in WORKERS}}
     )
-    wait_for("training under way", waiting_at(20), timeout=300)
+    wait_for("training under way", waiting_at(project, 20), timeout=300)
     chief = project.container("chief")
     docker("pause", chief)
-    paused = wait_for("the status", host_status, timeout=30)
+    paused = wait_for("the status", lambda: host_status(project), timeout=30)
     time.sleep(PAUSE)
-    status = wait_for("the status", host_status, timeout=30)
+    status = wait_for("the status", lambda: host_status(project), timeout=30)
     assert status["step"] == paused["step"] < TARGETS["worker-1"], (paused, status)
     assert len(status["waiters"]) == 3, status  # all still wait, none gave up
     assert all(project.state(w)["Status"] == "running" for w in WORKERS)
     docker("unpause", chief)
-    wait_for("the chief on again", waiting_at(paused["step"] + 10), timeout=60)
+    wait_for("the chief on again", waiting_at(project, paused["step"] + 10), timeout=60)
 
     redis = project.container("redis")
     docker("kill", redis)
@@ -135,7 +139,7 @@ def test_the_chief_paused_then_redis_killed_and_started_again_mid_wait(
     restarted = time.time()
     docker("start", redis)
     # back, empty: the chief publishes again and all three register again
-    back = wait_for("three waiting on the new Redis", waiting_at(1), timeout=60)
+    back = wait_for("three waiting on the new Redis", waiting_at(project, 1), timeout=60)
     assert back["step"] < TARGETS["worker-1"], back  # the test left the room it needs
     every_task_exits_0(project)
     for worker in WORKERS:
@@ -163,7 +167,7 @@ def test_the_chief_killed_the_workers_end_with_the_stall_timeout(
     wait` exits 3 (docs/cli.md#exit-codes)."""
     stall = {"STEPBARRIER_STALL_TIMEOUT": str(STALL)}
     project = start(tmp_path, cleanup, {name: stall for name in WORKERS})
-    wait_for("training under way", waiting_at(1), timeout=300)
+    wait_for("training under way", waiting_at(project, 1), timeout=300)
     docker("kill", project.container("chief"))
     killed = time.time()
     statuses = worker_statuses(project, timeout=STALL + 60)

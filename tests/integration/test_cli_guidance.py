@@ -170,12 +170,24 @@ def test_status_check_exit_codes(env: dict[str, str], config: BarrierConfig) -> 
     assert "missing" in missing.stdout and "no job" in missing.stdout
 
     publish(config, 4)
+    state = JobKeys.for_job(config.job).state
+    with redis.Redis.from_url(config.redis_url) as client:
+        # a chief of a 10 min heartbeat: live for 30 min, however slow this machine
+        client.hset(state, "heartbeat_period_ms", 600_000)
     live = run(env, "status", "--check")
     assert live.returncode == 0, live.stdout + live.stderr
     assert ": live:" in live.stdout
 
+    with redis.Redis.from_url(config.redis_url) as client:
+        client.hset(state, "heartbeat_period_ms", 200)
     age_heartbeat(config, 120)
-    assert run(env, "status", "--check").returncode == 0  # within the default 600 s
+    # within the default stall timeout of 600 s, but stale: not "live" (exit 9)
+    stale = run(env, "status", "--check")
+    assert stale.returncode == 9, stale.stdout + stale.stderr
+    assert ": stale: no chief heartbeat for 2 min" in stale.stdout
+    assert "the chief may be gone" in stale.stdout
+    verdict = json.loads(run(env, "status", "--check", "--json").stdout)
+    assert verdict["verdict"] == "stale" and verdict["exit_code"] == 9
     dead = run(env, "status", "--check", "--stall-timeout", "1m")
     assert dead.returncode == 7
     assert ": dead:" in dead.stdout
@@ -239,10 +251,12 @@ def test_wait_json_and_quiet(env: dict[str, str], config: BarrierConfig) -> None
 # -- watch when piped --------------------------------------------------------------------
 
 
-def test_piped_watch_is_line_buffered_and_prints_a_last_frame_on_sigterm(
-    env: dict[str, str], config: BarrierConfig
-) -> None:
-    publish(config, 11)
+def watch_one_frame(env: dict[str, str]) -> tuple[int, str, str, str]:
+    """Run ``watch`` piped, read its first frame while it runs, then SIGTERM it.
+
+    Returns:
+        Its exit code, the first frame, the rest of stdout, and stderr.
+    """
     watching = subprocess.Popen(
         [*CLI, "watch", "--interval", "0.1"],
         env=env,
@@ -257,13 +271,21 @@ def test_piped_watch_is_line_buffered_and_prints_a_last_frame_on_sigterm(
         while "updated" not in seen:  # the first frame arrives while watch runs
             assert time.monotonic() < deadline
             seen += watching.stdout.readline()
-        assert "11" in seen
         watching.send_signal(signal.SIGTERM)
         rest, err = watching.communicate(timeout=30)
     finally:
         if watching.poll() is None:
             watching.kill()
-    assert watching.returncode == 0, err
+    return watching.returncode, seen, rest, err
+
+
+def test_piped_watch_is_line_buffered_and_prints_a_last_frame_on_sigterm(
+    env: dict[str, str], config: BarrierConfig
+) -> None:
+    publish(config, 11)
+    code, seen, rest, err = watch_one_frame(env)
+    assert "11" in seen
+    assert code == 0, err
     assert "updated" in rest  # the last frame
     assert [line for line in (seen + rest).splitlines() if line != line.rstrip()] == []
     assert "\x1b[" not in seen + rest  # no cursor moves nor colours in a log

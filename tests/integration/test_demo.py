@@ -115,6 +115,40 @@ def test_a_bad_schedule_is_exit_2() -> None:
     assert "--schedule" in result.stderr
 
 
+def demo_without(module: str, path: str) -> subprocess.CompletedProcess[str]:
+    """``stepbarrier demo`` where ``module`` cannot be imported, with ``path`` as PATH."""
+    code = (
+        f"import sys\nsys.modules[{module!r}] = None  # import {module} fails\n"
+        "from stepbarrier.cli import main\nmain(['demo', '--steps', '10'])\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        env=subprocess_env(PATH=path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_the_demo_without_a_redis_to_embed_says_what_to_install(tmp_path: Path) -> None:
+    result = demo_without("fakeredis", path=str(tmp_path))  # empty: no redis-server
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""  # nothing started
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("Error: the demo needs a Redis to embed"), line
+    assert "apt-get install redis-server" in line and "'.[demo]'" in line
+    assert "unexpected" not in line
+
+
+def test_the_demo_without_tensorflow_names_the_demo_extra() -> None:
+    result = demo_without("tensorflow", path=os.environ["PATH"])  # with redis-server
+    assert result.returncode == 2, result.stderr
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("Error: the demo needs TensorFlow"), line
+    assert "'.[demo]'" in line and "[tensorflow]" not in line
+
+
 @pytest.mark.tensorflow
 def test_demo_runs_a_job_to_a_summary_and_leaves_nothing_running() -> None:
     job = demo_job()
@@ -262,6 +296,17 @@ def test_the_piped_progress_line_names_each_worker() -> None:
     assert line.startswith("training: chief at step 60/200; ")
     assert "worker 1 released at 22, 1.9 ms" in line
     assert "worker 3 waiting for 87" in line
+
+
+def test_a_step_past_the_last_one_is_explained_not_shown_as_203_of_200() -> None:
+    past = frame(phase="finished", step=203)
+    text = plain_text(demo_view(past), width=160)
+    assert "step 203: the last step 200, plus 3 that other tasks had under way" in text
+    assert "of 200" not in text
+    line = progress_line(past)
+    assert line.startswith("finished: chief at step 203: the last step 200, plus 3 "), line
+    assert "203/200" not in line
+    assert "step 200 of 200" in plain_text(demo_view(frame(step=200)), width=160)
 
 
 def test_the_examples_file_runs_the_shipped_program() -> None:

@@ -87,7 +87,8 @@ def test_status_json_and_table_show_them(
     assert table.returncode == 0, table.stderr
     assert "run-42.a_b" in table.stdout
     rows = summary_rows(table.stdout)
-    assert rows["vouched"] == "yes"
+    # the row says what it means (issue 37)
+    assert rows["vouched"] == "yes: the step may release the workers waiting for it"
     # the beat is no count of writes (it starts from the Redis clock): not shown
     assert "writes" not in rows and "beat" not in rows
 
@@ -97,7 +98,7 @@ def test_status_json_and_table_show_them(
     [
         ({"vouch": "0"}, "no: the chief's training loop"),
         ({"vouch": "0", "probation": "1796017268056931"}, "no: on probation"),
-        ({"pinned": "1", "vouch": "0"}, "pinned by an operator"),
+        ({"pinned": "1", "vouch": "0"}, "yes: pinned by an operator"),
     ],
     ids=["not vouched", "on probation", "pinned"],
 )

@@ -109,9 +109,23 @@ def test_every_service_has_a_healthcheck(resolved: dict[str, Any]) -> None:
         assert service.get("healthcheck", {}).get("test"), name
 
 
-def test_redis_port_is_published_on_the_host_loopback(resolved: dict[str, Any]) -> None:
+def test_redis_is_published_on_a_free_port_of_the_host_loopback(resolved: dict[str, Any]) -> None:
+    """Docker picks the host's port (`docker compose port redis 6379` prints it):
+    a fixed 6379 would fail `up` beside a developer's own Redis."""
     [port] = resolved["services"]["redis"]["ports"]
-    assert (port["host_ip"], port["target"], port["published"]) == ("127.0.0.1", 6379, "6379")
+    assert (port["host_ip"], port["target"], port.get("published")) == ("127.0.0.1", 6379, None)
+    header = COMPOSE_FILE.read_text().split("\nx-", 1)[0]
+    assert '--redis-url "redis://$(docker compose port redis 6379)/0"' in header
+
+
+def test_workers_do_not_report_the_step_their_acl_forbids(resolved: dict[str, Any]) -> None:
+    """The worker user may not write the job's step (ops/redis/users.acl), so the
+    workers are not asked to report it: no refusal in their logs."""
+    for name in ("worker-1", "worker-2", "worker-3"):
+        environment = resolved["services"][name]["environment"]
+        assert environment["STEPBARRIER_REDIS_USERNAME"] == "worker", name
+        assert environment["STEPBARRIER_REPORT_EVERY"] == "0", name
+        assert _barrier_config(resolved, name).report_every == 0, name
 
 
 def test_training_tasks_are_built_from_ops_dockerfile(resolved: dict[str, Any]) -> None:

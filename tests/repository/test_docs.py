@@ -186,6 +186,14 @@ def test_the_readme_links_to_every_guide_page() -> None:
     assert missing == []
 
 
+def test_the_readme_s_own_anchors_are_its_headings() -> None:
+    """The in-page links ("pick your path" and others) lead to headings of the README."""
+    readme = ROOT / "README.md"
+    anchors = set(re.findall(r"\]\(#([\w-]+)\)", readme.read_text(encoding="utf-8")))
+    assert {"quick-start-tensorflow", "quick-start-keras", "the-two-commands"} <= anchors
+    assert sorted(anchors - markdown_anchors(readme)) == []
+
+
 def test_every_fixed_page_exists() -> None:
     assert [page for page in PAGES if not (DOCS / page).is_file()] == []
 

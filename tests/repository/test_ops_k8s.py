@@ -44,6 +44,9 @@ OPERATIONS = Path(ROOT) / "docs" / "operations.md"
 PROGRAM = "exec python examples/tf1_parameter_server.py"
 KUBECTL = shutil.which("kubectl")
 CHIEF_JOB, WORKERS_JOB = "training-chief", "training-workers"
+GATED_JOB = "gated-workers"
+"""ops/k8s/init-container-wait.yaml: workers held by `stepbarrier wait` in an init
+container (tests/repository/test_ops_k8s_init_wait.py)."""
 DEFAULT_OFF = "user default off resetpass resetkeys resetchannels -@all"
 
 USER_PASSWORDS = {user: secrets.token_hex(32) for user in SHIPPED_USERS}
@@ -761,7 +764,7 @@ def test_redis_admits_only_the_chief_the_workers_and_the_exporter() -> None:
     admitted_workloads = {
         name for name, labels in pod_labels().items() if admitted(policy, labels, 6379)
     }
-    assert admitted_workloads == {CHIEF_JOB, WORKERS_JOB, "stepbarrier-exporter"}
+    assert admitted_workloads == {CHIEF_JOB, WORKERS_JOB, GATED_JOB, "stepbarrier-exporter"}
     for stranger in (
         {},
         {"app": "attacker"},
@@ -780,8 +783,10 @@ def test_the_tensorflow_servers_admit_only_the_jobs_pods() -> None:
     policy = network_policy("stepbarrier-train")
     labels = pod_labels()
     selected = {name for name, own in labels.items() if selects(policy["spec"]["podSelector"], own)}
-    assert selected == {"ps", CHIEF_JOB, WORKERS_JOB}
+    # the gated workers carry the workers' labels (for Redis): selected, serving nothing
+    assert selected == {"ps", CHIEF_JOB, WORKERS_JOB, GATED_JOB}
     assert {name for name, own in labels.items() if admitted(policy, own, 2222)} == selected
+    selected.remove(GATED_JOB)
     assert not admitted(policy, labels["stepbarrier-exporter"], 2222)
     assert not admitted(policy, {"app": "attacker"}, 2222)
     for name in selected:

@@ -8,9 +8,14 @@ it was given, and their sizes and shapes, before it reads, writes or loops over
 anything, and a barrier arrival reads all it needs before it writes.
 
 Each test attacks with a worker's own ACL user (``stepbarrier acl`` rules), on
-a redis-server of this module's own, and judges by what Redis measured: no
-library call in ``SLOWLOG`` took ``LIMIT_US`` or more (a bystander's PING waited
-no longer), the refusal came before anything was written, and what runs long
+a redis-server of this module's own, and judges by what Redis measured: the
+library's refusal held Redis (``SLOWLOG``) no longer than a function that
+refuses at once without looking at its arguments, called with the same 1.4
+million arguments beside it (Redis itself must build them into Lua first: tens
+of milliseconds on a quiet machine, hundreds on a loaded one, so the floor, not
+a fixed number of milliseconds, is the measure; a function that did work per
+argument would hold it for seconds), the refusal came before anything was
+written, and what runs long
 (a read of a barrier's task fields, at most ``MAX_PARTIES``) only reads, so the
 ``emergency`` user's ``FUNCTION KILL`` ends it.
 
@@ -47,17 +52,23 @@ from tests.barrier_helpers import Waiting, as_task, eventually, subscribed
 from tests.redis_harness import RedisServer
 from tests.security.test_bounded_work import acl_arguments
 
-LIMIT_US = 100_000
-"""Longest a library call may hold Redis, as SLOWLOG measures it (100 ms): a
-bystander's PING waits no longer."""
+FLOOR_FACTOR = 2.0
+"""A refused library call may hold Redis at most this many times as long as the floor
+(a function that refuses at once) with the same arguments, measured beside it."""
+FLOOR_SLACK_US = 20_000
+"""And this much more: the library's checks of its keys and arguments' sizes."""
+FLOOR = """#!lua name=stepbarrier_test_floor
+redis.register_function('stepbarrier_test_floor', function(keys, args)
+  return redis.error_reply('floor: refused without a look at the arguments')
+end)
+"""
+"""The floor: a function that refuses without a look at its arguments."""
 PAIRS = 700_000
 """The review's attack: pairs of a task and a time to record again (1.4 million
 arguments; no ACL rule bounds how many arguments a command has)."""
 TRIES = 5
-"""Attempts of one refused call until one shows no SLOWLOG entry. Redis's own
-time includes building the 1.4 million arguments into Lua (about 50 ms on a quiet
-machine) and any pause of a loaded one; a function that did work per argument
-would take seconds at every attempt."""
+"""Attempts of one refused call, each beside the floor's, until one is within
+``FLOOR_FACTOR`` of it (a loaded machine may pause either of them)."""
 KILL_TRIES = 100
 """Attempts to catch a read with FUNCTION KILL while it runs: the largest takes tens
 of milliseconds (MAX_PARTIES), and Redis takes the KILL only where its Lua hook
@@ -95,6 +106,7 @@ def roles() -> Iterator[Roles]:
     server = RedisServer().start()
     admin = server.client()
     install_functions(admin, replace=True)  # the roles may not load it
+    admin.function_load(FLOOR, replace=True)
     users: dict[str, tuple[str, str]] = {}
     for role in ("chief", "worker", "monitor", "emergency"):
         rules = emergency_rules() if role == "emergency" else role_rules(role, "*")
@@ -114,35 +126,53 @@ def job_keys() -> JobKeys:
     return JobKeys.for_job(f"bounded-{uuid.uuid4().hex[:10]}")
 
 
-def slow_library_calls(admin: redis.Redis) -> list[tuple[int, str]]:
-    """The library calls SLOWLOG holds (duration in us, the call's first words)."""
-    slow = []
-    for entry in admin.slowlog_get(128):
+def logged_calls(admin: redis.Redis) -> list[tuple[int, str]]:
+    """The function calls SLOWLOG holds, oldest first (duration in us, the call's
+    first words)."""
+    calls = []
+    for entry in reversed(admin.slowlog_get(128)):
         raw = entry["command"]
         words = (raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw).split()
         if len(words) > 1 and words[0].upper() in ("FCALL", "FCALL_RO"):
-            slow.append((int(entry["duration"]), " ".join(words[:3])))
-    return slow
+            calls.append((int(entry["duration"]), " ".join(words[:3])))
+    return calls
 
 
-def refused_in_time(roles: Roles, call: Callable[[], object]) -> str:
-    """Run ``call``, which the library must refuse; its refusal's text, once a try has
-    left no SLOWLOG entry of ``LIMIT_US`` or more (at most ``TRIES`` tries)."""
+def refused_in_time(roles: Roles, call: Callable[[], object], floor: Callable[[], object]) -> str:
+    """Run ``call``, which the library must refuse, beside ``floor`` (the floor function
+    with the same keys and arguments); the refusal's text, once a try held Redis at
+    most ``FLOOR_FACTOR`` times as long as the floor, plus ``FLOOR_SLACK_US``."""
     admin = roles.admin
-    admin.config_set("slowlog-log-slower-than", LIMIT_US)
-    seen: list[tuple[int, str]] = []
+    admin.config_set("slowlog-log-slower-than", 0)
+    seen: list[tuple[int, int]] = []
     try:
         for _ in range(TRIES):
             admin.slowlog_reset()
+            with pytest.raises(redis.ResponseError, match="floor"):
+                floor()
             with pytest.raises(redis.ResponseError) as info:
                 call()
-            slow = slow_library_calls(admin)
-            if not slow:
+            logged = logged_calls(admin)
+            assert [words.split()[1] for _, words in logged][-2:] == [
+                "stepbarrier_test_floor",
+                logged[-1][1].split()[1],
+            ], logged
+            floor_us, call_us = logged[-2][0], logged[-1][0]
+            if call_us <= FLOOR_FACTOR * floor_us + FLOOR_SLACK_US:
                 return str(info.value)
-            seen += slow
+            seen.append((call_us, floor_us))
     finally:
         admin.config_set("slowlog-log-slower-than", 10_000)
-    pytest.fail(f"every try held Redis {LIMIT_US} us or more: {seen}")
+    pytest.fail(
+        f"every try held Redis longer than {FLOOR_FACTOR}x the floor: (us, floor us) {seen}"
+    )
+
+
+def floor_call(roles: Roles, names: list[Any], arguments: list[Any]) -> Callable[[], object]:
+    """The floor function called by the admin with ``names`` as keys and ``arguments``."""
+    return lambda: roles.admin.execute_command(  # type: ignore[no-untyped-call]
+        "FCALL", "stepbarrier_test_floor", len(names), *names, *arguments
+    )
 
 
 def worker_attacks(keys: JobKeys) -> dict[str, tuple[list[Any], list[Any]]]:
@@ -186,6 +216,7 @@ def test_a_worker_call_with_a_million_arguments_is_refused_at_once_before_any_wr
             lambda: worker.execute_command(  # type: ignore[no-untyped-call]
                 command, function_name(name), len(names), *names, *own, *flood
             ),
+            floor_call(roles, names, [*own, *flood]),
         )
     finally:
         worker.close()
@@ -211,7 +242,9 @@ def test_the_reviews_attack_is_refused_at_once_and_writes_nothing(
         flood = [value for task in range(PAIRS) for value in (task % 4, 1)]
         attack = ["b", 1, 4, 60, keys.barrier_channel, "PUBLISH", "", 1000, opened[6], *flood]
         message = refused_in_time(
-            roles, lambda: worker.fcall(function_name("barrier_arrive"), 3, *barrier, *attack)
+            roles,
+            lambda: worker.fcall(function_name("barrier_arrive"), 3, *barrier, *attack),
+            floor_call(roles, barrier, attack),
         )
     finally:
         worker.close()

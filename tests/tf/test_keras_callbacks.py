@@ -100,6 +100,30 @@ def test_the_fit_that_reaches_last_step_finishes_the_job(config: BarrierConfig) 
     assert (aborted.reason, aborted.last_step) == ("done", 12)
 
 
+def keras_quick_start(page: str) -> str:
+    """The Keras quick start's code on ``page`` (the block that fits with ``last_step``)."""
+    from tests.repository.test_docs_snippets import ROOT, snippets
+
+    (found,) = [
+        snippet.code
+        for snippet in snippets(ROOT / page)
+        if snippet.lang == "python" and "callbacks=callbacks_from_env(last_step=" in snippet.code
+    ]
+    return found
+
+
+def test_the_readme_s_keras_quick_start_finishes_its_job(
+    config: BarrierConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As the README says: the chief's fit that reaches ``last_step`` marks the job done."""
+    monkeypatch.setenv("STEPBARRIER_JOB", config.job)
+    monkeypatch.setenv("STEPBARRIER_REDIS_URL", config.redis_url)
+    monkeypatch.setenv("STEPBARRIER_ROLE", "chief")
+    exec(keras_quick_start("README.md"), {"__name__": "readme"})  # the README's own code
+    status = read_status(config)
+    assert (status.step, status.done) == (16, True)
+
+
 def test_the_waiter_callback_waits_before_the_first_batch(config: BarrierConfig) -> None:
     waiter = StepWaiterCallback(4, config)
     first = FirstBatch(waiter)

@@ -103,19 +103,35 @@ def test_without_a_config_the_environment_is_read_at_begin_not_at_construction(
     assert hook.released_at_step == 6
 
 
+def train_30_steps(make_hook: Callable[[], GlobalStepWaiterHook]) -> None:
+    """A session of 30 steps with the hook ``make_hook`` makes in its graph."""
+    with tf.Graph().as_default():
+        step = tf.compat.v1.train.get_or_create_global_step()
+        increment = tf.compat.v1.assign_add(step, 1)
+        with tf.compat.v1.train.MonitoredTrainingSession(
+            hooks=[make_hook()], **NO_EXTRAS
+        ) as session:
+            for _ in range(30):
+                session.run(increment)
+
+
 def test_a_hook_for_step_0_on_a_job_without_a_publisher_ends_without_a_warning(
     config: BarrierConfig, caplog: pytest.LogCaptureFixture
 ) -> None:
     # it reports the step, but no chief generation is there to report into:
     # nothing timed out, so nothing is said to have timed out
     caplog.set_level(logging.INFO)
-    with tf.Graph().as_default():
-        step = tf.compat.v1.train.get_or_create_global_step()
-        increment = tf.compat.v1.assign_add(step, 1)
-        hook = GlobalStepWaiterHook(0, config, report_every=1)
-        with tf.compat.v1.train.MonitoredTrainingSession(hooks=[hook], **NO_EXTRAS) as session:
-            for _ in range(30):
-                session.run(increment)
+    train_30_steps(lambda: GlobalStepWaiterHook(0, config, report_every=1))
     said = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert said == [], [r.getMessage() for r in said]
     assert any("was not reported" in r.getMessage() for r in caplog.records)
+
+
+def test_report_every_0_in_the_config_turns_the_hooks_default_reporting_off(
+    config: BarrierConfig, caplog: pytest.LogCaptureFixture
+) -> None:
+    # STEPBARRIER_REPORT_EVERY=0 (the compose file's workers): the same run as
+    # above reports nothing, so nothing is said about reporting
+    caplog.set_level(logging.DEBUG)
+    train_30_steps(lambda: GlobalStepWaiterHook(0, dataclasses.replace(config, report_every=0)))
+    assert [r.getMessage() for r in caplog.records if "report" in r.getMessage()] == []

@@ -528,3 +528,27 @@ def test_a_duration_variable_that_is_none_names_what_is_expected(text: str) -> N
         BarrierConfig.from_env({**BASE, "STEPBARRIER_STALL_TIMEOUT": text})
     assert info.value.variable == "STEPBARRIER_STALL_TIMEOUT"
     assert "e.g. 600" in str(info.value) and "10m" in str(info.value)
+
+
+@pytest.mark.parametrize(("text", "every"), [("0", 0), ("25", 25), (" 1 ", 1)])
+def test_report_every_comes_from_the_environment(text: str, every: int) -> None:
+    assert BarrierConfig.from_env(env(report_every=text)).report_every == every
+
+
+def test_report_every_unset_leaves_the_hooks_default() -> None:
+    assert BarrierConfig.from_env(BASE).report_every is None
+    assert BarrierConfig(job="j").report_every is None
+
+
+@pytest.mark.parametrize("text", ["-1", "ten", "1.5", "1000001"])
+def test_a_bad_report_every_is_refused_naming_the_variable(text: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        BarrierConfig.from_env(env(report_every=text))
+    assert info.value.variable == "STEPBARRIER_REPORT_EVERY"
+    assert "STEPBARRIER_REPORT_EVERY must be an integer from 0 to 1000000" in str(info.value)
+
+
+@pytest.mark.parametrize("value", [-1, True, 2.0, "3"])
+def test_a_bad_report_every_in_code_is_refused(value: object) -> None:
+    with pytest.raises(ConfigurationError, match="report_every must be an integer"):
+        BarrierConfig(job="j", report_every=value)  # type: ignore[arg-type]

@@ -112,6 +112,7 @@ def doctor() -> None:
     report = _Report()
     click.echo(f"stepbarrier doctor: {describe_redis(config)}, job {config.job!r}")
     report.add("run id", INFO, config.describe_run_id())
+    report.add("task", INFO, config.describe_task())
     if _network(config, report):
         client = make_client(config, socket_timeout=PROBE_SECONDS)
         try:

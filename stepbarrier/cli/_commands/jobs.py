@@ -21,7 +21,6 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
-from rich.console import Console
 
 from stepbarrier._config.checks import MAX_JOB_NAME
 from stepbarrier._config.settings import BarrierConfig
@@ -48,6 +47,7 @@ from stepbarrier.cli._exporter import (
     serve,
 )
 from stepbarrier.cli._views.jobs import jobs_view, truncation_lines
+from stepbarrier.cli._views.output import show
 from stepbarrier.errors import ConfigurationError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -156,7 +156,7 @@ def jobs(patterns: tuple[str, ...], as_json: bool) -> None:
         # allow_nan=False: whatever sits in the keys, the output stays valid JSON
         click.echo(json.dumps(listing.to_dict(), indent=2, sort_keys=True, allow_nan=False))
     else:
-        Console(highlight=False).print(jobs_view(listing, where=describe_redis(config)))
+        show(jobs_view(listing, where=describe_redis(config)))
     for line in truncation_lines(listing):
         click.echo(f"Warning: {line}", err=True)
 

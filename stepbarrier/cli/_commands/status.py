@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.live import Live
 
 from stepbarrier._config.settings import BarrierConfig
+from stepbarrier._inspect.live_chief import is_stale, stale_limit
 from stepbarrier._inspect.missing import is_missing
 from stepbarrier._inspect.status import read_status
 from stepbarrier._inspect.summary import read_overview
@@ -26,6 +27,7 @@ from stepbarrier.cli._context import (
     EXIT_DEAD,
     EXIT_NO_JOB,
     EXIT_OK,
+    EXIT_STALE,
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
     Duration,
@@ -35,8 +37,8 @@ from stepbarrier.cli._context import (
     reporting,
     variable_option,
 )
-from stepbarrier.cli._guidance import is_stale, missing_job_message
-from stepbarrier.cli._views.output import plain_text, show
+from stepbarrier.cli._guidance import missing_job_message, note_if_missing
+from stepbarrier.cli._views.output import interactive, plain_text, show
 from stepbarrier.cli._views.status import describe_age, live_view, status_view
 from stepbarrier.errors import RedisUnavailable
 
@@ -49,6 +51,11 @@ from stepbarrier.errors import RedisUnavailable
         EXIT_BUSY,
         (EXIT_NO_JOB, "with --check: no such job on this Redis"),
         (EXIT_DEAD, "with --check: the job is dead (no chief heartbeat within the stall timeout)"),
+        (
+            EXIT_STALE,
+            "with --check: the chief is stale (no heartbeat for three of its periods, at "
+            "least 5 s, but within the stall timeout): it may be gone",
+        ),
     )
 )
 @connection_options
@@ -57,7 +64,8 @@ from stepbarrier.errors import RedisUnavailable
     "--check",
     is_flag=True,
     help=f"Only say whether the job is live and exit 0 (live or done), {EXIT_NO_JOB} (no "
-    f"such job) or {EXIT_DEAD} (dead: no chief heartbeat within the stall timeout); for scripts.",
+    f"such job), {EXIT_DEAD} (dead: no chief heartbeat within the stall timeout) or "
+    f"{EXIT_STALE} (stale: the chief may be gone, as status marks it STALE); for scripts.",
 )
 @variable_option(
     "--stall-timeout",
@@ -81,7 +89,7 @@ def status(as_json: bool, check: bool) -> None:
     \b
     Example:
       stepbarrier status --job mnist-42 --redis-url redis://redis:6379/0
-      stepbarrier status --check --job mnist-42 || echo "job mnist-42 is dead"
+      stepbarrier status --check --job mnist-42 || echo "job mnist-42 is not live"
     """
     config = current_session().config()
     if check:
@@ -93,14 +101,12 @@ def status(as_json: bool, check: bool) -> None:
         # "run_id" is the chief's stored one; this is the run id the command's
         # own settings give (a shell inside a Slurm job gets that job's)
         data["config"] = {"run_id": config.run_id, "run_id_source": config.run_id_source}
-        if is_missing(job_status):
-            click.echo(f"Note: {missing_job_message(config)}", err=True)
+        note_if_missing(config, job_status)
         click.echo(json.dumps(data, indent=2, sort_keys=True, allow_nan=False))
     else:
         job_status, summary = read_overview(config)
         # more waiters than listed: the summary counts them, the status lists none
-        if is_missing(job_status, waiting=summary.waiting if summary else 0):
-            click.echo(f"Note: {missing_job_message(config)}", err=True)
+        note_if_missing(config, job_status, summary.waiting if summary else 0)
         show(status_view(job_status, summary=summary, here=config))
 
 
@@ -122,11 +128,16 @@ def _check(config: BarrierConfig, as_json: bool) -> None:
             f"no chief heartbeat for {describe_age(age).removesuffix(' ago')} (over the stall "
             f"timeout of {config.stall_timeout:g} s)"
         )
+    elif is_stale(job_status):  # the rule `status` marks STALE by
+        verdict, code = "stale", EXIT_STALE
+        why = (
+            f"no chief heartbeat for {describe_age(age).removesuffix(' ago')}, step "
+            f"{job_status.step} (stale after {stale_limit(job_status) or 0:g} s, dead after "
+            f"the stall timeout of {config.stall_timeout:g} s): the chief may be gone"
+        )
     else:
         verdict, code = "live", EXIT_OK
         why = f"chief heartbeat {describe_age(age)}, step {job_status.step}"
-        if is_stale(job_status):
-            why += " (stale: the chief may be gone)"
     if as_json:
         data = {"job": config.job, "verdict": verdict, "reason": why, "exit_code": code}
         click.echo(json.dumps(data, sort_keys=True))
@@ -178,6 +189,9 @@ def watch(until_done: bool, interval: float) -> None:
     """
     config = current_session().config()
     current, summary = read_overview(config)  # the first read fails loudly, with its exit code
+    # as status says it: a typo in --job watches nothing, and the view alone
+    # would show an empty job; watch goes on (its chief may not have started)
+    note_if_missing(config, current, summary.waiting if summary else 0)
     note: str | None = None
     console = Console(highlight=False)
     previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
@@ -196,7 +210,7 @@ def watch(until_done: bool, interval: float) -> None:
             printed.update(key=key, at=now)
 
     try:
-        if console.is_terminal:
+        if interactive(console):
             view = live_view(current, summary=summary)
             with Live(view, console=console, auto_refresh=False) as live:
                 while not (until_done and current.done):
@@ -216,7 +230,7 @@ def watch(until_done: bool, interval: float) -> None:
                     note = _outage_note(exc)
                 piped_frame()
     except (KeyboardInterrupt, _Stopped):
-        if not console.is_terminal:
+        if not interactive(console):
             piped_frame(last=True)
     finally:
         for sig, handler in previous.items():

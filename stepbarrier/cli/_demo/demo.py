@@ -39,7 +39,13 @@ from stepbarrier._config.checks import validate_job
 from stepbarrier._config.schedule import schedule_wait_until_step, validate_schedule
 from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._inspect.status import JobStatus, read_status
-from stepbarrier.cli._demo.local_processes import LOOPBACK, EmbeddedRedis, ProcessGroup, free_port
+from stepbarrier.cli._demo.local_processes import (
+    LOOPBACK,
+    EmbeddedRedis,
+    ProcessGroup,
+    embedded_redis_missing,
+    free_port,
+)
 from stepbarrier.cli._views.demo_live import DemoFrame, WorkerRow, demo_view, progress_line
 from stepbarrier.cli._views.demo_summary import release_summary, wake_latency
 from stepbarrier.cli._views.output import plain_text
@@ -94,9 +100,13 @@ def run_demo(
         raise ConfigurationError(f"--example {example} is not a file")
     if example is None and importlib.util.find_spec(JOB_MODULE) is None:  # pragma: no cover
         raise ConfigurationError(f"{JOB_MODULE} is missing from this installation")
+    missing = embedded_redis_missing(redis_kind)
+    if missing is not None:
+        raise ConfigurationError(missing)
     if example is None and importlib.util.find_spec("tensorflow") is None:
         raise ConfigurationError(
-            "the demo needs TensorFlow: pip install 'stepbarrier[tensorflow]' (or `make demo`)"
+            "the demo needs TensorFlow: install the demo extra, pip install -e '.[demo]' "
+            "from the checkout's top folder (or run `make demo` there)"
         )
     spec = validate_schedule(schedule or default_schedule(workers, steps), variable="--schedule")
     targets = [schedule_wait_until_step(task, spec) for task in range(1, workers + 1)]

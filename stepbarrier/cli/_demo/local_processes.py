@@ -9,6 +9,7 @@ whole group, its own children included.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import shutil
 import signal
@@ -76,6 +77,28 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((LOOPBACK, 0))
         return int(sock.getsockname()[1])
+
+
+NO_REDIS_TO_EMBED = (
+    "the demo needs a Redis to embed, and neither redis-server nor fakeredis is "
+    "installed: install redis-server (Debian/Ubuntu: sudo apt-get install redis-server; "
+    "macOS: brew install redis), or the demo extra, which brings fakeredis "
+    "(pip install -e '.[demo]' from the checkout's top folder)"
+)
+
+
+def embedded_redis_missing(kind: str = "auto") -> str | None:
+    """Why an ``EmbeddedRedis`` of ``kind`` cannot start here, or ``None`` if it can."""
+    binary = shutil.which("redis-server") is not None
+    # fakeredis runs the barrier's Lua only with lupa (the fakeredis[lua] extra)
+    fake = all(importlib.util.find_spec(name) is not None for name in ("fakeredis", "lupa"))
+    if kind == "redis-server" and not binary:
+        return "redis-server is not installed (Debian/Ubuntu: sudo apt-get install redis-server)"
+    if kind == "fakeredis" and not fake:
+        return "fakeredis with Lua is not installed: pip install 'fakeredis[lua]'"
+    if kind == "auto" and not (binary or fake):
+        return NO_REDIS_TO_EMBED
+    return None
 
 
 class EmbeddedRedis:

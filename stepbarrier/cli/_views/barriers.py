@@ -32,12 +32,13 @@ def missing_tasks(barrier: BarrierInfo) -> str:
 def barriers_table(barriers: tuple[BarrierInfo, ...]) -> Table:
     """One row per open barrier: how many of its parties arrived, and who is missing."""
     table = Table(box=None, header_style="bold", pad_edge=False)
-    table.add_column("barrier")
-    table.add_column("run")
-    table.add_column("arrived", justify="right")
-    table.add_column("missing tasks")
-    table.add_column("open for", justify="right")
-    table.add_column("last arrival", justify="right")
+    # at 80 columns too: names fold rather than being cut, numbers never wrap
+    table.add_column("barrier", overflow="fold")
+    table.add_column("run", overflow="fold")
+    table.add_column("arrived", justify="right", no_wrap=True)
+    table.add_column("missing tasks", overflow="fold")
+    table.add_column("open for", justify="right", no_wrap=True)
+    table.add_column("last arrival", justify="right", no_wrap=True)
     for barrier in barriers:
         table.add_row(
             Text(barrier.name),

@@ -67,7 +67,7 @@ def demo_view(frame: DemoFrame) -> RenderableType:
     chief = Table.grid(padding=(0, 1))
     chief.add_row(
         ProgressBar(total=frame.steps, completed=min(step, frame.steps), width=30),
-        Text(f"step {step} of {frame.steps}" if frame.step is not None else "no step yet"),
+        Text(chief_step(frame.step, frame.steps, "step {step} of {steps}")),
     )
     head.add_row("chief", chief)
     heartbeat = Text(describe_age(frame.heartbeat_age))
@@ -106,6 +106,20 @@ def demo_view(frame: DemoFrame) -> RenderableType:
     return Group(*parts)
 
 
+def chief_step(step: int | None, steps: int, within: str) -> str:
+    """The chief's step against the job's last step, ``within`` formatted up to it.
+
+    Past it, says why: every task of the asynchronous job adds to the global
+    step, and each stops only after the run it had under way when the step
+    reached the last one, so the step ends above it by up to one per other task.
+    """
+    if step is None:
+        return "no step yet"
+    if step <= steps:
+        return within.format(step=step, steps=steps)
+    return f"step {step}: the last step {steps}, plus {step - steps} that other tasks had under way"
+
+
 def _state_style(state: str) -> str:
     if state.startswith("exited"):
         return "red"
@@ -114,7 +128,7 @@ def _state_style(state: str) -> str:
 
 def progress_line(frame: DemoFrame) -> str:
     """``frame`` as one line, for piped output."""
-    step = "no step yet" if frame.step is None else f"step {frame.step}/{frame.steps}"
+    step = chief_step(frame.step, frame.steps, "step {step}/{steps}")
     workers = []
     for row in frame.workers:
         if row.released_at is not None:

@@ -1,8 +1,10 @@
 """How the ``stepbarrier jobs`` listing looks in a terminal: one row per job.
 
 Only renders a ``JobListing``; finding and reading the jobs is
-``stepbarrier._inspect.listing``'s job. Whatever came from Redis (run ids, problems)
-goes in as ``Text``, never as markup.
+``stepbarrier._inspect.listing``'s job. A chief the listing calls stale
+(``JobSummary.stale``: the rule ``status`` marks STALE by) is marked so.
+Whatever came from Redis (run ids, problems) goes in as ``Text``, never as
+markup.
 """
 
 from __future__ import annotations
@@ -21,13 +23,21 @@ def _seconds(value: float | None) -> str:
     return describe_age(value).removesuffix(" ago")
 
 
+def _heartbeat(job: JobSummary) -> Text:
+    """Its age, marked STALE by the rule ``status`` marks it with (``JobSummary.stale``)."""
+    text = Text(describe_age(job.heartbeat_age))
+    if job.stale:
+        text.append(" STALE", style="bold red")
+    return text
+
+
 def _row(job: JobSummary, *, problems: bool) -> list[RenderableType]:
     cells: list[RenderableType] = [
         Text(job.job),
         Text(job.run_id or "-"),
         "-" if job.step is None else str(job.step),
         "yes" if job.done else "no",
-        describe_age(job.heartbeat_age),
+        _heartbeat(job),
         str(job.waiting_workers),
         "-" if job.next_wait_until_step is None else str(job.next_wait_until_step),
         _seconds(job.oldest_wait),
@@ -65,21 +75,23 @@ def jobs_view(listing: JobListing, *, where: str) -> RenderableType:
     if not listing.jobs:
         return Group(Text(f"no jobs on {where}"), *left_out)
     table = Table(box=None, header_style="bold", pad_edge=False)
-    columns: list[tuple[str, JustifyMethod]] = [
-        ("job", "left"),
-        ("run", "left"),
-        ("step", "right"),
-        ("done", "left"),
-        ("heartbeat", "left"),
-        ("waiting", "right"),
-        ("next step", "right"),
-        ("oldest wait", "right"),
+    # at 80 columns too, and piped: the names fold onto more lines rather than
+    # being cut, the numbers never wrap
+    columns: list[tuple[str, JustifyMethod, bool]] = [  # (header, justify, may wrap)
+        ("job", "left", True),
+        ("run", "left", True),
+        ("step", "right", False),
+        ("done", "left", False),
+        ("heartbeat", "left", True),
+        ("waiting", "right", False),
+        ("next step", "right", False),
+        ("oldest wait", "right", False),
     ]
     problems = any(job.problems for job in listing.jobs)
     if problems:
-        columns.append(("problems", "right"))
-    for header, justify in columns:
-        table.add_column(header, justify=justify)
+        columns.append(("problems", "right", False))
+    for header, justify, wraps in columns:
+        table.add_column(header, justify=justify, no_wrap=not wraps, overflow="fold")
     for job in listing.jobs:
         table.add_row(*_row(job, problems=problems))
     parts: list[RenderableType] = [table]

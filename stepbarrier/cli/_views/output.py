@@ -2,6 +2,10 @@
 
 Piped output is for logs and scripts: no colours, no cursor moves, no padding
 at line ends, and each frame flushed as it is written (``watch`` in a CI log).
+Whether the output is a terminal is the stream's own ``isatty()``: rich also
+calls a pipe a terminal under ``FORCE_COLOR`` or ``TTY_COMPATIBLE`` (which CI
+systems set for colours), and would then redraw live views with cursor moves
+and cut every line at the width.
 """
 
 from __future__ import annotations
@@ -10,6 +14,14 @@ import io
 import sys
 
 from rich.console import Console, RenderableType
+
+
+def interactive(console: Console) -> bool:
+    """True if ``console`` writes to a real terminal (its stream's ``isatty()``)."""
+    try:
+        return console.is_terminal and console.file.isatty()
+    except (AttributeError, ValueError, OSError):  # a closed or unusual stream
+        return False
 
 
 def plain_text(renderable: RenderableType, width: int = 100) -> str:
@@ -25,7 +37,7 @@ def plain_text(renderable: RenderableType, width: int = 100) -> str:
 def show(renderable: RenderableType, console: Console | None = None) -> None:
     """Print ``renderable`` to stdout: rich on a terminal, else ``plain_text``, flushed."""
     console = console or Console(highlight=False)
-    if console.is_terminal:
+    if interactive(console):
         console.print(renderable)
         return
     sys.stdout.write(plain_text(renderable, console.width) + "\n")

@@ -18,15 +18,17 @@ from rich.table import Table
 from rich.text import Text
 
 from stepbarrier._config.settings import BarrierConfig
+from stepbarrier._inspect.live_chief import is_stale, stale_limit
 from stepbarrier._inspect.registry import WaiterInfo
 from stepbarrier._inspect.status import JobStatus
 from stepbarrier._inspect.summary import WaiterSummary
-from stepbarrier.cli._guidance import is_stale, stale_limit
 from stepbarrier.cli._views.barriers import barriers_table
-from stepbarrier.cli._views.waiter_summary import summary_view
+from stepbarrier.cli._views.waiter_summary import BAR_WIDTH, MIN_BAR, summary_view
 
 UNKNOWN = "?"
 """Shown for a time a waiter's entry does not hold plausibly."""
+MIN_HOST = 16
+"""Narrowest host column: a longer host name folds onto more lines, never cut."""
 
 
 def describe_age(seconds: float | None) -> str:
@@ -56,6 +58,17 @@ OTHER_RUN = (
 """Said after ``run here`` when the stored state is another run's."""
 
 
+def describe_vouch(status: JobStatus) -> str:
+    """The ``vouched`` row: whether the stored step may release a worker, and why not."""
+    if status.pinned:
+        return "yes: pinned by an operator (stepbarrier publish)"
+    if status.vouch:
+        return "yes: the step may release the workers waiting for it"
+    if status.probation:
+        return "no: on probation (a chief made the state anew after Redis lost it; 3 s)"
+    return "no: the chief's training loop has not handed a step over lately"
+
+
 def _summary(status: JobStatus, waiting: int, here: BarrierConfig | None) -> Table:
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
@@ -82,17 +95,10 @@ def _summary(status: JobStatus, waiting: int, here: BarrierConfig | None) -> Tab
         )
     grid.add_row("heartbeat", heartbeat)
     if status.step is not None:
-        if status.pinned:
-            vouch = "pinned by an operator (stepbarrier publish)"
-        elif status.vouch:
-            vouch = "yes"
-        elif status.probation:
-            vouch = "no: on probation (a chief made the state anew after Redis lost it; 3 s)"
-        else:
-            vouch = "no: the chief's training loop has not handed a step over lately"
-        grid.add_row("vouched", Text(vouch))
+        grid.add_row("vouched", Text(describe_vouch(status)))
         # no row for the beat: it starts from the Redis clock in microseconds,
-        # so as a number it says nothing (status --json keeps it)
+        # so as a number it says nothing (status --json keeps it); the
+        # heartbeat row is the age of the last write
     grid.add_row("done", "yes" if status.done else "no")
     if status.reset_at is not None:
         grid.add_row("reset", f"at {_clock_time(status.reset_at)}")
@@ -111,15 +117,19 @@ def _waited(waiter: WaiterInfo, now: float) -> str:
 def waiters_table(status: JobStatus, *, progress: bool, now: float | None = None) -> Table:
     """The waiting workers, lowest target first; with a progress bar per worker."""
     now = time.time() if now is None else now
+    # at 80 columns too, and piped: the numbers never wrap, the host folds onto
+    # more lines rather than being cut, and the bar takes what is left (watch
+    # drops "waiting since": "for" says as much in less room)
     table = Table(box=None, header_style="bold", pad_edge=False)
-    table.add_column("task", justify="right")
-    table.add_column("wait until step", justify="right")
+    table.add_column("task", justify="right", no_wrap=True)
+    table.add_column("wait until step", justify="right", no_wrap=True)
     if progress:
-        table.add_column("progress", min_width=20)
-        table.add_column("", justify="right")
-    table.add_column("waiting since")
-    table.add_column("for", justify="right")
-    table.add_column("host")
+        table.add_column("progress", min_width=MIN_BAR, max_width=BAR_WIDTH)
+        table.add_column("", justify="right", no_wrap=True)
+    else:
+        table.add_column("waiting since", no_wrap=True)
+    table.add_column("for", justify="right", no_wrap=True)
+    table.add_column("host", overflow="fold", min_width=MIN_HOST)
     step = status.step or 0
     for waiter in status.waiters:
         cells: list[RenderableType] = [
@@ -128,10 +138,12 @@ def waiters_table(status: JobStatus, *, progress: bool, now: float | None = None
         ]
         if progress:
             done = min(step, waiter.wait_until_step)
-            cells.append(ProgressBar(total=waiter.wait_until_step, completed=done, width=30))
+            cells.append(ProgressBar(total=waiter.wait_until_step, completed=done))
             cells.append(f"{done}/{waiter.wait_until_step}")
+        else:
+            cells.append(_clock_time(waiter.since))
         host = waiter.host if waiter.pid is None else f"{waiter.host}:{waiter.pid}"
-        cells += [_clock_time(waiter.since), _waited(waiter, now), Text(host)]
+        cells += [_waited(waiter, now), Text(host)]
         table.add_row(*cells)
     return table
 
@@ -142,20 +154,22 @@ def status_view(
     progress: bool = False,
     summary: WaiterSummary | None = None,
     here: BarrierConfig | None = None,
+    now: float | None = None,
 ) -> RenderableType:
     """The whole status: a summary, the waiting workers and the open barriers (if any).
 
     With a ``summary`` (a large job) the workers are summarised, not listed.
     With ``here`` (the command's settings) the summary also says which run id
     they give and where it came from (``run here``), and whether the stored
-    state is another run's.
+    state is another run's. ``now``: the Unix time the waits are measured to
+    (the clock's by default).
     """
     waiting = len(status.waiters) if summary is None else summary.waiting
     parts: list[RenderableType] = [_summary(status, waiting, here)]
     if summary is not None:
         parts += [Text(""), summary_view(summary, status.step)]
     elif status.waiters:
-        parts += [Text(""), waiters_table(status, progress=progress)]
+        parts += [Text(""), waiters_table(status, progress=progress, now=now)]
     if status.barriers:
         parts += [Text(""), barriers_table(status.barriers)]
     return Group(*parts)

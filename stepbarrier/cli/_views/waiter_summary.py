@@ -15,7 +15,9 @@ from rich.text import Text
 from stepbarrier._inspect.summary import WaiterSummary
 
 BAR_WIDTH = 30
-"""Characters of the longest histogram bar."""
+"""Characters of the longest histogram bar, and of the widest progress bar."""
+MIN_BAR = 10
+"""Characters of the narrowest progress bar (a narrow terminal)."""
 
 
 def summary_view(summary: WaiterSummary, step: int | None) -> RenderableType:
@@ -33,13 +35,13 @@ def summary_view(summary: WaiterSummary, step: int | None) -> RenderableType:
 def _nearest(summary: WaiterSummary, step: int) -> Table:
     table = Table(box=None, header_style="bold", pad_edge=False, title_justify="left")
     table.title = "nearest targets"
-    table.add_column("wait until step", justify="right")
-    table.add_column("workers", justify="right")
-    table.add_column("progress", min_width=20)
-    table.add_column("", justify="right")
+    table.add_column("wait until step", justify="right", no_wrap=True)
+    table.add_column("workers", justify="right", no_wrap=True)
+    table.add_column("progress", min_width=MIN_BAR, max_width=BAR_WIDTH)  # what is left
+    table.add_column("", justify="right", no_wrap=True)
     for target, waiters in summary.nearest:
         done = min(step, target)
-        bar = ProgressBar(total=target, completed=done, width=BAR_WIDTH)
+        bar = ProgressBar(total=target, completed=done)
         table.add_row(str(target), f"{waiters:,}", bar, f"{done}/{target}")
     return table
 
@@ -47,8 +49,8 @@ def _nearest(summary: WaiterSummary, step: int) -> Table:
 def _histogram(summary: WaiterSummary) -> Table:
     table = Table(box=None, header_style="bold", pad_edge=False, title_justify="left")
     table.title = "targets"
-    table.add_column("steps", justify="right")
-    table.add_column("workers", justify="right")
+    table.add_column("steps", justify="right", no_wrap=True)
+    table.add_column("workers", justify="right", no_wrap=True)
     table.add_column("")
     most = max(n for _, _, n in summary.histogram) or 1
     for first, last, waiters in summary.histogram:
