@@ -17,7 +17,9 @@ from stepbarrier._config.schedule import schedule_wait_until_step
 from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._inspect.registry import WaiterInfo
 from stepbarrier._inspect.status import JobStatus, read_status
+from stepbarrier._progress.reporter import ProgressReporter
 from stepbarrier._protocol.barrier_record import BarrierState
+from stepbarrier._worker.follow import Crossed
 from stepbarrier._worker.waiter import StepSource, StepWaiter
 from stepbarrier.errors import (
     BarrierAborted,
@@ -39,7 +41,9 @@ __all__ = [
     "BarrierState",
     "BarrierTimeout",
     "ConfigurationError",
+    "Crossed",
     "JobStatus",
+    "ProgressReporter",
     "RedisRefused",
     "RedisUnavailable",
     "StepBarrierError",

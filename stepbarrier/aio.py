@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
 from typing import TypeVar
 
@@ -61,6 +61,7 @@ from stepbarrier._worker.aio_subscription import (
     Mailbox,
     SharedSubscription,
 )
+from stepbarrier._worker.follow import Crossed, FollowPlan
 from stepbarrier._worker.links import (
     Snapshot,
     leave_call,
@@ -70,7 +71,7 @@ from stepbarrier._worker.links import (
 )
 from stepbarrier._worker.timing import READ, RESUBSCRIBE, LastChance, Receive
 from stepbarrier._worker.wait_state import ReadNow, WaitRules, wait_target
-from stepbarrier.errors import BarrierTimeout, RedisUnavailable, StepBarrierError
+from stepbarrier.errors import BarrierAborted, BarrierTimeout, RedisUnavailable, StepBarrierError
 
 log = logging.getLogger("stepbarrier.aio")
 
@@ -122,7 +123,12 @@ class AsyncStepWaiter:
         self._clock = clock
         self._sleep = sleep
         self._subscription = SharedSubscription(
-            self._subscriber, config.keys.channel, config.run_id, clock, self._read_once
+            self._subscriber,
+            config.keys.channel,
+            config.run_id,
+            clock,
+            self._read_once,
+            keep=config.fallback_interval,
         )
         self._batcher = CallBatcher(self._code_runner, config.keys)
 
@@ -156,15 +162,41 @@ class AsyncStepWaiter:
             RedisUnavailable: Redis could not be reached at all before a deadline.
             RedisRefused: Redis refused us (authentication, ACL, TLS).
         """
+        return (await self._wait(until_step, timeout))[0]
+
+    async def follow(
+        self, every: int, start: int | None = None, timeout: float | None = None
+    ) -> AsyncIterator[Crossed]:
+        """``StepWaiter.follow`` on the event loop: ``async for crossed in waiter.follow(1000)``.
+
+        Yields ``Crossed(multiple, step)`` for every multiple of ``every`` the
+        chief's step reaches, in order, none skipped; ends when the job finishes;
+        raises as ``wait`` does (see ``StepWaiter.follow``).
+        """
+        plan = FollowPlan(every, start)
+        while True:
+            try:
+                step, before = await self._wait(plan.target, timeout)
+            except BarrierAborted as exc:
+                if plan.ends(exc):
+                    return
+                raise
+            if step < plan.target:
+                return  # on_timeout="proceed": the wait said why
+            for crossed in plan.released(step, before):
+                yield crossed
+
+    async def _wait(self, until_step: int, timeout: float | None) -> tuple[int, int | None]:
+        """``wait``, and the step its first read found (``WaitRules.first_step``)."""
         target = wait_target(until_step)
         if target <= 0:
-            return 0
+            return 0, None
         limit = self.config.timeout if timeout is None else timeout
         wait = _AsyncWait(self, target, limit)
         try:
-            return await wait.run()
+            return await wait.run(), wait.rules.first_step
         except (BarrierTimeout, RedisUnavailable) as exc:
-            return wait.rules.proceed_after(exc)
+            return wait.rules.proceed_after(exc), None
         finally:
             if wait.registered:
                 await wait.leave()

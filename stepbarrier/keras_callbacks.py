@@ -58,14 +58,24 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
     ) from exc
 
 from stepbarrier._chief.publisher import StepPublisher
-from stepbarrier._config.environment import barrier_parties_from_env, barrier_role_from_env
+from stepbarrier._config.environment import (
+    barrier_parties_from_env,
+    barrier_role_from_env,
+)
 from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._integrations.keras_barriers import (
     EndBarrierCallback,
     StartBarrierCallback,
     barrier_callbacks,
 )
+from stepbarrier._integrations.progress import (
+    ProgressTicker,
+    close_progress,
+    progress_config,
+    start_progress,
+)
 from stepbarrier._integrations.wait_until_step import target_step
+from stepbarrier._progress.reporter import ProgressReporter
 from stepbarrier._worker.waiter import StepWaiter
 from stepbarrier.errors import ConfigurationError
 
@@ -117,6 +127,7 @@ class StepPublisherCallback(keras.callbacks.Callback):  # type: ignore[misc]
         self._config = config
         self._last_step = None if last_step is None else operator.index(last_step)
         self._publisher: StepPublisher | None = None
+        self._progress: ProgressReporter | None = None  # the chief's own step, as task 0
         self._paused: StepPublisher | None = None  # between two fit() calls
 
     @property
@@ -133,11 +144,19 @@ class StepPublisherCallback(keras.callbacks.Callback):  # type: ignore[misc]
         if self._publisher is None:
             self._publisher = StepPublisher(self._config)
         self._publisher.new_generation()
-        self._publisher.publish(self._iterations())
+        step = self._iterations()
+        self._publisher.publish(step)
+        if self._progress is None:
+            self._progress = start_progress(self._config, chief=True)
+        if self._progress is not None:
+            self._progress.report(step)
 
     def on_train_batch_end(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
         if self._publisher is not None:
-            self._publisher.publish(self._iterations())
+            step = self._iterations()
+            self._publisher.publish(step)
+            if self._progress is not None:
+                self._progress.report(step)
 
     def on_train_end(self, logs: Mapping[str, Any] | None = None) -> None:
         publisher, self._publisher = self._publisher, None
@@ -145,6 +164,8 @@ class StepPublisherCallback(keras.callbacks.Callback):  # type: ignore[misc]
             return
         final = self._iterations()
         publisher.publish(final)
+        progress, self._progress = self._progress, None
+        close_progress(progress, final)
         done = self._last_step is not None and final >= self._last_step
         if done:
             publisher.close(done=True)  # it warns if the final step did not get through
@@ -166,14 +187,21 @@ class StepPublisherCallback(keras.callbacks.Callback):  # type: ignore[misc]
             if publisher is not None:
                 publisher.close(done=False)
         self._paused = self._publisher = None
+        progress, self._progress = self._progress, None
+        close_progress(progress)
 
     def _iterations(self) -> int:
-        # optimizer updates; with gradient accumulation ``iterations`` is a
-        # backend array (a jax Array has no .numpy()), not a variable
-        iterations = self.model.optimizer.iterations
-        if hasattr(iterations, "numpy"):  # a variable: the fast path, on every batch
-            return int(iterations.numpy())
-        return int(keras.ops.convert_to_numpy(iterations))
+        return _iterations(self.model)
+
+
+def _iterations(model: Any) -> int:
+    """The model's optimizer updates: its training step."""
+    # with gradient accumulation ``iterations`` is a backend array (a jax Array
+    # has no .numpy()), not a variable
+    iterations = model.optimizer.iterations
+    if hasattr(iterations, "numpy"):  # a variable: the fast path, on every batch
+        return int(iterations.numpy())
+    return int(keras.ops.convert_to_numpy(iterations))
 
 
 _FITTING_STRATEGIES = (
@@ -317,6 +345,10 @@ class StepWaiterCallback(keras.callbacks.Callback):  # type: ignore[misc]
         self._started = self._wait_until_step <= 0
         self.released_at_step: int | None = None
         self.released_at: float | None = None
+        # this worker's own step (its optimizer's iterations), once released
+        self._progress: ProgressReporter | None = None
+        self._progress_due = ProgressTicker()
+        self._progress_tried = False
 
     @property
     def wait_until_step(self) -> int:
@@ -340,6 +372,21 @@ class StepWaiterCallback(keras.callbacks.Callback):  # type: ignore[misc]
         self.released_at = time.time()
         self.released_at_step = step
         self._started = True
+
+    def on_train_batch_end(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
+        if not self._started:
+            return
+        if not self._progress_tried:
+            self._progress_tried = True
+            self._progress = start_progress(progress_config(self._config), chief=False)
+        if self._progress is not None and self._progress_due.due():
+            self._progress.report(_iterations(self.model))
+
+    def on_train_end(self, logs: Mapping[str, Any] | None = None) -> None:
+        progress, self._progress = self._progress, None
+        self._progress_tried = False  # another fit() reports anew
+        if progress is not None:
+            close_progress(progress, _iterations(self.model))
 
 
 def callbacks_from_env(

@@ -65,9 +65,16 @@ from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._integrations.barrier_hooks import EndBarrierHook, StartBarrierHook, barrier_hooks
 from stepbarrier._integrations.fetch_schedule import FETCH_EVERY, FETCH_WITHIN, StepLead
 from stepbarrier._integrations.global_step import global_step_or_raise
+from stepbarrier._integrations.progress import (
+    ProgressTicker,
+    close_progress,
+    progress_config,
+    start_progress,
+)
 from stepbarrier._integrations.publisher_hook import GlobalStepPublisherHook
 from stepbarrier._integrations.tf_logging import follow_tensorflow_logging
 from stepbarrier._integrations.wait_until_step import target_step
+from stepbarrier._progress.reporter import ProgressReporter
 from stepbarrier._worker.waiter import SOURCE_SOCKET_TIMEOUT, StepSource, StepWaiter
 
 __all__ = [
@@ -203,6 +210,9 @@ class GlobalStepWaiterHook(tf.compat.v1.train.SessionRunHook):  # type: ignore[m
         if self._report_every < 0:
             raise ValueError(f"report_every must be 0 or more, got {report_every}")
         self._reporter: StepPublisher | None = None
+        # this worker's own step, once released (docs/who-is-slow.md)
+        self._progress: ProgressReporter | None = None
+        self._progress_due = ProgressTicker()
         self._global_step: Any = None
         self._runs = 0
         self._worker_is_started = False
@@ -230,6 +240,7 @@ class GlobalStepWaiterHook(tf.compat.v1.train.SessionRunHook):  # type: ignore[m
         if self._wait_until_step <= 0:
             self._worker_is_started = True
             self._start_reporting()
+            self._start_progress()
             return self._report_request()
         follow_tensorflow_logging()  # TensorFlow's verbosity may have changed since
         target = self._wait_until_step
@@ -262,20 +273,32 @@ class GlobalStepWaiterHook(tf.compat.v1.train.SessionRunHook):  # type: ignore[m
             # (released by the session before any chief state was read: there is
             # no generation to report into, and Redis may be out of reach)
             self._start_reporting()
+        self._start_progress()
         return self._report_request()
 
     def after_run(self, run_context: Any, run_values: Any) -> None:
         if self._waiter is not None:
             self._close_waiter()
-        reporter = self._reporter
-        if reporter is not None and run_values.results is not None:
-            reporter.publish(int(run_values.results))
+        if run_values.results is None:
+            return
+        step = int(run_values.results)
+        if self._reporter is not None:
+            self._reporter.publish(step)
+        if self._progress is not None:
+            self._progress.report(step)
 
     def end(self, session: Any) -> None:
         self._close_waiter()
         reporter, self._reporter = self._reporter, None
         if reporter is not None:
             reporter.close(done=False, timeout=2.0)
+        progress, self._progress = self._progress, None
+        close_progress(progress)
+
+    def _start_progress(self) -> None:
+        if self._progress is not None:
+            return
+        self._progress = start_progress(progress_config(self._config), chief=False)
 
     def _start_reporting(self) -> None:
         config = self._config
@@ -295,12 +318,13 @@ class GlobalStepWaiterHook(tf.compat.v1.train.SessionRunHook):  # type: ignore[m
             )
 
     def _report_request(self) -> Any:
-        if self._reporter is None:
-            return None
-        self._runs += 1
-        if self._runs % self._report_every:
-            return None
-        return tf.compat.v1.train.SessionRunArgs(self._global_step)
+        fetch = False
+        if self._reporter is not None:
+            self._runs += 1
+            fetch = not self._runs % self._report_every
+        if self._progress is not None and self._progress_due.due():
+            fetch = True  # this worker's own step, once per interval
+        return tf.compat.v1.train.SessionRunArgs(self._global_step) if fetch else None
 
     def _close_waiter(self) -> None:
         # The wait itself unregisters when it ends; this releases the connections.

@@ -6,7 +6,10 @@ local MAX_MARKER, MAX_PARTIES, MAX_BARRIER_INDEX = 64, 10000, 1000
 local MAX_TARGETS_READ, MAX_REMOVED = 1000, 1000
 local MAX_REGISTRATIONS, MAX_RESET_KEYS = 1000, 2000
 local MAX_ARGUMENT, MAX_RESTORED, MAX_WRITE_KEYS = 256, 1000, 8
+local MAX_TASK_ID, MAX_PROGRESS_TASKS = 1000000, 10000
+local MAX_PROGRESS_VALUE = 33
 local STATE_FIELDS = {'generation', 'step', 'beat', 'run_id', 'vouch', 'fence', 'begun', 'probation', 'done', 'pinned', 'reset_seen', 'chief', 'heartbeat_ms', 'done_ms', 'heartbeat_period_ms', 'idle_ms'}
+local WAIT_FIELDS = {'generation', 'step', 'beat', 'run_id', 'vouch', 'fence', 'done', 'pinned', 'idle_ms'}
 local BARRIER_FIELDS = {'parties', 'arrived', 'created_ms', 'run_id', 'epoch', 'last_ms', 'completed_ms'}
 local EPOCH_FIELDS = {'token', 'by'}
 
@@ -451,10 +454,14 @@ local function waiter_register(KEYS, ARGV)
 -- ARGV[5..] registry fields and values (at most MAX_FIELDS pairs, each at most
 -- MAX_ARGUMENT bytes)
 -- (Re-)registers the waiter if its entry is gone (first call, expiry, or a Redis
--- restarted empty) or refreshes the entry's TTL, and puts its target back in the
--- targets zset (the job's index of waiters, which the chief relearns from even
--- if the zset was lost). Only what a waiter writes is declared: Redis's ACL
--- demands read AND write permission on every key that FCALL/EVAL declares.
+-- restarted empty), or refreshes the entry's TTL and fields (a waiter that waits
+-- again under its id: the entry says the new wait), and puts its target back in
+-- the targets zset (the job's index of waiters, which the chief relearns from
+-- even if the zset was lost). Only a target new to the index (a new member, or
+-- a member's new score) or a new entry is pushed onto the registrations list,
+-- which wakes the chief: a refresh of the same wait costs the chief nothing.
+-- Only what a waiter writes is declared: Redis's ACL demands read AND write
+-- permission on every key that FCALL/EVAL declares.
 if #ARGV < 4 or #ARGV > 4 + 2 * MAX_FIELDS or (#ARGV - 4) % 2 ~= 0 then
   return refused('a waiter entry has at most ' .. MAX_FIELDS .. ' fields, each a name and a value')
 end
@@ -463,29 +470,39 @@ if refusal then return refusal end
 if not positive(ARGV[1]) or not positive(ARGV[2]) or not tonumber(ARGV[4]) then
   return refused('a registration takes two TTLs, a waiter id and a target step')
 end
+local entry = {}
+for i = 5, #ARGV do entry[#entry + 1] = ARGV[i] end
 local fresh_entry = redis.call('EXPIRE', KEYS[1], ARGV[1]) == 0
-if fresh_entry then
-  local entry = {}
-  for i = 5, #ARGV do entry[#entry + 1] = ARGV[i] end
+-- an entry there is this waiter's: its fields are written over (HSET costs what
+-- its arguments do, whatever the hash holds); anything else there is replaced
+if #entry > 0 and (fresh_entry or not pcall(redis.call, 'HSET', KEYS[1], unpack(entry))) then
   redis.call('UNLINK', KEYS[1])
   redis.call('HSET', KEYS[1], unpack(entry))
   redis.call('EXPIRE', KEYS[1], ARGV[1])
 end
 -- the targets and the list only guide the chief: a malformed one is skipped
-if pcall(redis.call, 'ZADD', KEYS[2], ARGV[4], ARGV[3]) then
+local push = fresh_entry
+local ok, changed = pcall(redis.call, 'ZADD', KEYS[2], 'CH', ARGV[4], ARGV[3])
+if ok then
   redis.call('EXPIRE', KEYS[2], ARGV[2])
+  push = push or changed == 1
 end
-if fresh_entry then
+if push then
   -- the list keeps the newest MAX_REGISTRATIONS: a trim removes at most that
-  -- many, and a list twice as long (pushed by hand) is dropped whole first
-  local ok, length = pcall(redis.call, 'LLEN', KEYS[3])
-  if ok then
-    if length >= 2 * MAX_REGISTRATIONS then
+  -- many, and a list twice as long (pushed by hand) is dropped whole
+  local pushed, length = pcall(redis.call, 'RPUSH', KEYS[3], ARGV[4])
+  if not pushed then
+    -- a key of another type is skipped; any other refusal (the caller's ACL) is
+    -- the call's
+    local message = type(length) == 'table' and tostring(length.err) or tostring(length)
+    if not string.find(message, 'WRONGTYPE', 1, true) then return redis.error_reply(message) end
+  else
+    if length > 2 * MAX_REGISTRATIONS then
       redis.call('UNLINK', KEYS[3])
-      length = 0
+      redis.call('RPUSH', KEYS[3], ARGV[4])
+    elseif length > MAX_REGISTRATIONS then
+      redis.call('LTRIM', KEYS[3], -MAX_REGISTRATIONS, -1)
     end
-    redis.call('RPUSH', KEYS[3], ARGV[4])
-    if length >= MAX_REGISTRATIONS then redis.call('LTRIM', KEYS[3], -MAX_REGISTRATIONS, -1) end
     redis.call('EXPIRE', KEYS[3], ARGV[2])
   end
 end
@@ -495,24 +512,28 @@ redis.register_function{function_name='stepbarrier_v3_waiter_register', callback
 local function waiter_read(KEYS, ARGV)
 -- KEYS[1] a hash: the job's state, or a named barrier (a key under
 -- stepbarrier:{JOB}:barrier:, the epoch included), KEYS[2] reset marker (read
--- only: FCALL_RO, no write permission needed)
+-- only: FCALL_RO, no write permission needed); ARGV[1] (optional) 'wait': a
+-- waiter's read of the state, which reads only the fields a wait decides by
+-- (WAIT_FIELDS) and not the clock (now_ms '0')
 -- Returns the Redis time, the reset marker and the hash:
 --   {now_ms, reset marker or false, kind, field/value pairs...}
--- Only known fields are read: a state's STATE_FIELDS; a barrier's BARRIER_FIELDS
+-- Only known fields are read: a state's STATE_FIELDS (a wait's: WAIT_FIELDS); a barrier's BARRIER_FIELDS
 -- and EPOCH_FIELDS, then t0 .. t<parties - 1> of a barrier with valid parties.
 -- kind is the key's type, or 'oversized' (nothing of it read): a hash of more
 -- than MAX_FIELDS fields (a barrier: MAX_FIELDS + its parties), or a known
 -- field longer than MAX_VALUE bytes (a task's: MAX_TASK_VALUE). A marker longer
 -- than MAX_MARKER reads as 'oversized'. Its one loop, over a barrier's task
 -- fields (at most MAX_PARTIES), only reads: FUNCTION KILL can end it.
-local refusal = called(KEYS, ARGV, 'a read', 2, 2, 0, 0)
+local refusal = called(KEYS, ARGV, 'a read', 2, 2, 0, 1)
 if refusal then return refusal end
-local result = {string.format('%.0f', now_ms())}
+if ARGV[1] ~= nil and ARGV[1] ~= 'wait' then return refused("a read takes no argument or 'wait'") end
+local wait = ARGV[1] == 'wait'
+local result = {wait and '0' or string.format('%.0f', now_ms())}
 local marker = short_string(KEYS[2], MAX_MARKER)
 if marker == false then marker = 'oversized' elseif marker == nil then marker = false end
 result[2] = marker
 local barrier = string.find(KEYS[1], '}:barrier:', 1, true) ~= nil
-local names = STATE_FIELDS
+local names = wait and WAIT_FIELDS or STATE_FIELDS
 if barrier then
   names = {}
   for _, name in ipairs(BARRIER_FIELDS) do names[#names + 1] = name end
@@ -800,4 +821,55 @@ return {1, now_text, string.format('%.0f', arrived), string.format('%.0f', parti
         completed, repaired, token, restorable}
 end
 redis.register_function{function_name='stepbarrier_v3_barrier_arrive', callback=barrier_arrive, flags={}}
+local function report_progress(KEYS, ARGV)
+-- KEYS[1] the job's progress hash; ARGV[1] the task id, ARGV[2] its step,
+-- ARGV[3] the key's TTL (s)
+-- Records the task's step as '<step>:<changed_ms>' in its field (the task id,
+-- in decimal), changed_ms being the Redis time (ms) the task's step last
+-- increased: a report of the same or a lower step (a restored checkpoint) keeps
+-- the time of the last increase. Sets the hash's TTL. Returns the stored value.
+-- Bounded: the arguments are checked first (a task id up to MAX_TASK_ID, a step
+-- up to MAX_STEP, a TTL); a task not in the hash yet is refused when it holds
+-- MAX_PROGRESS_TASKS fields already (HLEN, O(1)); the task's own value is read
+-- only if it is at most MAX_PROGRESS_VALUE bytes (HSTRLEN first); a key of
+-- another type is replaced (UNLINK). One HSET and one EXPIRE, whatever the hash holds.
+local refusal = called(KEYS, ARGV, 'a progress report', 1, 1, 3, 3)
+if refusal then return refusal end
+local task, step = whole(ARGV[1]), whole(ARGV[2])
+if task == nil or task > MAX_TASK_ID then
+  return refused('the task id must be a whole number from 0 to ' .. MAX_TASK_ID)
+end
+if step == nil then
+  return refused('the step must be a whole number from 0 to ' .. string.format('%.0f', MAX_STEP))
+end
+if not positive(ARGV[3]) then
+  return refused('a progress report takes a TTL in seconds (a whole number of at least 1)')
+end
+local field = string.format('%.0f', task)
+local now = now_ms()
+local changed = now
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind == 'hash' then
+  local size = redis.call('HSTRLEN', KEYS[1], field)
+  if size == 0 and redis.call('HLEN', KEYS[1]) >= MAX_PROGRESS_TASKS then
+    return refused('the job\'s progress holds ' .. MAX_PROGRESS_TASKS .. ' tasks already: '
+                   .. 'task ' .. field .. ' is not recorded')
+  end
+  if size > 0 and size <= MAX_PROGRESS_VALUE then
+    local stored = redis.call('HGET', KEYS[1], field)
+    local old_step, old_ms = string.match(stored, '^(%d+):(%d+)$')
+    old_step, old_ms = whole(old_step), whole(old_ms)
+    -- the time is kept unless the step increased (and a time from the future,
+    -- a clock gone back or a hand-written value, is not kept)
+    if old_step and old_ms and step <= old_step and old_ms <= now then changed = old_ms end
+  end
+elseif kind ~= 'none' then
+  redis.call('UNLINK', KEYS[1])
+end
+local value = string.format('%.0f', step) .. ':' .. string.format('%.0f', changed)
+redis.call('HSET', KEYS[1], field, value)
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+return value
+end
+redis.register_function{function_name='stepbarrier_v3_report_progress', callback=report_progress, flags={}}
 redis.register_function{function_name='stepbarrier_v3_version', callback=function() return 3 end, flags={'no-writes'}}

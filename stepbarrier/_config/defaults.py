@@ -98,6 +98,7 @@ ENVIRONMENT_VARIABLES: tuple[str, ...] = (
     "STEPBARRIER_USE_EVAL",
     "STEPBARRIER_REDIS_CLUSTER",
     "STEPBARRIER_REPORT_EVERY",
+    "STEPBARRIER_REPORT_PROGRESS",
 )
 
 #: The launchers' variables ``from_env`` reads when no ``STEPBARRIER_*``

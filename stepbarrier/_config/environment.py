@@ -259,6 +259,7 @@ class EnvSettings(TypedDict):
     redis_cluster: bool
     tls_insecure: bool
     report_every: int | None
+    report_progress: bool
 
 
 def settings_from_env(env: Mapping[str, str]) -> EnvSettings:
@@ -354,6 +355,9 @@ def settings_from_env(env: Mapping[str, str]) -> EnvSettings:
         redis_cluster=_env_flag(env, "STEPBARRIER_REDIS_CLUSTER"),
         tls_insecure=tls_insecure,
         report_every=_env_int(env, "STEPBARRIER_REPORT_EVERY", low=0, high=MAX_REPORT_EVERY),
+        # on unless set to 0 (the hooks and callbacks report each task's own step)
+        report_progress=_get(env, "STEPBARRIER_REPORT_PROGRESS") is None
+        or _env_flag(env, "STEPBARRIER_REPORT_PROGRESS"),
     )
 
 

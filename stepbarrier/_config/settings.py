@@ -107,6 +107,9 @@ class BarrierConfig:
     # GlobalStepWaiterHook's report_every when the hook is given none: 0 never
     # reports; None leaves the hook's default (STEPBARRIER_REPORT_EVERY)
     report_every: int | None = None
+    # the TF hooks and the Keras callbacks report each task's own step
+    # (ProgressReporter; STEPBARRIER_REPORT_PROGRESS=0 turns it off)
+    report_progress: bool = True
 
     def __post_init__(self) -> None:
         validate_job(self.job, variable="job")
@@ -119,6 +122,11 @@ class BarrierConfig:
         check_seconds(self.no_chief_warning, "no_chief_warning")
         if self.report_every is not None:
             check_int(self.report_every, "report_every", low=0, high=MAX_REPORT_EVERY)
+        if not isinstance(self.report_progress, bool):
+            raise ConfigurationError(
+                f"report_progress must be True or False, got {self.report_progress!r}",
+                variable="report_progress",
+            )
         if not isinstance(self.use_eval, bool):
             raise ConfigurationError(
                 f"use_eval must be True or False, got {self.use_eval!r}", variable="use_eval"

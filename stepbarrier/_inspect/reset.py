@@ -33,9 +33,10 @@ RESET_BATCH = 1000
 """Registry keys deleted per command (the last batch goes with the reset script)."""
 MAX_RESET_WAITERS = 100_000
 """Most registry entries one reset deletes; any others expire by their TTL."""
-MAX_RESET_BARRIERS = MAX_RESET_KEYS - RESET_BATCH
+MAX_RESET_BARRIERS = MAX_RESET_KEYS - RESET_BATCH - 1
 """Most barrier hashes one reset deletes (those the index names first); the
-others are stale by the new epoch, and expire by their TTL."""
+others are stale by the new epoch, and expire by their TTL. (The one key less:
+the job's progress hash, which the reset deletes too.)"""
 _BARRIER_MEMBER = re.compile(rb"[A-Za-z0-9._-]{1,64}(:[A-Za-z0-9._-]{1,64})?")
 
 
@@ -62,7 +63,8 @@ def reset_job(config: BarrierConfig, client: RedisClient | None = None) -> int:
         fixed += [keys.barrier_index, keys.barrier_epoch]
         args = [keys.channel, RESET_MARKER_TTL, publish_command(config), keys.barrier_channel]
         barriers = reset_barrier_keys(active, keys)  # to tidy up: the new epoch makes all stale
-        RedisCode(active, config).call("reset_job", [*fixed, *last, *barriers], args)
+        extra = [keys.progress, *last, *barriers]  # each task's progress goes too
+        RedisCode(active, config).call("reset_job", [*fixed, *extra], args)
         return removed
 
     return with_client(config, client, run, action="reset the job", retry_seconds=5.0)

@@ -48,13 +48,19 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import redis
 
 from stepbarrier._barriers.index import STATUS_BARRIERS, BarrierInfo
 from stepbarrier._config.settings import BarrierConfig
+from stepbarrier._inspect.progress import (
+    TaskProgress,
+    judge_tasks,
+    read_progress,
+    straggler_threshold,
+)
 from stepbarrier._inspect.registry import (
     MAX_INDEXED,
     SINCE_LIMIT,
@@ -131,6 +137,13 @@ class JobStatus:
         barriers: Open named barriers (``stepbarrier.Barrier``), latest arrival first
             (at most ``STATUS_BARRIERS``; each an ``OpenBarrier``: of a barrier of
             many parties, the missing tasks are named among those checked).
+        tasks: Each task's reported progress, by task id (``ProgressReporter``;
+            at most ``MAX_TASKS_READ``): its step, how far behind the chief,
+            whether it is stuck or a straggler (docs/who-is-slow.md).
+            Self-reported, like the waiters.
+        tasks_more: Tasks in the job's progress hash that were not read.
+        straggler_threshold: Steps behind the chief beyond which a task is a
+            straggler, as applied to ``tasks``.
     """
 
     job: str
@@ -149,6 +162,15 @@ class JobStatus:
     probation: bool = False
     problems: tuple[str, ...] = field(default=())
     barriers: tuple[BarrierInfo, ...] = ()
+    tasks: tuple[TaskProgress, ...] = ()
+    tasks_more: int = 0
+    straggler_threshold: int | None = None
+
+    @property
+    def stuck_tasks(self) -> tuple[TaskProgress, ...]:
+        """The tasks that are stuck: behind, no progress for the stall timeout, while
+        the chief advanced."""
+        return tuple(task for task in self.tasks if task.stuck)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dictionary (the CLI's ``status --json``); every number is finite."""
@@ -156,6 +178,7 @@ class JobStatus:
         data["waiters"] = [asdict(w) for w in self.waiters]
         data["barriers"] = [{**asdict(b), "missing": list(b.missing)} for b in self.barriers]
         data["problems"] = list(self.problems)
+        data["tasks"] = [asdict(t) for t in self.tasks]
         return data
 
 
@@ -166,6 +189,8 @@ def read_status(
     waiters: bool = True,
     max_waiters: int = MAX_INDEXED,
     barriers: bool = True,
+    tasks: bool = True,
+    straggler_steps: int | None = None,
 ) -> JobStatus:
     """Read the job's state and registry, in bounded work whatever the keys hold.
 
@@ -178,6 +203,10 @@ def read_status(
         max_waiters: Most waiters read (the lowest targets): the registry is
             self-reported, so this bounds what a misbehaving worker can add.
         barriers: Read the open barriers (at most ``STATUS_BARRIERS``).
+        tasks: Read each task's reported progress (at most ``MAX_TASKS_READ``)
+            and judge it against the chief (``config.stall_timeout``).
+        straggler_steps: Steps behind the chief beyond which a task is a
+            straggler (``None``: ``max(100, 5%`` of the chief's step``)``).
 
     Raises:
         RedisUnavailable: Redis was unreachable for ``STATUS_RETRY_SECONDS``.
@@ -186,7 +215,9 @@ def read_status(
     return with_client(
         config,
         client,
-        lambda active: _read(config, active, waiters, max(0, max_waiters), barriers),
+        lambda active: _read(
+            config, active, waiters, max(0, max_waiters), barriers, tasks, straggler_steps
+        ),
         action="read the job's status",
         retry_seconds=STATUS_RETRY_SECONDS,
     )
@@ -262,6 +293,8 @@ def _read(
     with_waiters: bool = True,
     max_waiters: int = MAX_INDEXED,
     with_barriers: bool = True,
+    with_tasks: bool = True,
+    straggler_steps: int | None = None,
 ) -> JobStatus:
     keys = config.keys
     # the state with the clock of the node that holds it (in a cluster, the
@@ -287,7 +320,25 @@ def _read(
     barriers: tuple[BarrierInfo, ...] = ()
     if with_barriers:
         barriers = read_open_barriers(client, keys, snapshot.now_ms, problems)
-    return job_status(config.job, snapshot, waiters, problems, barriers)
+    status = job_status(config.job, snapshot, waiters, problems, barriers)
+    if not with_tasks:
+        return status
+    progress = read_progress(client, keys, problems)
+    age = status.heartbeat_age
+    return replace(
+        status,
+        problems=tuple(problems),
+        tasks=judge_tasks(
+            progress.entries,
+            chief_step=status.step,
+            chief_live=not status.done and age is not None and age <= config.stall_timeout,
+            now_ms=snapshot.now_ms,
+            stall_timeout=config.stall_timeout,
+            straggler_steps=straggler_steps,
+        ),
+        tasks_more=progress.more,
+        straggler_threshold=straggler_threshold(status.step, straggler_steps),
+    )
 
 
 def _index_size(client: RedisClient, key: str) -> int | None:

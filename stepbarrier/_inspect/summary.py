@@ -79,12 +79,13 @@ def _histogram(counts: Counter[int], distinct: list[int]) -> tuple[tuple[int, in
 
 
 def read_overview(
-    config: BarrierConfig, client: RedisClient | None = None
+    config: BarrierConfig, client: RedisClient | None = None, *, straggler_steps: int | None = None
 ) -> tuple[JobStatus, WaiterSummary | None]:
     """The job's status, its waiters listed if few, else summarised (``summary`` not ``None``).
 
     A bounded read: the state, then the index in pages; each waiter's entry is
-    read only when there are at most ``LIST_UP_TO``.
+    read only when there are at most ``LIST_UP_TO``. ``straggler_steps``: as
+    ``read_status`` takes it.
 
     Raises:
         RedisUnavailable: Redis was unreachable for ``STATUS_RETRY_SECONDS``.
@@ -93,13 +94,15 @@ def read_overview(
     return with_client(
         config,
         client,
-        lambda active: _read(config, active),
+        lambda active: _read(config, active, straggler_steps),
         action="read the job's status",
         retry_seconds=STATUS_RETRY_SECONDS,
     )
 
 
-def _read(config: BarrierConfig, client: RedisClient) -> tuple[JobStatus, WaiterSummary | None]:
+def _read(
+    config: BarrierConfig, client: RedisClient, straggler_steps: int | None = None
+) -> tuple[JobStatus, WaiterSummary | None]:
     problems: list[str] = []
     targets: list[int] = []
     for start in range(0, SUMMARY_LIMIT, PAGE):
@@ -115,8 +118,8 @@ def _read(config: BarrierConfig, client: RedisClient) -> tuple[JobStatus, Waiter
             f"more than {SUMMARY_LIMIT:,} indexed waiters: the summary counts the first"
         )
     if len(targets) <= LIST_UP_TO:
-        return read_status(config, client), None
-    status = read_status(config, client, waiters=False)
+        return read_status(config, client, straggler_steps=straggler_steps), None
+    status = read_status(config, client, waiters=False, straggler_steps=straggler_steps)
     complete = len(targets) < SUMMARY_LIMIT
     if problems:  # malformed index members, or more than SUMMARY_LIMIT
         status = dataclasses.replace(status, problems=(*status.problems, *problems))

@@ -21,7 +21,9 @@ from stepbarrier._integrations.fetch_schedule import (
     StepLead,
 )
 from stepbarrier._integrations.global_step import global_step_or_raise, step_tensor
+from stepbarrier._integrations.progress import close_progress, start_progress
 from stepbarrier._integrations.tf_logging import follow_tensorflow_logging
+from stepbarrier._progress.reporter import ProgressReporter
 
 log = logging.getLogger("stepbarrier.tf_hooks")
 
@@ -106,6 +108,7 @@ class GlobalStepPublisherHook(tf.compat.v1.train.SessionRunHook):  # type: ignor
         self._last_step = None if last_step is None else operator.index(last_step)
         self._publisher: StepPublisher | None = None
         self._paused: StepPublisher | None = None  # between two sessions
+        self._progress: ProgressReporter | None = None  # the chief's own step, as task 0
         self._global_step: Any = None
         self._lead = StepLead()
         self._fetches = FetchSchedule()
@@ -137,6 +140,10 @@ class GlobalStepPublisherHook(tf.compat.v1.train.SessionRunHook):  # type: ignor
         self._lead.restart(step)
         self._fetches.restart(step)
         self._publisher.publish(step)
+        if self._progress is None:
+            self._progress = start_progress(self._config, chief=True)
+        if self._progress is not None:
+            self._progress.report(step)
         log.info("job %s: chief session starts at global step %d", self._publisher.config.job, step)
 
     def before_run(self, run_context: Any) -> Any:
@@ -156,6 +163,8 @@ class GlobalStepPublisherHook(tf.compat.v1.train.SessionRunHook):  # type: ignor
             last = self._fetches.skipped()
             if last is not None:
                 publisher.publish(last)
+                if self._progress is not None:
+                    self._progress.report(last)
             return
         step = int(run_values.results)
         lead = self._lead.observe(step, runs=self._fetches.unobserved)
@@ -169,6 +178,8 @@ class GlobalStepPublisherHook(tf.compat.v1.train.SessionRunHook):  # type: ignor
             self.verifications += 1
             self._fetches.confirmed(step)
         publisher.publish(step)
+        if self._progress is not None:
+            self._progress.report(step)
 
     def end(self, session: Any) -> None:
         publisher, self._publisher = self._publisher, None
@@ -182,6 +193,8 @@ class GlobalStepPublisherHook(tf.compat.v1.train.SessionRunHook):  # type: ignor
             publisher.publish(final)
         except Exception as exc:  # the session may be unusable; the lower bound stands
             log.warning("could not read the final global step: %s", exc)
+        progress, self._progress = self._progress, None
+        close_progress(progress, final)
         done = self._last_step is not None and final is not None and final >= self._last_step
         if done:
             publisher.close(done=True)  # it warns if the final step did not get through
@@ -198,3 +211,5 @@ class GlobalStepPublisherHook(tf.compat.v1.train.SessionRunHook):  # type: ignor
             if publisher is not None:
                 publisher.close(done=False)
         self._paused = self._publisher = None
+        progress, self._progress = self._progress, None
+        close_progress(progress)

@@ -34,6 +34,9 @@ class JobKeys:
             stale and begins anew at the next arrival. Its name lies under the
             barrier prefix (``@`` is no barrier name's) so that every role's
             barrier key rights cover it.
+        progress: Hash: task id (decimal) -> ``step:changed_ms``, each training
+            task's own step as it last reported it (``ProgressReporter``), and
+            the Redis time (ms) that step last increased (docs/protocol.md#progress).
     """
 
     job: str
@@ -47,6 +50,7 @@ class JobKeys:
     barrier_prefix: str
     barrier_channel: str
     barrier_epoch: str
+    progress: str
 
     @classmethod
     def for_job(cls, job: str) -> JobKeys:
@@ -62,6 +66,7 @@ class JobKeys:
             channel=f"{base}:steps",
             barrier_index=f"{base}:barrier-index",
             barrier_prefix=f"{base}:barrier:",
+            progress=f"{base}:progress",
             barrier_channel=f"{base}:barriers",
             barrier_epoch=f"{base}:barrier:@epoch",
         )

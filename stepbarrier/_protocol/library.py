@@ -42,6 +42,7 @@ from __future__ import annotations
 from stepbarrier._protocol.barrier_library import MAX_BARRIER_INDEX, MAX_RESTORED
 from stepbarrier._protocol.barrier_record import MAX_PARTIES
 from stepbarrier._protocol.lua import lua_source
+from stepbarrier._protocol.progress import MAX_PROGRESS_TASKS, MAX_PROGRESS_VALUE, MAX_TASK_ID
 from stepbarrier._protocol.wire import MAX_STEP
 
 MAX_FIELDS = 32
@@ -90,6 +91,22 @@ STATE_FIELDS = (
     "idle_ms",
 )
 """The fields of the state hash (docs/protocol.md#keys): all that is ever read of it."""
+WAIT_FIELDS = tuple(
+    name
+    for name in STATE_FIELDS
+    if name
+    not in (
+        "begun",
+        "probation",
+        "reset_seen",
+        "chief",
+        "heartbeat_ms",
+        "done_ms",
+        "heartbeat_period_ms",
+    )
+)
+"""The fields of the state hash a wait decides by: all that a waiter's read
+(``waiter_read`` with ``wait``) reads of it; the others serve operators."""
 BARRIER_FIELDS = ("parties", "arrived", "created_ms", "run_id", "epoch", "last_ms", "completed_ms")
 """A barrier hash's own fields; the others are ``t<task id>``, one per arrival."""
 EPOCH_FIELDS = ("token", "by")
@@ -107,7 +124,10 @@ local MAX_MARKER, MAX_PARTIES, MAX_BARRIER_INDEX = {MAX_MARKER}, {MAX_PARTIES}, 
 local MAX_TARGETS_READ, MAX_REMOVED = {MAX_TARGETS_READ}, {MAX_REMOVED}
 local MAX_REGISTRATIONS, MAX_RESET_KEYS = {MAX_REGISTRATIONS}, {MAX_RESET_KEYS}
 local MAX_ARGUMENT, MAX_RESTORED, MAX_WRITE_KEYS = {MAX_ARGUMENT}, {MAX_RESTORED}, {MAX_WRITE_KEYS}
+local MAX_TASK_ID, MAX_PROGRESS_TASKS = {MAX_TASK_ID}, {MAX_PROGRESS_TASKS}
+local MAX_PROGRESS_VALUE = {MAX_PROGRESS_VALUE}
 local STATE_FIELDS = {_lua_names(STATE_FIELDS)}
+local WAIT_FIELDS = {_lua_names(WAIT_FIELDS)}
 local BARRIER_FIELDS = {_lua_names(BARRIER_FIELDS)}
 local EPOCH_FIELDS = {_lua_names(EPOCH_FIELDS)}
 """ + lua_source("helpers")
@@ -135,6 +155,7 @@ BODIES: dict[str, tuple[str, bool]] = {
         ("waiter_leave", False),
         ("may_write", False),
         ("barrier_arrive", False),
+        ("report_progress", False),
     ]
 }
 """Each piece of code by name: its Lua body and whether it only reads."""

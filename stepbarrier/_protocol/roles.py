@@ -71,12 +71,15 @@ _COMMANDS = {
     # (TYPE, HGET, HSET, UNLINK, EXPIRE, ZCARD, ZADD, ZREMRANGEBYSCORE and
     # ZREMRANGEBYRANK to prune the barrier index, PUBLISH/SPUBLISH), then
     # SUBSCRIBE (SSUBSCRIBE) to the barrier channel; EXPIRE of a finished run's
-    # barriers. The range commands (ZRANGEBYSCORE, ZREMRANGEBY*) cost as much
-    # as the range: the library bounds every range it passes, but the chief's
+    # barriers. A chief's user may wait too (waiter_register: RPUSH and LTRIM of
+    # the registrations, as a worker's). report_progress (the chief reports its
+    # own step as task 0) on the job's progress hash. The range commands
+    # (ZRANGEBYSCORE, ZREMRANGEBY*) cost as much as the range: the library
+    # bounds every range it passes, but the chief's
     # password could pass any (docs/reliability-security.md#threat-model).
     "chief": f"{_CONNECT} +fcall {_READS} {_LISTING} +hget +exists +hset +set +expire "
     "+zremrangebyscore +publish +spublish +blpop +zadd +zremrangebyrank +subscribe +ssubscribe "
-    "+unlink +zcount +lpop",
+    "+unlink +zcount +lpop +rpush +ltrim",
     # Only commands whose cost is bounded by their arguments whatever the
     # worker wrote itself: no range read or range removal, no HGETALL, UNLINK
     # rather than DEL (and the shipped redis.conf frees lazily what expires or
@@ -92,7 +95,8 @@ _COMMANDS = {
     # the job's channel; a wait ends by closing its connection, never by
     # UNSUBSCRIBE. Named barriers: barrier_arrive (also HGET; its pruning of the
     # barrier index is the chief's, refused and skipped for a worker) on the
-    # barrier keys only, and its announcement (below: _BARRIER_NEWS). `status`
+    # barrier keys only, and its announcement (below: _BARRIER_NEWS).
+    # report_progress on the job's progress hash: the task's own step. `status`
     # and `watch` take the monitor user.
     "worker": f"{_CONNECT} +fcall {_READS} {_WORKER_OWN}",
     # The status reads only (no FCALL: nothing that may write); PING for health
@@ -206,15 +210,19 @@ def role_rules(role: str, jobs_pattern: str) -> str:
     news: list[str] = []
     if role == "chief":
         access = [f"~{key}" for key in (*keys.all_fixed(), keys.waiter_pattern, *barriers)]
+        access.append(f"~{keys.progress}")
     elif role == "worker":
         # read-only: the state and the reset marker are the chief's alone
         access = [f"%R~{keys.state}", f"%R~{keys.reset}", f"%RW~{keys.waiter_pattern}"]
         access += [f"%RW~{keys.targets}", f"%RW~{keys.registrations}"]
         access += [f"%RW~{key}" for key in barriers]
+        # its own progress (report_progress: TYPE, HSTRLEN, HLEN, HGET, HSET,
+        # EXPIRE, UNLINK; every one of them a worker holds already)
+        access.append(f"%RW~{keys.progress}")
         news = [_BARRIER_NEWS.format(publish=_PUBLISH, channel=keys.barrier_channel)]
     else:
         access = [f"%R~{key}" for key in (keys.state, keys.reset, keys.targets)]
-        access += [f"%R~{key}" for key in (keys.waiter_pattern, *barriers)]
+        access += [f"%R~{key}" for key in (keys.waiter_pattern, *barriers, keys.progress)]
     channel = [] if role == "monitor" else [f"&{keys.channel}", f"&{keys.barrier_channel}"]
     return " ".join([_RESET, *access, *channel, _COMMANDS[role], *news])
 

@@ -130,6 +130,11 @@ def _to_text(raw: object) -> str | None:
     return raw if isinstance(raw, str) else None
 
 
+def _is_one(raw: object) -> bool:
+    """True for a stored flag that is set (``"1"``, as bytes or text)."""
+    return raw == b"1" or raw == "1"
+
+
 def parse_int(raw: object, *, low: int = 0, high: int = MAX_STEP) -> int | None:
     """``raw`` (bytes, str or int) as an integer in ``[low, high]``, else ``None``.
 
@@ -137,6 +142,10 @@ def parse_int(raw: object, *, low: int = 0, high: int = MAX_STEP) -> int | None:
     negative): no space, ``+``, exponent, hex or underscore. The Lua scripts'
     ``whole()`` reads stored numbers by the same rule.
     """
+    if type(raw) is bytes and 0 < len(raw) <= 16 and raw.isdigit():
+        # what Redis replies (bytes.isdigit: ASCII digits only): no text to make
+        value = int(raw)
+        return value if low <= value <= high else None
     if isinstance(raw, bool):
         return None
     if isinstance(raw, int):
@@ -184,8 +193,11 @@ def parse_state(raw: object) -> ChiefState:
         return ChiefState.empty(f"state key unreadable: {' '.join(str(raw).split())[:120]}")
     if not isinstance(raw, dict) or not raw:
         return ChiefState.empty()
-    fields = {_to_text(k): v for k, v in raw.items()}
-    if set(fields) <= {"fence", "begun"}:
+    try:  # (Redis's field names: bytes of ASCII)
+        fields = {(k.decode() if type(k) is bytes else _to_text(k)): v for k, v in raw.items()}
+    except UnicodeDecodeError:
+        fields = {_to_text(k): v for k, v in raw.items()}
+    if fields.keys() <= {"fence", "begun"}:
         return ChiefState.empty()  # a chief has begun, and not written yet
     step = parse_int(fields.get("step"), low=0)
     generation = parse_int(fields.get("generation"), low=0)
@@ -209,7 +221,7 @@ def parse_state(raw: object) -> ChiefState:
         prefix = problem + ", " if problem else "malformed state: "
         problem = prefix + f"run_id={_preview(run_raw)}"
         return ChiefState(None, None, False, heartbeat_ms, chief, problem)
-    done = _to_text(fields.get("done")) == "1"
+    done = _is_one(fields.get("done"))
     return ChiefState(
         step,
         generation,
@@ -219,8 +231,8 @@ def parse_state(raw: object) -> ChiefState:
         problem,
         run_id=run_id,
         beat=parse_int(fields.get("beat")) or 0,
-        vouch=_to_text(fields.get("vouch")) == "1",
-        pinned=_to_text(fields.get("pinned")) == "1",
+        vouch=_is_one(fields.get("vouch")),
+        pinned=_is_one(fields.get("pinned")),
         heartbeat_period_ms=parse_int(fields.get("heartbeat_period_ms"), low=1),
         done_ms=parse_int(fields.get("done_ms")),
         fence=parse_int(fields.get("fence")) or 0,
@@ -229,8 +241,46 @@ def parse_state(raw: object) -> ChiefState:
     )
 
 
+_ANNOUNCED = re.compile(
+    rb'\{"step":(0|[1-9][0-9]{0,15}),"generation":(0|[1-9][0-9]{0,15}),'
+    rb'"beat":(0|[1-9][0-9]{0,15}),"vouch":(true|false),"done":(true|false),'
+    rb'"pinned":(true|false),"run_id":"([A-Za-z0-9._-]{0,64})","idle":(0|[1-9][0-9]{0,15})\}'
+)
+"""An announcement exactly as ``publish_step`` formats it (``_announced`` reads it
+without ``json``); anything else goes through the general parse, which decides
+the same for it."""
+
+
+def _announced(raw: bytes) -> StepAnnouncement | None:
+    """``raw`` read as ``publish_step``'s own format, or ``None`` if it is not in it
+    (or a number is out of range: the general parse then says what it is)."""
+    found = _ANNOUNCED.fullmatch(raw)
+    if found is None:
+        return None
+    step, generation, beat, vouch, done, pinned, run_id, idle = found.groups()
+    step_value, generation_value, beat_value = int(step), int(generation), int(beat)
+    if step_value > MAX_STEP or generation_value > MAX_STEP or beat_value > MAX_STEP:
+        return None
+    idle_value = int(idle)
+    return StepAnnouncement(
+        step_value,
+        generation_value,
+        done == b"true",
+        False,
+        run_id.decode() or None,
+        beat_value,
+        vouch == b"true",
+        pinned == b"true",
+        idle_value if idle_value <= MAX_STEP else None,
+    )
+
+
 def parse_announcement(raw: object) -> StepAnnouncement | None:
     """A message from the channel, or ``None`` if it is not one of ours."""
+    if type(raw) is bytes:  # (what Redis sends): its own format first, without json
+        announced = _announced(raw)
+        if announced is not None:
+            return announced
     text = _to_text(raw)
     if text is None or len(text) > 4096:
         return None

@@ -109,9 +109,23 @@ def call_with_retries(
         RedisUnavailable: Still unreachable at the deadline.
         RedisRefused: A non-transient error, at once.
     """
+    try:  # the first try without tenacity's machinery: most calls succeed at once
+        return operation()
+    except Exception as exc:
+        first: Exception | None = exc
+
+    def again() -> T:
+        # tenacity's first try is the one that just failed: it judges that
+        # failure (retry, log, sleep, stop) as if it had made the try itself
+        nonlocal first
+        if first is not None:
+            failed, first = first, None
+            raise failed
+        return operation()
+
     settings = retry_settings(config, action=action, deadline=deadline, clock=clock, quiet=quiet)
     try:
-        return Retrying(sleep=sleep, **settings)(operation)
+        return Retrying(sleep=sleep, **settings)(again)
     except REDIS_ERRORS as exc:
         raise translate(exc, config, action=action) from exc
     except OSError as exc:  # a raw socket error that redis-py did not wrap

@@ -106,7 +106,7 @@ class CallBatcher:
         calls = [request.call for request in batch if request.call is not None]
         reads = any(request.reads for request in batch)
         if reads:
-            calls.append(read_call(self._keys))
+            calls.append(read_call(self._keys, wait=True))
         try:
             self.round_trips += 1
             replies = await self._code().replies(calls)

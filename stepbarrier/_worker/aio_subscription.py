@@ -15,7 +15,10 @@ When the subscription breaks (or a wait finds it dead: the step moves and no
 announcement comes) every listener gets a ``Lost`` item: each subscribes
 again (the first one opens the new subscription, the others share it) and
 then reads the state, as a ``StepWaiter`` does after a reconnect. The
-subscription lives while some wait listens; the last one to leave closes it.
+subscription lives while some wait listens, and ``keep`` seconds after the last
+one left (the next wait joins it, as a ``StepWaiter`` takes over the last wait's
+subscription): closing it on the release's path, and opening it again for the
+next wait, would cost every release of the last waits a disconnection.
 """
 
 from __future__ import annotations
@@ -129,6 +132,8 @@ class SharedSubscription:
         run_id: The waits' run id (another run's announcements concern none).
         clock: The waits' monotonic clock.
         read: Reads the state once (one try), for every wait.
+        keep: Seconds the subscription stays open once no wait listens (0:
+            closed at once).
     """
 
     def __init__(
@@ -138,8 +143,11 @@ class SharedSubscription:
         run_id: str | None,
         clock: Callable[[], float],
         read: Callable[[], Awaitable[Snapshot]],
+        keep: float = 0.0,
     ) -> None:
         self._connect = connect
+        self._keep = keep
+        self._idle: asyncio.TimerHandle | None = None  # closes it once no wait came back
         self._channel = channel
         self._run_id = run_id
         self._clock = clock
@@ -167,6 +175,9 @@ class SharedSubscription:
 
     def add(self, mailbox: Mailbox) -> None:
         """Deliver the announcements that concern ``mailbox`` from now on."""
+        idle, self._idle = self._idle, None
+        if idle is not None:
+            idle.cancel()
         self._listeners.add(mailbox)
         waiting = self._by_target.get(mailbox.target)
         if waiting is None:
@@ -183,6 +194,16 @@ class SharedSubscription:
             if not waiting:
                 del self._by_target[mailbox.target]
                 del self._targets[bisect.bisect_left(self._targets, mailbox.target)]
+        if not self._listeners:
+            if self._keep > 0 and self._pubsub is not None:
+                if self._idle is None:
+                    self._idle = asyncio.get_running_loop().call_later(self._keep, self._unused)
+            else:
+                self._shut()
+
+    def _unused(self) -> None:
+        """Close the subscription if no wait came back to it in time."""
+        self._idle = None
         if not self._listeners:
             self._shut()
 
@@ -319,6 +340,9 @@ class SharedSubscription:
             mailbox.put(Lost(number, exc))
 
     def _shut(self) -> None:
+        idle, self._idle = self._idle, None
+        if idle is not None:
+            idle.cancel()
         for task in list(self._rereads):
             task.cancel()
         pubsub, self._pubsub = self._pubsub, None

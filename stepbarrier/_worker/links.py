@@ -57,6 +57,10 @@ class WaiterLink:
             waits, made on first use); one of this link's own if omitted.
         call_timeout: Returns the seconds the next call may take (the time
             left to the wait's nearest limit); ``None``: the client's timeouts.
+        waiter_id: The id to register under: one a waiter's earlier wait left
+            (its entry, if still there, is written over: no new entry, and
+            no wake of the chief unless the target is new to the index); a
+            new one if omitted.
     """
 
     def __init__(
@@ -68,11 +72,12 @@ class WaiterLink:
         *,
         code: Callable[[], RedisCode] | None = None,
         call_timeout: Callable[[], float] | None = None,
+        waiter_id: str | None = None,
     ):
         self._connect = connect
         self._config = config
         self._keys = config.keys
-        self.id = new_waiter_id(config)
+        self.id = new_waiter_id(config) if waiter_id is None else waiter_id
         self.target = target
         self.registered = False
         self.answered = True
@@ -82,6 +87,11 @@ class WaiterLink:
         self._code_of: RedisCode | None = None
         self._call_timeout = call_timeout
         self._entry = registry_entry(config, target, since)
+        # the round trip of every read of the wait, made once
+        self._calls = [
+            register_call(config, self.id, target, self._entry, self._keys),
+            read_call(self._keys, wait=True),
+        ]
 
     @property
     def _code(self) -> RedisCode:
@@ -117,13 +127,7 @@ class WaiterLink:
         reads, so the worker role needs no write permission on the state.
         """
         try:
-            registered, reply = self._code.replies(
-                [
-                    register_call(self._config, self.id, self.target, self._entry, self._keys),
-                    read_call(self._keys),
-                ],
-                timeout=self._timeout(),
-            )
+            registered, reply = self._code.replies(self._calls, timeout=self._timeout())
         except Exception:
             self.answered = False
             raise
@@ -177,14 +181,27 @@ def new_waiter_id(config: BarrierConfig) -> str:
     return f"{task}-{secrets.token_hex(4)}"
 
 
+_process: tuple[int, str] = (0, "")
+"""``(pid, host name)`` of this process (read again after a fork)."""
+
+
+def _host_and_pid() -> tuple[str, str]:
+    global _process
+    pid = os.getpid()
+    if _process[0] != pid:
+        _process = (pid, socket.gethostname()[:200])
+    return _process[1], str(pid)
+
+
 def registry_entry(config: BarrierConfig, target: int, since: float) -> dict[str, str]:
     """The registry entry of a wait (what ``stepbarrier status`` shows)."""
+    host, pid = _host_and_pid()
     return {
         "task_id": "" if config.task_id is None else str(config.task_id),
         "wait_until_step": str(target),
         "since": f"{since:.3f}",
-        "host": socket.gethostname()[:200],
-        "pid": str(os.getpid()),
+        "host": host,
+        "pid": pid,
     }
 
 
@@ -204,9 +221,10 @@ def register_call(
     return ("waiter_register", [keys.waiter(waiter_id), keys.targets, keys.registrations], args)
 
 
-def read_call(keys: JobKeys) -> Call:
-    """The read-only call that returns Redis's clock, the reset marker and the state."""
-    return ("waiter_read", [keys.state, keys.reset], [])
+def read_call(keys: JobKeys, *, wait: bool = False) -> Call:
+    """The read-only call that returns Redis's clock, the reset marker and the state
+    (``wait``: a wait's read, of the fields a wait decides by only, without the clock)."""
+    return ("waiter_read", [keys.state, keys.reset], ["wait"] if wait else [])
 
 
 def leave_call(keys: JobKeys, waiter_id: str) -> Call:

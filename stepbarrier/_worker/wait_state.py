@@ -138,6 +138,10 @@ class WaitRules(WaitTiming):
         self.last_progress = self.started
         self.warned: set[str] = set()
         self.released_by: str | None = None  # what released the wait, once it was
+        self.snapshots = 0  # reads of the stored state judged
+        # the step of this run that the wait's first read found (``None``: none, or
+        # not this run's): the chief had reached it before the wait began
+        self.first_step: int | None = None
         # a finished or pinned state this wait did not see written, and since when
         # it has read it unchanged (docs/protocol.md#grace)
         self.final_mark: Mark | None = None
@@ -154,12 +158,13 @@ class WaitRules(WaitTiming):
 
     def begin(self) -> None:
         """Say that the wait begins."""
-        self.log.info(
-            "job %s: waiting for step %d (task %s)",
-            self.config.job,
-            self.target,
-            self.config.task_id,
-        )
+        if self.log.isEnabledFor(logging.INFO):
+            self.log.info(
+                "job %s: waiting for step %d (task %s)",
+                self.config.job,
+                self.target,
+                self.config.task_id,
+            )
 
     # -- what a message and a read mean ---------------------------------------------
 
@@ -200,8 +205,16 @@ class WaitRules(WaitTiming):
             # what this wait heard (found by the model: zombie-after-finish)
             self.generation = announcement.generation
             return READ_NOW
+        step = announcement.step
         if self.read_mark is None or mark >= self.read_mark:
-            self._seen_step(announcement.step)  # not an older write announced late
+            self._seen_step(step)  # not an older write announced late
+        if (
+            step >= self.target
+            and announcement.vouch
+            and not (announcement.done or announcement.pinned)
+        ):
+            # (_judge's release of a live, vouched step: the release of most waits)
+            return self.released(step, by="an announcement")
         return self._judge(
             announcement.step,
             vouch=announcement.vouch,
@@ -223,6 +236,7 @@ class WaitRules(WaitTiming):
             BarrierAborted: The job was reset since the wait's first read, or
                 finished short of the target.
         """
+        self.snapshots += 1
         if (
             after is not None
             and after.generation is not None
@@ -254,6 +268,8 @@ class WaitRules(WaitTiming):
             self._observed(mark, idle_ms=state.idle_ms)  # a write happened between two reads
         self.read_mark = mark
         self.generation = mark[0]
+        if self.snapshots == 1:
+            self.first_step = state.step
         self._seen_step(state.step)
         live = self.live_mark is not None and mark >= self.live_mark
         released = self._judge(
@@ -478,12 +494,15 @@ class WaitRules(WaitTiming):
     def _observed(self, mark: Mark, at: float | None = None, *, idle_ms: int | None = None) -> None:
         """A write ``mark`` of this run happened while the wait watched; its
         writer's training loop had handed a step over ``idle_ms`` before it."""
-        when = self.clock() if at is None else at
+        now = self.clock()
+        when = now if at is None else at
         if idle_ms is not None:
             # a duration on the writer's clock, laid back from when this wait saw
             # the write: no clock is compared with another
             # (not before the wait began: its stall timeout is its own to serve)
-            handed = max(self.started, when - idle_ms / 1000)
+            handed = when - idle_ms / 1000
+            if handed < self.started:
+                handed = self.started
             if self.loop_alive is None or handed > self.loop_alive:
                 self.loop_alive = handed
         if self.live_mark is None or mark > self.live_mark:
@@ -491,7 +510,8 @@ class WaitRules(WaitTiming):
         self.chief_seen = True
         if when >= self.last_alive:
             self.last_alive = when
-        self.heartbeat_age = max(0.0, self.clock() - self.last_alive)
+        age = now - self.last_alive
+        self.heartbeat_age = age if age > 0.0 else 0.0
 
     def _warn_once(self, topic: str, level: int, message: str, *args: object) -> None:
         if topic not in self.warned:
@@ -650,14 +670,15 @@ class WaitRules(WaitTiming):
 
     def released(self, step: int, *, by: str) -> int:
         """Log the release and return the step."""
-        self.log.info(
-            "job %s: released at step %d (target %d) after %.3f s, by %s",
-            self.config.job,
-            step,
-            self.target,
-            self.clock() - self.started,
-            by,
-        )
+        if self.log.isEnabledFor(logging.INFO):
+            self.log.info(
+                "job %s: released at step %d (target %d) after %.3f s, by %s",
+                self.config.job,
+                step,
+                self.target,
+                self.clock() - self.started,
+                by,
+            )
         self.last_step = step
         self.released_by = by
         return step

@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -45,10 +45,11 @@ from stepbarrier._redis.client import SOCKET_TIMEOUT, RedisClient, make_client
 from stepbarrier._redis.functions import RedisCode
 from stepbarrier._redis.retries import call_with_retries
 from stepbarrier._redis.subscription import KeptSubscription, Subscription
+from stepbarrier._worker.follow import Crossed, FollowPlan
 from stepbarrier._worker.links import WaiterLink
 from stepbarrier._worker.timing import READ, READ_SOURCE, LastChance, Receive
 from stepbarrier._worker.wait_state import ReadNow, WaitRules, wait_target
-from stepbarrier.errors import BarrierTimeout, RedisRefused, RedisUnavailable
+from stepbarrier.errors import BarrierAborted, BarrierTimeout, RedisRefused, RedisUnavailable
 
 log = logging.getLogger("stepbarrier._worker.waiter")
 
@@ -155,6 +156,9 @@ class StepWaiter:
         self._clock = clock
         self._sleep = sleep
         self._kept = KeptSubscription(clock, config.fallback_interval)  # for the next wait
+        # registry ids the last waits left, for the next ones (one per wait at a
+        # time): a waiter that waits again writes over its entry, not a new one
+        self._ids: list[str] = []
         self.last_generation: int | None = None
         """The chief generation of the last wait's release (``None`` before one); a
         worker that reports the step passes it to its contributor
@@ -200,18 +204,74 @@ class StepWaiter:
             TypeError: ``until_step`` is not an integer (``True`` is not step 1).
             ValueError: ``until_step`` is above 2**53 - 2 (``MAX_STEP``).
         """
+        return self._wait(until_step, timeout, source)[0]
+
+    def follow(
+        self, every: int, start: int | None = None, timeout: float | None = None
+    ) -> Iterator[Crossed]:
+        """Yield, in order, every multiple of ``every`` that the chief's step reaches.
+
+        None is skipped: when the chief moves past several multiples between two
+        announcements, each is yielded, with the step seen (``Crossed.step``).
+        Each multiple is awaited as ``wait`` awaits a step (woken by the chief's
+        announcement, no polling), so it ends the same ways.
+
+        Args:
+            every: The interval in steps (a positive integer).
+            start: Yield the multiples from the first at or above ``start``;
+                ``None``: from the first above the step the chief has reached
+                when the following begins.
+            timeout: The limit of each wait for the next multiple (``None``:
+                ``config.timeout``); the stall timeout holds as for ``wait``.
+
+        Yields:
+            ``Crossed(multiple, step)`` for ``every``, ``2 * every``, ... from
+            the start on.
+
+        Returns:
+            When the job finishes (its last step below the next multiple), or
+            when a wait ends under ``on_timeout="proceed"`` (it logged why).
+
+        Raises:
+            BarrierTimeout, BarrierAborted (a reset), RedisUnavailable, RedisRefused:
+                as ``wait`` raises them.
+            TypeError, ValueError: ``every`` or ``start`` is not a step.
+
+        Example:
+            ```python
+            with StepWaiter(BarrierConfig(job="demo", role="worker", task_id=9)) as waiter:
+                for crossed in waiter.follow(every=1000):
+                    evaluate(checkpoint_at=crossed.multiple)
+            ```
+        """
+        plan = FollowPlan(every, start)
+        while True:
+            try:
+                step, before = self._wait(plan.target, timeout, None)
+            except BarrierAborted as exc:
+                if plan.ends(exc):
+                    return
+                raise
+            if step < plan.target:
+                return  # on_timeout="proceed": the wait said why
+            yield from plan.released(step, before)
+
+    def _wait(
+        self, until_step: int, timeout: float | None, source: StepSource | None
+    ) -> tuple[int, int | None]:
+        """``wait``, and the step its first read found (``WaitRules.first_step``)."""
         target = wait_target(until_step)
         if target <= 0:
-            return 0
+            return 0, None
         limit = self.config.timeout if timeout is None else timeout
         wait = _Wait(self, target, limit, source)
         try:
             released = wait.run()
             self.last_generation = wait.rules.generation or None
             self.last_released_by = wait.rules.released_by
-            return released
+            return released, wait.rules.first_step
         except (BarrierTimeout, RedisUnavailable) as exc:
-            return wait.rules.proceed_after(exc)
+            return wait.rules.proceed_after(exc), None
         finally:
             wait.leave()
 
@@ -276,6 +336,8 @@ class _Wait:
             outside=None if source is None else source.name,
             outside_every=(0.5, 5.0) if source is None else source.intervals,
         )
+        with waiter._client_lock:
+            waiter_id = waiter._ids.pop() if waiter._ids else None
         self.link = WaiterLink(
             waiter._connected,
             self.config,
@@ -283,6 +345,7 @@ class _Wait:
             since=time.time(),
             code=waiter._code,
             call_timeout=self._call_timeout,
+            waiter_id=waiter_id,
         )
         self.pubsub: Subscription | None = None
         self.subscriptions = 0
@@ -522,6 +585,8 @@ class _Wait:
         except Exception as exc:
             log.debug("job %s: could not unregister (%s); it expires", self.config.job, exc)
         finally:
+            with self.waiter._client_lock:
+                self.waiter._ids.append(self.link.id)  # for the waiter's next wait
             pubsub, self.pubsub = self.pubsub, None
             if pubsub is not None:
                 self.waiter._kept.keep(pubsub)

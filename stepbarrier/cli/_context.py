@@ -45,6 +45,8 @@ EXIT_NO_JOB = 6
 EXIT_DEAD = 7
 EXIT_BUSY = 8
 EXIT_STALE = 9
+EXIT_STUCK = 10
+EXIT_COMMAND_FAILED = 11
 EXIT_INTERRUPTED = 130
 
 _EXIT_TEXT = {
@@ -110,6 +112,9 @@ Exit codes (each command's --help lists its own):
      an administrator end the script (FUNCTION KILL, SCRIPT KILL)
   {EXIT_STALE}  status --check: the chief is stale (no heartbeat for three of its periods,
      at least 5 s, but within the stall timeout): it may be gone
+  {EXIT_STUCK} status --check: a task is stuck (no progress for the stall timeout while
+     the chief advances); the line names it
+  {EXIT_COMMAND_FAILED} follow: the COMMAND run for a multiple failed (the line says which and how)
   {EXIT_FAILED}  anything else (a bug: please report it with the --debug output); doctor:
      a check failed
   {EXIT_INTERRUPTED}  interrupted (Ctrl-C)

@@ -6,9 +6,18 @@ Prometheus servers scraping it cost one read), through
 ``stepbarrier._inspect.listing``: it needs only the ``monitor`` ACL user. Each job
 is one series per gauge, labelled ``job_name``: never ``job``, which is
 Prometheus's own target label (a clash would rename ours ``exported_job``),
-and never a worker: per-worker labels would make a series of every task of
-every run. While Redis is gone it goes on serving, with ``stepbarrier_up 0``
-and no job series (and ``stepbarrier_redis_busy 1`` while Redis answers BUSY).
+and no per-worker series but the bounded task gauges below. While Redis is
+gone it goes on serving, with ``stepbarrier_up 0`` and no job series (and
+``stepbarrier_redis_busy 1`` while Redis answers BUSY).
+
+Each task's progress (issue 38, docs/who-is-slow.md): ``stepbarrier_task_step``,
+``stepbarrier_task_behind`` and ``stepbarrier_task_stuck``, labelled
+``job_name`` and ``task``, for the tasks that report their progress. Bounded: a
+reading reads the tasks of at most ``EXPORTED_TASK_JOBS`` jobs (the first of
+the listing), and exports at most ``EXPORTED_TASKS`` tasks of each (the stuck
+first, then the most behind), so at most 50 x 100 series per gauge, whatever
+the tasks wrote. A task is stuck by the exporter's own stall timeout
+(``STEPBARRIER_STALL_TIMEOUT``, 600 s by default).
 
 Fair to each team (issue 34): it exports the jobs of one or more patterns, one
 per team (``--job 'team-a-*' --job 'team-b-*'``; ``*`` by default), each with
@@ -43,7 +52,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import TYPE_CHECKING
 from wsgiref.simple_server import WSGIServer
@@ -58,7 +67,10 @@ from stepbarrier._inspect.listing import (
     list_jobs,
     validate_patterns,
 )
-from stepbarrier._redis.failures import RedisBusy
+from stepbarrier._inspect.progress import TaskProgress
+from stepbarrier._inspect.status import read_status
+from stepbarrier._redis.client import make_client
+from stepbarrier._redis.failures import REDIS_ERRORS, RedisBusy
 from stepbarrier.errors import ConfigurationError, RedisRefused, RedisUnavailable
 
 if TYPE_CHECKING:
@@ -114,6 +126,27 @@ JOB_GAUGES: dict[str, tuple[str, Callable[[JobSummary], float | None]]] = {
 }
 """The per-job gauges (label ``job_name``): help text, and the value of a job
 (``None``: no series for that job)."""
+TASK_GAUGES: dict[str, tuple[str, Callable[[TaskProgress], float | None]]] = {
+    "stepbarrier_task_step": (
+        "The step a task last reported (ProgressReporter, the hooks and callbacks).",
+        lambda t: t.step,
+    ),
+    "stepbarrier_task_behind": (
+        "Steps the task is behind the chief's stored step (absent before the chief stored one).",
+        lambda t: t.behind,
+    ),
+    "stepbarrier_task_stuck": (
+        "1 when the task is stuck: behind the chief, no progress for the exporter's stall "
+        "timeout while the chief advanced; else 0.",
+        lambda t: int(t.stuck),
+    ),
+}
+"""The per-task gauges (labels ``job_name`` and ``task``): help text, and the value
+of a task. At most ``EXPORTED_TASKS`` tasks of at most ``EXPORTED_TASK_JOBS`` jobs."""
+EXPORTED_TASK_JOBS = 50
+"""Most jobs whose tasks one reading reads (the first of the listing)."""
+EXPORTED_TASKS = 100
+"""Most tasks exported per job: the stuck first, then the most behind."""
 SERVER_GAUGES = {
     "stepbarrier_up": "1 when the last reading of Redis succeeded, else 0.",
     "stepbarrier_redis_busy": (
@@ -138,7 +171,12 @@ PATTERN_GAUGES: dict[str, tuple[str, Callable[[PatternListing], float]]] = {
 }
 """The per-pattern gauges (label ``pattern``, a team's jobs pattern): help text,
 and the value of a pattern (absent while a reading fails)."""
-METRIC_NAMES = frozenset(JOB_GAUGES) | frozenset(SERVER_GAUGES) | frozenset(PATTERN_GAUGES)
+METRIC_NAMES = (
+    frozenset(JOB_GAUGES)
+    | frozenset(SERVER_GAUGES)
+    | frozenset(PATTERN_GAUGES)
+    | frozenset(TASK_GAUGES)
+)
 """Every metric the exporter serves."""
 
 
@@ -151,12 +189,15 @@ class Reading:
         duration: Seconds it took.
         listing: The jobs, or ``None`` if Redis could not be read.
         busy: Redis could not be read because it answered BUSY (a script running).
+        tasks: Each job's exported tasks (``EXPORTED_TASKS`` at most), for the
+            first ``EXPORTED_TASK_JOBS`` jobs (``None``: not read).
     """
 
     taken_at: float
     duration: float
     listing: JobListing | None
     busy: bool = False
+    tasks: dict[str, tuple[TaskProgress, ...]] | None = None
 
 
 def require_prometheus_client() -> None:
@@ -202,6 +243,7 @@ class JobsCollector:
         read: Callable[[BarrierConfig, tuple[str, ...]], JobListing] | None = None,
         clock: Callable[[], float] = time.monotonic,
         max_jobs: int = EXPORTED_JOBS,
+        read_tasks: TaskReader | None = None,
     ) -> None:
         require_prometheus_client()
         if not 1 <= max_jobs <= MAX_JOBS:
@@ -213,6 +255,9 @@ class JobsCollector:
         self.patterns = validate_patterns((pattern,) if patterns is None else patterns)
         self.min_interval = min_interval
         self._read = read or functools.partial(_read_jobs, max_jobs=max_jobs)
+        # the tasks' progress: read with the default reading (a test's own
+        # reading of jobs brings its own, or none)
+        self._read_tasks = read_tasks if read_tasks is not None or read else read_job_tasks
         self._clock = clock
         self._lock = threading.Lock()  # scrapes are served on threads of their own
         self._last: Reading | None = None
@@ -254,8 +299,11 @@ class JobsCollector:
                             part.found,
                             part.read,
                         )
+        tasks = None
+        if listing is not None and self._read_tasks is not None:
+            tasks = self._read_tasks(self.config, [job.job for job in listing.jobs])
         finished = self._clock()
-        return Reading(finished, finished - started, listing, busy)
+        return Reading(finished, finished - started, listing, busy, tasks)
 
     def collect(self) -> Iterator[Metric]:
         """The metrics of the current reading (read now if the last one is too old)."""
@@ -293,6 +341,48 @@ class JobsCollector:
                 if value is not None:
                     family.add_metric([job.job], float(value))
             yield family
+        for name, (text, of_task) in TASK_GAUGES.items():
+            family = GaugeMetricFamily(name, text, labels=["job_name", "task"])
+            for job_name, tasks in (reading.tasks or {}).items():
+                for task in tasks:
+                    value = of_task(task)
+                    if value is not None:
+                        family.add_metric([job_name, str(task.task_id)], float(value))
+            yield family
+
+
+TaskReader = Callable[[BarrierConfig, list[str]], dict[str, tuple[TaskProgress, ...]]]
+"""Reads the tasks of the jobs named (the exporter's ``read_job_tasks``)."""
+
+
+def read_job_tasks(config: BarrierConfig, jobs: list[str]) -> dict[str, tuple[TaskProgress, ...]]:
+    """The exported tasks of the first ``EXPORTED_TASK_JOBS`` of ``jobs``: of each, the
+    stuck first, then the most behind, at most ``EXPORTED_TASKS``. Each job's read is
+    ``read_status``'s (bounded); a job that cannot be read exports no task."""
+    found: dict[str, tuple[TaskProgress, ...]] = {}
+    selected = jobs[:EXPORTED_TASK_JOBS]
+    if not selected:
+        return found
+    try:
+        client = make_client(config)
+    except (RedisUnavailable, RedisRefused, *REDIS_ERRORS) as exc:
+        log.info("cannot read the tasks' progress: %s", exc)
+        return found
+    try:
+        for job in selected:
+            try:
+                status = read_status(
+                    replace(config, job=job), client, waiters=False, barriers=False
+                )
+            except (RedisUnavailable, RedisRefused, ConfigurationError) as exc:
+                log.debug("job %s: tasks not exported: %s", job, exc)
+                continue
+            ordered = sorted(status.tasks, key=lambda t: (not t.stuck, -(t.behind or 0), t.task_id))
+            if ordered:
+                found[job] = tuple(ordered[:EXPORTED_TASKS])
+    finally:
+        client.close()
+    return found
 
 
 def _truncated(reading: JobListing | Reading | None) -> frozenset[str]:

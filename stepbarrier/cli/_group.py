@@ -21,6 +21,7 @@ from stepbarrier._redis import failures
 from stepbarrier.cli._commands.acl import acl
 from stepbarrier.cli._commands.arrive import arrive
 from stepbarrier.cli._commands.doctor import doctor
+from stepbarrier.cli._commands.follow import follow
 from stepbarrier.cli._commands.functions import functions
 from stepbarrier.cli._commands.jobs import exporter, jobs
 from stepbarrier.cli._commands.status import status, watch
@@ -161,6 +162,7 @@ def demo(**options: Any) -> None:
 cli.add_command(status)
 cli.add_command(watch)
 cli.add_command(wait)
+cli.add_command(follow)
 cli.add_command(publish)
 cli.add_command(reset)
 cli.add_command(arrive)

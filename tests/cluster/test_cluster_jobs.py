@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import redis
 
-from stepbarrier import BarrierConfig, StepPublisher, StepWaiter, read_status
+from stepbarrier import BarrierConfig, ProgressReporter, StepPublisher, StepWaiter, read_status
 from stepbarrier._inspect.reset import reset_job
 from stepbarrier._redis.functions import install_functions
 from tests.cluster.conftest import Timings
@@ -254,6 +254,28 @@ def test_status_and_reset_read_the_slots_owner(cluster: LocalCluster) -> None:
         assert reset_job(config) == 1
         waiting.join()
     assert waiting.error is not None and type(waiting.error).__name__ == "BarrierAborted"
+
+
+def test_each_tasks_progress_lives_in_the_jobs_slot_and_status_reads_it(
+    cluster: LocalCluster,
+) -> None:
+    job = f"progress-{uuid.uuid4().hex[:8]}"
+    config = cluster_config(cluster, job)
+    assert cluster.slot_of(config.keys.progress) == cluster.slot_of(config.keys.state)
+    with StepPublisher(config) as chief:
+        chief.publish(40)
+        assert chief.flush(10)
+        for task, step in ((0, 40), (1, 31)):
+            with ProgressReporter(config, task_id=task) as progress:
+                progress.report(step)
+                assert progress.flush(10), progress.last_error
+        status = read_status(config)
+        assert [(t.task_id, t.step, t.behind, t.stuck) for t in status.tasks] == [
+            (0, 40, 0, False),
+            (1, 31, 9, False),
+        ]
+        reset_job(config)  # the progress goes with the job's other keys
+    assert read_status(config).tasks == ()
 
 
 def test_an_unreachable_cluster_is_a_clear_error_not_a_traceback(cluster: LocalCluster) -> None:

@@ -11,9 +11,11 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -38,11 +40,10 @@ JUST_PAST = 25
 STANDIN_LABEL = "org.stepbarrier.compose-standin"
 BASE_IMAGES = ("python:3.11-slim", "redis:7.2")
 STEPBARRIER = str(Path(sys.executable).parent / "stepbarrier")
-MONITOR_USER = [
-    "--job", JOB,
-    "--username", "monitor", "--password-file", "ops/redis/example-secrets/monitor.password",
-]  # fmt: skip
-"""The monitor user, as docker-compose.yml's header and docs/operations.md give it."""
+MONITOR_PASSWORD = "/run/stepbarrier/monitor.password"
+"""The monitor's password in the exporter's container: made fresh at each `up` by
+the compose file's passwords service; the host copies it out with `docker compose
+cp`, as docker-compose.yml's header and docs/operations.md say."""
 REDIS_PORT = 6379
 """Redis's port in its container; the host's is the one Docker picked at `up`
 (docker-compose.yml publishes it on a free port of 127.0.0.1: `docker compose
@@ -89,6 +90,11 @@ class Project:
     files: Sequence[Path]
     name: str | None = None  # None: the name Compose gives (the directory's, or the file's)
     run_id: str = field(default_factory=run_id)
+    copies: Path = field(
+        default_factory=lambda: Path(tempfile.gettempdir()) / f"compose-run-{uuid.uuid4().hex}"
+    )
+    """Where files copied out of the containers go (the monitor's password): made
+    when one is copied, removed by ``down``."""
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("STEPBARRIER_")}
@@ -147,12 +153,24 @@ class Project:
         address = self.compose("port", service, str(port), timeout=60, check=False).strip()
         return address if re.fullmatch(r"127\.0\.0\.1:\d+", address) else None
 
+    def monitor_password(self) -> Path:
+        """This run's monitor password on the host, copied out of the exporter's
+        container as docs/operations.md says (`docker compose cp`), once per `up`."""
+        path = self.copies / "monitor.password"
+        if not path.exists():
+            self.copies.mkdir(mode=0o700, exist_ok=True)
+            self.compose("cp", f"exporter:{MONITOR_PASSWORD}", str(path), timeout=60)
+        return path
+
     def monitor(self) -> list[str]:
         """The host's `stepbarrier status`/`watch` options as the monitor user,
         against the Redis this project published (docker-compose.yml's header)."""
         address = self.published("redis", REDIS_PORT)
         assert address is not None, "redis is not published (not running?)"
-        return ["--redis-url", f"redis://{address}/0", *MONITOR_USER]
+        return [
+            "--redis-url", f"redis://{address}/0", "--job", JOB,
+            "--username", "monitor", "--password-file", str(self.monitor_password()),
+        ]  # fmt: skip
 
     def logs(self, service: str | None = None) -> str:
         return self.compose("logs", "--no-color", *([service] if service else []))
@@ -166,6 +184,7 @@ class Project:
 
     def down(self) -> None:
         self.compose("down", "--volumes", "--remove-orphans", "--timeout", "5", check=False)
+        shutil.rmtree(self.copies, ignore_errors=True)  # the next `up` makes another password
 
 
 def shown(path: Path) -> str:
@@ -283,16 +302,14 @@ WARNING_OR_REFUSAL = re.compile(
 its refusals ("user 'worker' may not publish ...: Its ACL does not allow this"),
 Redis's own "# WARNING ...", start-redis.sh's, Docker's."""
 WARNINGS_THE_FILE_CANNOT_HELP = (
-    # start-redis.sh, on purpose (docs/operations.md#the-example-passwords): the
-    # public EXAMPLE passwords, opted in to, with the compose network's --bind
-    "start-redis: WARNING: STEPBARRIER_EXAMPLE_PASSWORDS=loopback-only with the "
-    "EXAMPLE (public) passwords, and --bind * -::*: ",
     # Redis, of the host's kernel: vm.overcommit_memory is the host's own (not
     # namespaced: no compose file can set it); absent where the host sets it to 1
+    # (docs/operations.md#docker-compose)
     "# WARNING Memory overcommit must be enabled!",
 )
-"""The only warnings a default run may log: each names a choice made on purpose
-or a setting of the host, not something the configuration asks for in vain."""
+"""The only warning a default run may log: a setting of the host, not something
+the configuration asks for in vain. start-redis.sh's warning about the EXAMPLE
+passwords is not among them: the compose file makes fresh ones at every `up`."""
 
 
 def warnings_and_refusals(logs: str) -> list[str]:

@@ -2,12 +2,15 @@
 
 ``STEPBARRIER_RUN_ID=$(date +%s) docker compose up --build --exit-code-from chief``
 in the repository, and from the host, while the workers wait, `stepbarrier
-status` and `stepbarrier watch` as the monitor user (against the port Redis is
-published on: `docker compose port redis 6379`) and the exporter's /metrics.
+status` and `stepbarrier watch` as the monitor user (with this run's password,
+copied out with `docker compose cp`, against the port Redis is published on:
+`docker compose port redis 6379`) and the exporter's /metrics.
 `up` returns the chief's exit status: the chief's container is the first to
 exit (a worker's prints "worker exit status: N" and stays, as the file's header
 says), and each worker's status is read from that line; no container logs a
-warning or a refusal. A Redis of the host's own on 127.0.0.1:6379 does not stop
+warning or a refusal (the passwords are made fresh at each `up`, so start-redis.sh
+has no example password to warn of; Redis's "Memory overcommit" warning, of the
+host's kernel, is the only one allowed). A Redis of the host's own on 127.0.0.1:6379 does not stop
 `up`. The base images are LOCAL STAND-INS built from debootstrap
 (ops/compose-standins/; tests/compose_run/conftest.py), not the official ones.
 """
@@ -19,13 +22,16 @@ import socket
 import subprocess
 import time
 import urllib.request
+from pathlib import Path
 
+import pytest
 import redis
 
 from tests.compose_run.harness import (
     COMPOSE_FILE,
     JOB,
     JUST_PAST,
+    MONITOR_PASSWORD,
     REDIS_PORT,
     REPO,
     STEPBARRIER,
@@ -44,6 +50,7 @@ from tests.compose_run.harness import (
     waiting_at,
     warnings_and_refusals,
 )
+from tests.ops_redis import PASSWORDS
 from tests.redis_harness import RedisServer
 
 
@@ -137,12 +144,32 @@ def test_a_redis_on_the_hosts_port_6379_does_not_stop_compose(
         address = project.published("redis", REDIS_PORT)
         assert address is not None and address != f"127.0.0.1:{HOST_REDIS_PORT}", address
         host, port = address.rsplit(":", 1)
-        password = (REPO / "ops/redis/example-secrets/monitor.password").read_text().strip()
+        password = project.monitor_password().read_text().strip()  # this run's
+        assert password != PASSWORDS["monitor"]
         job_redis = redis.Redis(host=host, port=int(port), username="monitor", password=password)
         try:
             assert job_redis.ping()  # the job's Redis, its ACL users and all
         finally:
             job_redis.close()
+        # the public EXAMPLE passwords are in use nowhere: Redis refuses every one
+        for user, example in PASSWORDS.items():
+            client = redis.Redis(host=host, port=int(port), username=user, password=example)
+            try:
+                with pytest.raises(redis.AuthenticationError):
+                    client.ping()
+            finally:
+                client.close()
+        # each container sees its own role's files alone
+        listed = {
+            service: sorted(
+                project.compose("exec", "-T", service, "ls", "/run/stepbarrier").split()
+            )
+            for service in ("redis", "exporter")
+        }
+        assert listed == {
+            "redis": ["emergency.password", "installer.password", "users.acl"],
+            "exporter": [Path(MONITOR_PASSWORD).name],
+        }
         with urllib.request.urlopen("http://127.0.0.1:9464/metrics", timeout=10) as reply:
             assert "stepbarrier_up 1.0" in reply.read().decode()
         if own is not None:

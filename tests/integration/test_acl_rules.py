@@ -42,6 +42,7 @@ TEAM_A = {
     "waiters": "stepbarrier:{team-a-*}:waiter:*",
     "barrier_index": "stepbarrier:{team-a-*}:barrier-index",
     "barriers": "stepbarrier:{team-a-*}:barrier:*",
+    "progress": "stepbarrier:{team-a-*}:progress",
 }
 TEAM_A_CHANNELS = {"&stepbarrier:{team-a-*}:steps", "&stepbarrier:{team-a-*}:barriers"}
 CODE_OF_ITS_OWN = {"+eval", "+evalsha", "+eval_ro", "+evalsha_ro", "+script|load", "+script"}
@@ -94,6 +95,7 @@ def test_the_worker_writes_only_the_registry_and_the_barriers() -> None:
         f"%RW~{TEAM_A['registrations']}",
         f"%RW~{TEAM_A['barrier_index']}",
         f"%RW~{TEAM_A['barriers']}",
+        f"%RW~{TEAM_A['progress']}",  # its own progress (report_progress)
     }
 
 
@@ -104,7 +106,15 @@ def test_the_chief_reads_and_writes_every_key_of_the_teams_jobs() -> None:
 def test_the_monitor_only_reads_what_status_reads() -> None:
     assert key_patterns(role_rules("monitor", "team-a-*")) == {
         f"%R~{TEAM_A[name]}"
-        for name in ("state", "reset", "targets", "waiters", "barrier_index", "barriers")
+        for name in (
+            "state",
+            "reset",
+            "targets",
+            "waiters",
+            "barrier_index",
+            "barriers",
+            "progress",
+        )
     }
 
 

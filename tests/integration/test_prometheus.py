@@ -34,6 +34,7 @@ ALERTS = {
     "StepbarrierWorkerWaitingTooLong",
     "StepbarrierRedisUnreadable",
     "StepbarrierJobsTruncated",
+    "StepbarrierTaskStuck",
     "StepbarrierExporterDown",
 }
 

@@ -60,12 +60,16 @@ def test_every_service_is_on_the_projects_own_network_only(
     project: tuple[str, dict[str, Any]],
 ) -> None:
     """No host network (which would put Redis on every interface of the host) and
-    no network shared with other projects."""
+    no network shared with other projects; or no network at all (docker-compose.yml's
+    passwords service)."""
     _name, config = project
     assert set(config["networks"]) == {"default"}
     network = config["networks"]["default"]
     assert not network.get("external") and network.get("driver") in (None, "bridge"), network
     for service_name, service in config["services"].items():
+        if service.get("network_mode") == "none":
+            assert not service.get("networks") and not service.get("ports"), service_name
+            continue
         assert service.get("network_mode") is None, service_name
         assert set(service.get("networks") or {"default": None}) == {"default"}, service_name
 

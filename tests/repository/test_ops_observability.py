@@ -19,7 +19,7 @@ from stepbarrier._protocol.roles import password_hash
 from stepbarrier.cli._commands.jobs import exporter
 from stepbarrier.cli._exporter import DEFAULT_PORT, JOB_GAUGES, METRIC_NAMES
 from tests.conftest import ROOT
-from tests.repository.test_compose import resolve
+from tests.repository.test_compose import make_passwords, mounted_paths, resolve
 from tests.repository.test_ops_k8s import acl_hash, find, role_password
 
 OPS = Path(ROOT) / "ops"
@@ -105,11 +105,18 @@ def test_every_dashboard_query_is_valid_promql(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def compose_exporter() -> dict[str, Any]:
+def compose_exporter(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     resolved = resolve()
+    volumes = tmp_path_factory.mktemp("volumes")
+    make_passwords(resolved, volumes)  # as the passwords service does at each `up`
     service: dict[str, Any] = resolved["services"]["exporter"]
-    secrets = {s["target"]: resolved["secrets"][s["source"]]["file"] for s in service["secrets"]}
-    service["mounted"] = secrets  # container path -> host file
+    mounted = {  # container path -> host file
+        f"{target}/{file.name}": str(file)
+        for target, host in mounted_paths(resolved, "exporter", volumes).items()
+        for file in Path(host).iterdir()
+    }
+    service["mounted"] = mounted
+    service["acl"] = (volumes / "redis-secrets" / "users.acl").read_text()  # what Redis loads
     return service
 
 
@@ -136,7 +143,7 @@ def test_compose_reads_redis_as_the_monitor_user_with_its_secret_only(
     env["STEPBARRIER_REDIS_PASSWORD_FILE"] = mounted[env["STEPBARRIER_REDIS_PASSWORD_FILE"]]
     config = BarrierConfig.from_env({**env, "STEPBARRIER_JOB": "any"})
     assert config.redis_username == "monitor" and config.redis_password is not None
-    assert password_hash(config.redis_password) == acl_hash("monitor")
+    assert password_hash(config.redis_password) == acl_hash("monitor", compose_exporter["acl"])
 
 
 def test_the_shipped_scrape_config_targets_the_compose_exporter() -> None:

@@ -4,10 +4,14 @@
 -- ARGV[5..] registry fields and values (at most MAX_FIELDS pairs, each at most
 -- MAX_ARGUMENT bytes)
 -- (Re-)registers the waiter if its entry is gone (first call, expiry, or a Redis
--- restarted empty) or refreshes the entry's TTL, and puts its target back in the
--- targets zset (the job's index of waiters, which the chief relearns from even
--- if the zset was lost). Only what a waiter writes is declared: Redis's ACL
--- demands read AND write permission on every key that FCALL/EVAL declares.
+-- restarted empty), or refreshes the entry's TTL and fields (a waiter that waits
+-- again under its id: the entry says the new wait), and puts its target back in
+-- the targets zset (the job's index of waiters, which the chief relearns from
+-- even if the zset was lost). Only a target new to the index (a new member, or
+-- a member's new score) or a new entry is pushed onto the registrations list,
+-- which wakes the chief: a refresh of the same wait costs the chief nothing.
+-- Only what a waiter writes is declared: Redis's ACL demands read AND write
+-- permission on every key that FCALL/EVAL declares.
 if #ARGV < 4 or #ARGV > 4 + 2 * MAX_FIELDS or (#ARGV - 4) % 2 ~= 0 then
   return refused('a waiter entry has at most ' .. MAX_FIELDS .. ' fields, each a name and a value')
 end
@@ -16,29 +20,39 @@ if refusal then return refusal end
 if not positive(ARGV[1]) or not positive(ARGV[2]) or not tonumber(ARGV[4]) then
   return refused('a registration takes two TTLs, a waiter id and a target step')
 end
+local entry = {}
+for i = 5, #ARGV do entry[#entry + 1] = ARGV[i] end
 local fresh_entry = redis.call('EXPIRE', KEYS[1], ARGV[1]) == 0
-if fresh_entry then
-  local entry = {}
-  for i = 5, #ARGV do entry[#entry + 1] = ARGV[i] end
+-- an entry there is this waiter's: its fields are written over (HSET costs what
+-- its arguments do, whatever the hash holds); anything else there is replaced
+if #entry > 0 and (fresh_entry or not pcall(redis.call, 'HSET', KEYS[1], unpack(entry))) then
   redis.call('UNLINK', KEYS[1])
   redis.call('HSET', KEYS[1], unpack(entry))
   redis.call('EXPIRE', KEYS[1], ARGV[1])
 end
 -- the targets and the list only guide the chief: a malformed one is skipped
-if pcall(redis.call, 'ZADD', KEYS[2], ARGV[4], ARGV[3]) then
+local push = fresh_entry
+local ok, changed = pcall(redis.call, 'ZADD', KEYS[2], 'CH', ARGV[4], ARGV[3])
+if ok then
   redis.call('EXPIRE', KEYS[2], ARGV[2])
+  push = push or changed == 1
 end
-if fresh_entry then
+if push then
   -- the list keeps the newest MAX_REGISTRATIONS: a trim removes at most that
-  -- many, and a list twice as long (pushed by hand) is dropped whole first
-  local ok, length = pcall(redis.call, 'LLEN', KEYS[3])
-  if ok then
-    if length >= 2 * MAX_REGISTRATIONS then
+  -- many, and a list twice as long (pushed by hand) is dropped whole
+  local pushed, length = pcall(redis.call, 'RPUSH', KEYS[3], ARGV[4])
+  if not pushed then
+    -- a key of another type is skipped; any other refusal (the caller's ACL) is
+    -- the call's
+    local message = type(length) == 'table' and tostring(length.err) or tostring(length)
+    if not string.find(message, 'WRONGTYPE', 1, true) then return redis.error_reply(message) end
+  else
+    if length > 2 * MAX_REGISTRATIONS then
       redis.call('UNLINK', KEYS[3])
-      length = 0
+      redis.call('RPUSH', KEYS[3], ARGV[4])
+    elseif length > MAX_REGISTRATIONS then
+      redis.call('LTRIM', KEYS[3], -MAX_REGISTRATIONS, -1)
     end
-    redis.call('RPUSH', KEYS[3], ARGV[4])
-    if length >= MAX_REGISTRATIONS then redis.call('LTRIM', KEYS[3], -MAX_REGISTRATIONS, -1) end
     redis.call('EXPIRE', KEYS[3], ARGV[2])
   end
 end

@@ -28,6 +28,7 @@ from stepbarrier.cli._context import (
     EXIT_NO_JOB,
     EXIT_OK,
     EXIT_STALE,
+    EXIT_STUCK,
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
     Duration,
@@ -39,8 +40,18 @@ from stepbarrier.cli._context import (
 )
 from stepbarrier.cli._guidance import missing_job_message, note_if_missing
 from stepbarrier.cli._views.output import interactive, plain_text, show
-from stepbarrier.cli._views.status import describe_age, live_view, status_view
+from stepbarrier.cli._views.status import describe_age, describe_stuck, live_view, status_view
 from stepbarrier.errors import RedisUnavailable
+
+STRAGGLER_STEPS = click.option(
+    "--straggler-steps",
+    type=click.IntRange(0, 2**53 - 2),
+    default=None,
+    metavar="N",
+    help="A task behind the chief by more than N steps is a straggler (default: "
+    "max(100, 5% of the chief's step)).",
+)
+"""``status`` and ``watch``: the straggler threshold (docs/who-is-slow.md)."""
 
 
 @click.command(
@@ -56,6 +67,11 @@ from stepbarrier.errors import RedisUnavailable
             "with --check: the chief is stale (no heartbeat for three of its periods, at "
             "least 5 s, but within the stall timeout): it may be gone",
         ),
+        (
+            EXIT_STUCK,
+            "with --check: a task is stuck (behind the chief, no progress for the stall "
+            "timeout while the chief advances); the line names it",
+        ),
     )
 )
 @connection_options
@@ -65,21 +81,28 @@ from stepbarrier.errors import RedisUnavailable
     is_flag=True,
     help=f"Only say whether the job is live and exit 0 (live or done), {EXIT_NO_JOB} (no "
     f"such job), {EXIT_DEAD} (dead: no chief heartbeat within the stall timeout) or "
-    f"{EXIT_STALE} (stale: the chief may be gone, as status marks it STALE); for scripts.",
+    f"{EXIT_STALE} (stale: the chief may be gone, as status marks it STALE) or {EXIT_STUCK} "
+    "(a task is stuck: no progress for the stall timeout while the chief advances); for "
+    "scripts.",
 )
 @variable_option(
     "--stall-timeout",
     variable="STEPBARRIER_STALL_TIMEOUT",
     type=Duration(),
     metavar="DURATION",
-    help="With --check: a chief silent for longer is dead (default 600 s).",
+    help="A chief silent for longer is dead (--check), and a task without progress "
+    "for longer while the chief advances is stuck (default 600 s).",
 )
+@STRAGGLER_STEPS
 @reporting
-def status(as_json: bool, check: bool) -> None:
+def status(as_json: bool, check: bool, straggler_steps: int | None) -> None:
     """Show the chief's step, heartbeat and the waiting workers.
 
     More than 20 waiting workers are summarised (counts, the nearest targets, a
-    histogram); --json lists each of them. A chief whose heartbeat is older
+    histogram); --json lists each of them. Each task that reports its progress
+    (the hooks and callbacks do; ProgressReporter in code) is listed with its
+    step, how far it is behind the chief, and whether it is a straggler or
+    stuck (docs/who-is-slow.md). A chief whose heartbeat is older
     than three of its periods is marked STALE. A job with no keys on this Redis
     is said so on stderr, with a few jobs that exist. "run" is the run id the
     chief stored; "run here" the one these settings give and where it came from
@@ -93,10 +116,10 @@ def status(as_json: bool, check: bool) -> None:
     """
     config = current_session().config()
     if check:
-        _check(config, as_json)
+        _check(config, as_json, straggler_steps)
     elif as_json:
         # allow_nan=False: whatever sits in the keys, the output stays valid JSON
-        job_status = read_status(config)
+        job_status = read_status(config, straggler_steps=straggler_steps)
         data = job_status.to_dict()
         # "run_id" is the chief's stored one; this is the run id the command's
         # own settings give (a shell inside a Slurm job gets that job's)
@@ -104,17 +127,18 @@ def status(as_json: bool, check: bool) -> None:
         note_if_missing(config, job_status)
         click.echo(json.dumps(data, indent=2, sort_keys=True, allow_nan=False))
     else:
-        job_status, summary = read_overview(config)
+        job_status, summary = read_overview(config, straggler_steps=straggler_steps)
         # more waiters than listed: the summary counts them, the status lists none
         note_if_missing(config, job_status, summary.waiting if summary else 0)
         show(status_view(job_status, summary=summary, here=config))
 
 
-def _check(config: BarrierConfig, as_json: bool) -> None:
+def _check(config: BarrierConfig, as_json: bool, straggler_steps: int | None = None) -> None:
     """``status --check``: one verdict, as a line (or a JSON object) and an exit code."""
     # one waiter is enough to tell a job only workers wait on from no job at all
-    job_status = read_status(config, max_waiters=1, barriers=False)
+    job_status = read_status(config, max_waiters=1, barriers=False, straggler_steps=straggler_steps)
     age = job_status.heartbeat_age
+    stuck = job_status.stuck_tasks
     if is_missing(job_status):
         verdict, code, why = "missing", EXIT_NO_JOB, missing_job_message(config)
     elif job_status.done:
@@ -135,11 +159,20 @@ def _check(config: BarrierConfig, as_json: bool) -> None:
             f"{job_status.step} (stale after {stale_limit(job_status) or 0:g} s, dead after "
             f"the stall timeout of {config.stall_timeout:g} s): the chief may be gone"
         )
+    elif stuck:
+        verdict, code, why = "stuck", EXIT_STUCK, describe_stuck(job_status, config.stall_timeout)
     else:
         verdict, code = "live", EXIT_OK
         why = f"chief heartbeat {describe_age(age)}, step {job_status.step}"
     if as_json:
-        data = {"job": config.job, "verdict": verdict, "reason": why, "exit_code": code}
+        data: dict[str, object] = {
+            "job": config.job,
+            "verdict": verdict,
+            "reason": why,
+            "exit_code": code,
+        }
+        if stuck:
+            data["stuck_tasks"] = [task.task_id for task in stuck]
         click.echo(json.dumps(data, sort_keys=True))
     else:
         click.echo(f"job {config.job}: {verdict}: {why}")
@@ -176,8 +209,16 @@ def _stop(signum: int, frame: FrameType | None) -> None:
     metavar="DURATION",
     help="Seconds between refreshes.",
 )
+@variable_option(
+    "--stall-timeout",
+    variable="STEPBARRIER_STALL_TIMEOUT",
+    type=Duration(),
+    metavar="DURATION",
+    help="A task without progress for longer while the chief advances is stuck (default 600 s).",
+)
+@STRAGGLER_STEPS
 @reporting
-def watch(until_done: bool, interval: float) -> None:
+def watch(until_done: bool, interval: float, straggler_steps: int | None) -> None:
     """A live view of the job: each waiting worker's progress toward its step.
 
     More than 20 waiting workers are summarised: counts, the nearest targets and
@@ -188,7 +229,9 @@ def watch(until_done: bool, interval: float) -> None:
     when it stops.
     """
     config = current_session().config()
-    current, summary = read_overview(config)  # the first read fails loudly, with its exit code
+    current, summary = read_overview(
+        config, straggler_steps=straggler_steps
+    )  # the first read fails loudly, with its exit code
     # as status says it: a typo in --job watches nothing, and the view alone
     # would show an empty job; watch goes on (its chief may not have started)
     note_if_missing(config, current, summary.waiting if summary else 0)
@@ -201,6 +244,7 @@ def watch(until_done: bool, interval: float) -> None:
         key: tuple[object, ...] = (current.step, current.done, current.generation, note)
         key += (len(current.waiters), None if summary is None else summary.waiting)
         key += (is_stale(current),)
+        key += tuple((t.task_id, t.step, t.stuck, t.straggler) for t in current.tasks)
         now = time.monotonic()
         at = printed["at"]
         if last or key != printed["key"] or (isinstance(at, float) and now - at >= PIPED_EVERY):
@@ -216,7 +260,10 @@ def watch(until_done: bool, interval: float) -> None:
                 while not (until_done and current.done):
                     time.sleep(interval)
                     try:
-                        (current, summary), note = read_overview(config), None
+                        (current, summary), note = (
+                            read_overview(config, straggler_steps=straggler_steps),
+                            None,
+                        )
                     except RedisUnavailable as exc:
                         note = _outage_note(exc)
                     live.update(live_view(current, note=note, summary=summary), refresh=True)
@@ -225,7 +272,10 @@ def watch(until_done: bool, interval: float) -> None:
             while not (until_done and current.done):
                 time.sleep(interval)
                 try:
-                    (current, summary), note = read_overview(config), None
+                    (current, summary), note = (
+                        read_overview(config, straggler_steps=straggler_steps),
+                        None,
+                    )
                 except RedisUnavailable as exc:
                     note = _outage_note(exc)
                 piped_frame()

@@ -19,6 +19,7 @@ from rich.text import Text
 
 from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._inspect.live_chief import is_stale, stale_limit
+from stepbarrier._inspect.progress import TaskProgress
 from stepbarrier._inspect.registry import WaiterInfo
 from stepbarrier._inspect.status import JobStatus
 from stepbarrier._inspect.summary import WaiterSummary
@@ -29,6 +30,9 @@ UNKNOWN = "?"
 """Shown for a time a waiter's entry does not hold plausibly."""
 MIN_HOST = 16
 """Narrowest host column: a longer host name folds onto more lines, never cut."""
+TASKS_LISTED = 20
+"""Most tasks the terminal lists (stuck first, then stragglers, then the most
+behind); the others are counted under the table (``--json`` lists every one read)."""
 
 
 def describe_age(seconds: float | None) -> str:
@@ -148,6 +152,65 @@ def waiters_table(status: JobStatus, *, progress: bool, now: float | None = None
     return table
 
 
+def describe_stuck(status: JobStatus, stall_timeout: float) -> str:
+    """Why ``status --check`` says ``stuck``: which tasks, at which step, since when."""
+    stuck = status.stuck_tasks
+    named = ", ".join(
+        f"task {t.task_id} at step {t.step} ({t.behind} behind, no progress for "
+        f"{describe_age(t.changed_age_s).removesuffix(' ago')})"
+        for t in stuck[:10]
+    )
+    more = f" and {len(stuck) - 10} more" if len(stuck) > 10 else ""
+    return (
+        f"{named}{more}: no progress for the stall timeout of {stall_timeout:g} s while the "
+        f"chief advanced to step {status.step}"
+    )
+
+
+def _task_state(task: TaskProgress) -> Text:
+    if task.stuck:
+        return Text("STUCK", style="bold red")
+    if task.straggler:
+        return Text("straggler", style="yellow")
+    return Text("ok")
+
+
+def tasks_table(status: JobStatus) -> RenderableType:
+    """Each task's reported step and how far behind the chief: the stuck first, then
+    the stragglers, then the most behind (at most ``TASKS_LISTED``; the rest counted)."""
+    ordered = sorted(
+        status.tasks, key=lambda t: (not t.stuck, not t.straggler, -(t.behind or 0), t.task_id)
+    )
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for name in ("task", "step", "behind", "last progress"):
+        table.add_column(name, justify="right", no_wrap=True)
+    table.add_column("", no_wrap=True)
+    for task in ordered[:TASKS_LISTED]:
+        table.add_row(
+            str(task.task_id),
+            str(task.step),
+            "-" if task.behind is None else str(task.behind),
+            describe_age(task.changed_age_s),
+            _task_state(task),
+        )
+    parts: list[RenderableType] = [table]
+    stuck = len(status.stuck_tasks)
+    stragglers = sum(1 for t in status.tasks if t.straggler)
+    notes = [f"{len(status.tasks):,} task(s) report their progress"]
+    if stuck:
+        notes.append(f"{stuck} stuck")
+    if stragglers:
+        notes.append(
+            f"{stragglers} straggler(s) (behind by more than {status.straggler_threshold})"
+        )
+    if len(ordered) > TASKS_LISTED:
+        notes.append(f"{len(ordered) - TASKS_LISTED:,} more not listed (--json lists them)")
+    if status.tasks_more:
+        notes.append(f"{status.tasks_more:,} more not read")
+    parts.append(Text("; ".join(notes), style="dim"))
+    return Group(*parts)
+
+
 def status_view(
     status: JobStatus,
     *,
@@ -170,6 +233,8 @@ def status_view(
         parts += [Text(""), summary_view(summary, status.step)]
     elif status.waiters:
         parts += [Text(""), waiters_table(status, progress=progress, now=now)]
+    if status.tasks:
+        parts += [Text(""), tasks_table(status)]
     if status.barriers:
         parts += [Text(""), barriers_table(status.barriers)]
     return Group(*parts)

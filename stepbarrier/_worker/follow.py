@@ -1,0 +1,80 @@
+"""Following training: every multiple of ``every`` the chief's step reaches, in order.
+
+An evaluator or a checkpoint exporter acts at steps 1000, 2000, 3000, ... of the
+chief. Polling (TensorFlow's ``checkpoints_iterator``) can miss one when the
+chief moves past two between polls; ``follow`` cannot: it waits for the next
+multiple with ``wait`` (no polling: the chief's announcement wakes it), and when
+the step it sees has passed several multiples at once, it yields each of them,
+in order, with the step it saw.
+
+The plan (``FollowPlan``) decides without I/O; ``StepWaiter.follow`` and
+``AsyncStepWaiter.follow`` drive it with their own ``wait``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from stepbarrier._protocol.wire import checked_step
+from stepbarrier.errors import BarrierAborted
+
+
+@dataclass(frozen=True)
+class Crossed:
+    """A multiple of ``every`` that the chief's step reached.
+
+    Attributes:
+        multiple: The multiple (``every``, ``2 * every``, ...), in increasing order
+            from one ``Crossed`` to the next, none skipped.
+        step: The chief's step that the wait saw when it crossed ``multiple``
+            (``>= multiple``; several multiples crossed at once share it).
+    """
+
+    multiple: int
+    step: int
+
+
+class FollowPlan:
+    """Which step to wait for next, and which multiples a released wait crossed.
+
+    Args:
+        every: The interval (a positive whole number of steps).
+        start: The first multiple to yield is the first at or above ``start``
+            (at least ``every``); ``None``: the first above the step the chief
+            has reached when the following begins: the step the first wait's
+            first read finds (a multiple above it that the wait crossed is
+            yielded).
+
+    Raises:
+        TypeError: ``every`` or ``start`` is not an integer.
+        ValueError: ``every`` is below 1, or ``start`` below 0, or either above
+            ``MAX_STEP``.
+    """
+
+    def __init__(self, every: int, start: int | None) -> None:
+        self.every = checked_step(every, what="every")
+        first = self.every
+        if start is not None:
+            start = checked_step(start, what="start", low=0)
+            first = max(self.every, -(-start // self.every) * self.every)
+        self.target = first
+        self.skip_at_once = start is None
+
+    def released(self, step: int, before: int | None) -> list[Crossed]:
+        """The multiples that a wait for ``target``, released at ``step``, crossed, and
+        the next target set after them. ``before``: the step its first read found
+        (``None``: none); the first wait's multiples at or below it were reached
+        before the following began, and are not yielded without a ``start``."""
+        first = self.target
+        if self.skip_at_once and before is not None and before >= first:
+            first = (before // self.every + 1) * self.every
+        self.skip_at_once = False
+        crossed = [Crossed(m, step) for m in range(first, step + 1, self.every)]
+        self.target = (step // self.every + 1) * self.every
+        return crossed
+
+    @staticmethod
+    def ends(exc: BarrierAborted) -> bool:
+        """True if the abort ends the following cleanly: the job finished (short of the
+        next multiple). A reset is an error, as it is for ``wait``."""
+        return exc.reason == "done"
