@@ -174,29 +174,30 @@ class AsyncStepWaiter:
         raises as ``wait`` does (see ``StepWaiter.follow``).
         """
         plan = FollowPlan(every, start)
-        while True:
+        while not plan.exhausted:
             try:
-                step, before = await self._wait(plan.target, timeout)
+                step, before, released = await self._wait(plan.target, timeout)
             except BarrierAborted as exc:
                 if plan.ends(exc):
                     return
                 raise
-            if step < plan.target:
-                return  # on_timeout="proceed": the wait said why
+            if not released:
+                return  # on_timeout="proceed": the wait said why; nothing was crossed
             for crossed in plan.released(step, before):
                 yield crossed
 
-    async def _wait(self, until_step: int, timeout: float | None) -> tuple[int, int | None]:
-        """``wait``, and the step its first read found (``WaitRules.first_step``)."""
+    async def _wait(self, until_step: int, timeout: float | None) -> tuple[int, int | None, bool]:
+        """``wait``, the step its first read found (``WaitRules.first_step``), and
+        whether it was released (``False``: it ended under ``on_timeout="proceed"``)."""
         target = wait_target(until_step)
         if target <= 0:
-            return 0, None
+            return 0, None, True
         limit = self.config.timeout if timeout is None else timeout
         wait = _AsyncWait(self, target, limit)
         try:
-            return await wait.run(), wait.rules.first_step
+            return await wait.run(), wait.rules.first_step, True
         except (BarrierTimeout, RedisUnavailable) as exc:
-            return wait.rules.proceed_after(exc), None
+            return wait.rules.proceed_after(exc), None, False
         finally:
             if wait.registered:
                 await wait.leave()

@@ -112,6 +112,7 @@ def judge_tasks(
     now_ms: int,
     stall_timeout: float,
     straggler_steps: int | None = None,
+    chief_idle_s: float = 0.0,
 ) -> tuple[TaskProgress, ...]:
     """Each task's progress, by task id, judged against the chief (no I/O).
 
@@ -123,11 +124,16 @@ def judge_tasks(
         now_ms: Redis's time (ms) of the node that holds the hash.
         stall_timeout: Seconds without an increase that make a task stuck.
         straggler_steps: The straggler threshold (``None``: the default rule).
+        chief_idle_s: How long the chief's training loop had been quiet (beyond its
+            confirmation window) at its last write: the state's ``idle_ms``. Its
+            publisher heartbeats while the loop hangs, so without a task 0 report
+            the chief advanced only if its loop was not quiet for the stall timeout.
     """
     threshold = straggler_threshold(chief_step, straggler_steps)
     chief = entries.get(CHIEF_TASK)
     if chief is None:
-        advanced = chief_live  # the heartbeat: the chief's loop hands steps over
+        # the heartbeat, and the loop behind it handing steps over
+        advanced = chief_live and chief_idle_s < stall_timeout
     else:
         advanced = chief_live and (now_ms - chief[1]) / 1000 < stall_timeout
     tasks = []

@@ -335,6 +335,7 @@ def _read(
             now_ms=snapshot.now_ms,
             stall_timeout=config.stall_timeout,
             straggler_steps=straggler_steps,
+            chief_idle_s=(snapshot.state.idle_ms or 0) / 1000,
         ),
         tasks_more=progress.more,
         straggler_threshold=straggler_threshold(status.step, straggler_steps),

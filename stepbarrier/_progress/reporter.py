@@ -29,7 +29,7 @@ from stepbarrier._protocol.progress import MAX_TASK_ID
 from stepbarrier._protocol.wire import MAX_STEP, checked_step
 from stepbarrier._redis.client import RedisClient, make_client
 from stepbarrier._redis.failures import REDIS_ERRORS, is_transient, translate
-from stepbarrier._redis.functions import RedisCode
+from stepbarrier._redis.functions import RedisCode, is_out_of_memory
 from stepbarrier._redis.retries import backoff, backoff_attempt
 from stepbarrier.errors import ConfigurationError, RedisUnavailable, StepBarrierError
 
@@ -204,8 +204,10 @@ class ProgressReporter:
         if self._owns_client and self._client is not None and not self._thread.is_alive():
             self._client.close()
         if not ok and not self._ended:
-            log.info(
-                "job %s: task %d's last step %s may not have reached Redis (%s)",
+            # (a hook's reporter: the chief's publisher already said that Redis is lost)
+            log.log(
+                logging.DEBUG if self.optional else logging.INFO,
+                "job %s: task %d's progress at its end (step %s) was not written (%s)",
                 self.config.job,
                 self.task_id,
                 self._latest,
@@ -297,7 +299,7 @@ class ProgressReporter:
             return False
         error = translate(exc, self.config, action="report the task's progress", probe=False)
         self.last_failure, self.last_error = error, str(error)
-        if is_transient(exc) or isinstance(exc, RedisUnavailable):
+        if is_transient(exc) or isinstance(exc, RedisUnavailable) or _passing(exc):
             return True
         self._ended = True
         log.log(
@@ -308,6 +310,16 @@ class ProgressReporter:
             self.last_error,
         )
         return False
+
+
+def _passing(exc: BaseException) -> bool:
+    """A refusal that clears by itself, so the reporter retries (with its backoff) rather
+    than stop: Redis full (``maxmemory``: memory is freed, keys expire), or the job's
+    progress hash full of other tasks (its fields expire with the key). A stopped
+    reporter would show a healthy task as stuck."""
+    return is_out_of_memory(exc) or (
+        isinstance(exc, REDIS_ERRORS) and "tasks already" in str(exc) and "progress" in str(exc)
+    )
 
 
 def _task_id(config: BarrierConfig, task_id: int | None) -> int:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stepbarrier._protocol.wire import checked_step
+from stepbarrier._protocol.wire import MAX_STEP, checked_step
 from stepbarrier.errors import BarrierAborted
 
 
@@ -72,6 +72,11 @@ class FollowPlan:
         crossed = [Crossed(m, step) for m in range(first, step + 1, self.every)]
         self.target = (step // self.every + 1) * self.every
         return crossed
+
+    @property
+    def exhausted(self) -> bool:
+        """True once the next multiple is above ``MAX_STEP``: no chief can reach it."""
+        return self.target > MAX_STEP
 
     @staticmethod
     def ends(exc: BarrierAborted) -> bool:

@@ -245,33 +245,34 @@ class StepWaiter:
             ```
         """
         plan = FollowPlan(every, start)
-        while True:
+        while not plan.exhausted:
             try:
-                step, before = self._wait(plan.target, timeout, None)
+                step, before, released = self._wait(plan.target, timeout, None)
             except BarrierAborted as exc:
                 if plan.ends(exc):
                     return
                 raise
-            if step < plan.target:
-                return  # on_timeout="proceed": the wait said why
+            if not released:
+                return  # on_timeout="proceed": the wait said why; nothing was crossed
             yield from plan.released(step, before)
 
     def _wait(
         self, until_step: int, timeout: float | None, source: StepSource | None
-    ) -> tuple[int, int | None]:
-        """``wait``, and the step its first read found (``WaitRules.first_step``)."""
+    ) -> tuple[int, int | None, bool]:
+        """``wait``, the step its first read found (``WaitRules.first_step``), and
+        whether it was released (``False``: it ended under ``on_timeout="proceed"``)."""
         target = wait_target(until_step)
         if target <= 0:
-            return 0, None
+            return 0, None, True
         limit = self.config.timeout if timeout is None else timeout
         wait = _Wait(self, target, limit, source)
         try:
             released = wait.run()
             self.last_generation = wait.rules.generation or None
             self.last_released_by = wait.rules.released_by
-            return released, wait.rules.first_step
+            return released, wait.rules.first_step, True
         except (BarrierTimeout, RedisUnavailable) as exc:
-            return wait.rules.proceed_after(exc), None
+            return wait.rules.proceed_after(exc), None, False
         finally:
             wait.leave()
 
@@ -577,16 +578,22 @@ class _Wait:
             # no try: Redis is lost (it may hang); the entry expires by itself
             self._close_pubsub()
             return
+        left = False
         try:
             if self.link.answered:
                 self.link.leave(timeout=LEAVE_WITHIN)
+                left = True
             # else the wait's last call found Redis unreachable (or hung): no
             # try, and the entry expires by itself
         except Exception as exc:
             log.debug("job %s: could not unregister (%s); it expires", self.config.job, exc)
         finally:
-            with self.waiter._client_lock:
-                self.waiter._ids.append(self.link.id)  # for the waiter's next wait
+            if left:
+                # the id is for the waiter's next wait only once Redis answered the
+                # leave: a command of this wait still on its way (unanswered, or a
+                # leave that timed out) could else land on the next wait's entry
+                with self.waiter._client_lock:
+                    self.waiter._ids.append(self.link.id)
             pubsub, self.pubsub = self.pubsub, None
             if pubsub is not None:
                 self.waiter._kept.keep(pubsub)

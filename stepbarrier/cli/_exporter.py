@@ -358,7 +358,8 @@ TaskReader = Callable[[BarrierConfig, list[str]], dict[str, tuple[TaskProgress, 
 def read_job_tasks(config: BarrierConfig, jobs: list[str]) -> dict[str, tuple[TaskProgress, ...]]:
     """The exported tasks of the first ``EXPORTED_TASK_JOBS`` of ``jobs``: of each, the
     stuck first, then the most behind, at most ``EXPORTED_TASKS``. Each job's read is
-    ``read_status``'s (bounded); a job that cannot be read exports no task."""
+    ``read_status``'s (bounded); a job that cannot be read exports no task, and once
+    Redis is unavailable no later job is tried (each try retries for seconds)."""
     found: dict[str, tuple[TaskProgress, ...]] = {}
     selected = jobs[:EXPORTED_TASK_JOBS]
     if not selected:
@@ -374,7 +375,12 @@ def read_job_tasks(config: BarrierConfig, jobs: list[str]) -> dict[str, tuple[Ta
                 status = read_status(
                     replace(config, job=job), client, waiters=False, barriers=False
                 )
-            except (RedisUnavailable, RedisRefused, ConfigurationError) as exc:
+            except RedisUnavailable as exc:
+                # Redis went away (each job's read retries for seconds): the
+                # rest would wait as long, each, under the collector's lock
+                log.info("tasks' progress not exported (Redis unavailable): %s", exc)
+                break
+            except (RedisRefused, ConfigurationError) as exc:
                 log.debug("job %s: tasks not exported: %s", job, exc)
                 continue
             ordered = sorted(status.tasks, key=lambda t: (not t.stuck, -(t.behind or 0), t.task_id))

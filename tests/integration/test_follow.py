@@ -23,6 +23,7 @@ from stepbarrier import (
     read_status,
 )
 from stepbarrier._inspect.reset import reset_job
+from stepbarrier._protocol.wire import MAX_STEP
 from stepbarrier._worker.follow import FollowPlan
 from stepbarrier.aio import AsyncStepWaiter
 from tests.conftest import subprocess_env
@@ -78,6 +79,14 @@ def test_the_plan_starts_at_the_first_multiple_at_or_above_from() -> None:
     assert FollowPlan(10, start=21).target == 30
     plan = FollowPlan(10, start=20)
     assert plan.released(57, before=57) == [Crossed(m, 57) for m in (20, 30, 40, 50)]
+
+
+def test_the_plan_is_exhausted_past_the_largest_step() -> None:
+    assert FollowPlan(7, start=MAX_STEP).exhausted  # the next multiple is above it
+    plan = FollowPlan(MAX_STEP, start=None)
+    assert not plan.exhausted
+    assert plan.released(MAX_STEP, before=None) == [Crossed(MAX_STEP, MAX_STEP)]
+    assert plan.exhausted
 
 
 @pytest.mark.parametrize(
@@ -235,3 +244,22 @@ def test_bad_options_are_a_usage_error(env: dict[str, str]) -> None:
     )
     assert result.returncode == 2
     assert "--every" in result.stderr
+
+
+def test_follow_under_proceed_ends_without_yielding_what_it_did_not_cross(
+    make_config: Callable[..., BarrierConfig],
+) -> None:
+    """Review of issue 38: a chief that stopped at 55 (not finished); a follower under
+    ``on_timeout="proceed"`` must not yield 10 .. 50 from the last step it saw."""
+    config = make_config(heartbeat=0.2, stall_timeout=1.5, run_id=RUN, on_timeout="proceed")
+    with StepPublisher(config) as chief:
+        jump(chief, 55)
+        chief.close(done=False)  # gone without finishing: no heartbeat any more
+    with StepWaiter(config) as waiter:
+        crossed = list(waiter.follow(every=10, timeout=30))
+    assert crossed == []
+
+
+def test_follow_ends_at_the_largest_step(chief_config: BarrierConfig) -> None:
+    with StepWaiter(chief_config) as waiter:
+        assert list(waiter.follow(every=7, start=MAX_STEP)) == []  # touches no Redis

@@ -487,3 +487,69 @@ def test_a_reset_deletes_the_jobs_progress(config: BarrierConfig) -> None:
         assert [t.task_id for t in read_status(config).tasks] == [1]
         reset_job(config)
     assert stored(config) == {} and read_status(config).tasks == ()
+
+
+def test_a_moment_of_a_full_redis_does_not_end_reporting() -> None:
+    """Review of issue 38: Redis refusing writes for want of memory (``maxmemory``)
+    passes; a reporter that stopped for good would show a healthy task as stuck."""
+    with RedisServer(args=["--maxmemory", "4mb", "--maxmemory-policy", "noeviction"]) as server:
+        admin = server.client()
+        config = BarrierConfig(job="oom", redis_url=server.url, heartbeat=0.2)
+        with ProgressReporter(config, task_id=1, interval=0.05) as worker:
+            worker.report(1)
+            assert worker.flush(5)
+            ballast = 0
+            for size in (100_000, 200):  # until Redis refuses even a small write
+                with pytest.raises(redis.exceptions.OutOfMemoryError):
+                    while True:
+                        admin.set(f"ballast:{ballast}", "x" * size)
+                        ballast += 1
+            worker.report(2)
+            deadline = time.monotonic() + 10
+            while worker.last_error is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert worker.last_error is not None and "maxmemory" in worker.last_error
+            assert worker.active  # it retries
+            admin.delete(*(f"ballast:{n}" for n in range(ballast)))
+            worker.report(3)
+            assert worker.flush(10)
+            assert worker.written == 3
+        admin.close()
+
+
+def test_the_exporter_stops_reading_tasks_once_redis_is_unavailable(
+    config: BarrierConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review of issue 38: each job's read retries for seconds; under the collector's
+    lock, 50 of them would hold every scrape for minutes of an outage."""
+    from stepbarrier.cli import _exporter
+    from stepbarrier.errors import RedisUnavailable
+
+    tried: list[str] = []
+
+    def unavailable(job_config: BarrierConfig, *args: object, **kwargs: object) -> None:
+        tried.append(job_config.job)
+        raise RedisUnavailable("gone", job=job_config.job)
+
+    monkeypatch.setattr(_exporter, "read_status", unavailable)
+    assert _exporter.read_job_tasks(config, ["a", "b", "c", "d"]) == {}
+    assert tried == ["a"]
+
+
+def test_a_worker_is_not_stuck_while_the_chief_s_own_loop_is_quiet() -> None:
+    """Review of issue 38: a core-API chief (no task 0 report) whose loop stopped still
+    heartbeats; its state's ``idle_ms`` says the loop was quiet, so the chief did not
+    advance and a worker behind it that stopped too is not the stuck one."""
+    entries = {1: (95, 0)}
+    [busy, quiet] = [
+        judge_tasks(
+            entries,
+            chief_step=100,
+            chief_live=True,
+            now_ms=700_000,
+            stall_timeout=600.0,
+            chief_idle_s=idle,
+        )[0]
+        for idle in (0.0, 650.0)
+    ]
+    assert busy.stuck and not quiet.stuck
