@@ -14,7 +14,9 @@ import logging
 import math
 import os
 import re
+import signal
 import sys
+import threading
 import traceback
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
@@ -58,7 +60,7 @@ _EXIT_TEXT = {
     EXIT_BUSY: "Redis busy running a script (BUSY) after retries: wait, or have an "
     "administrator end it (FUNCTION KILL, SCRIPT KILL)",
     EXIT_NO_JOB: "no such job on this Redis (the message lists a few that exist)",
-    EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
+    EXIT_INTERRUPTED: "interrupted (Ctrl-C, or SIGTERM or SIGHUP while waiting)",
     EXIT_FAILED: "anything else (a bug: please report it with the --debug output)",
 }
 
@@ -117,7 +119,8 @@ Exit codes (each command's --help lists its own):
   {EXIT_COMMAND_FAILED} follow: the COMMAND run for a multiple failed (the line says which and how)
   {EXIT_FAILED}  anything else (a bug: please report it with the --debug output); doctor:
      a check failed
-  {EXIT_INTERRUPTED}  interrupted (Ctrl-C)
+  {EXIT_INTERRUPTED}  interrupted (Ctrl-C; wait, follow and arrive also on SIGTERM or SIGHUP,
+       leaving the registry first)
 """
 """The group's epilog: every code any command ends with."""
 
@@ -309,6 +312,31 @@ class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
     def emit(self, record: logging.LogRecord) -> None:
         self.stream = sys.stderr
         super().emit(record)
+
+
+@contextlib.contextmanager
+def stopped_like_ctrl_c() -> Iterator[None]:
+    """SIGTERM and SIGHUP end a waiting command as Ctrl-C does (exit 130), so that it
+    leaves the job's registry on its way out: a launcher's or a container's stop
+    would else leave the wait listed in ``status`` until its entry expired. A signal
+    the command was started with ignored stays ignored (a ``nohup``); off the main
+    thread (an embedding program's) nothing is changed."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    previous = {}
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) is signal.SIG_DFL:
+            previous[sig] = signal.signal(sig, interrupt)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 @contextlib.contextmanager

@@ -23,6 +23,7 @@ from stepbarrier.cli._context import (
     current_session,
     exit_codes,
     reporting_warnings,
+    stopped_like_ctrl_c,
 )
 from stepbarrier.cli._wait_options import task_id_option, timeout_options
 
@@ -68,7 +69,7 @@ def arrive(name: str, parties: int, no_wait: bool, **_: Any) -> None:
       stepbarrier arrive start --parties 3 --task-id 1 --timeout 600 && python train.py
     """
     config = current_session().config()
-    with Barrier(config, name, parties) as barrier:
+    with stopped_like_ctrl_c(), Barrier(config, name, parties) as barrier:
         complete = barrier.arrive(wait=not no_wait)
     if complete:
         click.echo(f"job {config.job}: barrier {name} complete: all {parties} tasks arrived")

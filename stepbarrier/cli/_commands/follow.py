@@ -27,6 +27,7 @@ from stepbarrier.cli._context import (
     current_session,
     exit_codes,
     reporting_warnings,
+    stopped_like_ctrl_c,
 )
 from stepbarrier.cli._wait_options import task_id_option, timeout_options
 
@@ -77,7 +78,7 @@ def follow(every: int, start: int | None, command: tuple[str, ...], **_: Any) ->
       stepbarrier follow --every 500 --from 0 | while read step; do ...; done
     """
     config = current_session().config()
-    with StepWaiter(config) as waiter:
+    with stopped_like_ctrl_c(), StepWaiter(config) as waiter:
         for crossed in waiter.follow(every, start):
             if not command:
                 click.echo(crossed.multiple)

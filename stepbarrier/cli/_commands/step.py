@@ -36,6 +36,7 @@ from stepbarrier.cli._context import (
     exit_codes,
     reporting,
     reporting_warnings,
+    stopped_like_ctrl_c,
     variable_option,
 )
 from stepbarrier.cli._guidance import NoSuchJob, missing_job_message
@@ -91,7 +92,7 @@ def wait(as_json: bool, quiet: bool, **_: Any) -> None:
     started = time.monotonic()
     progress = None if quiet or target <= 0 else WaitProgress(config, target).start()
     try:
-        with StepWaiter(config) as waiter:
+        with stopped_like_ctrl_c(), StepWaiter(config) as waiter:
             step = waiter.wait(target)
     finally:
         if progress is not None:
