@@ -14,7 +14,18 @@ from tests.conftest import subprocess_env
 from tests.integration.test_cli import CLI, wait_for_waiters
 
 
-@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def stoppable() -> None:
+    """``preexec_fn``: the stop signals at their defaults in the command, as a launcher
+    starts it, whatever this suite was started with (``nohup`` ignores SIGHUP, a
+    shell's ``&`` SIGINT, and a child inherits what is ignored)."""
+    for stop in STOPS:
+        signal.signal(stop, signal.SIG_DFL)
+
+
+STOPS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+
+@pytest.mark.parametrize("stop", STOPS)
 @pytest.mark.parametrize(
     "command", [["wait", "--until", "100"], ["follow", "--every", "10", "--from", "100"]]
 )
@@ -28,6 +39,7 @@ def test_a_stopped_wait_leaves_the_registry_at_once(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=stoppable,
     )
     wait_for_waiters(config, 1, process)
     process.send_signal(stop)
@@ -45,6 +57,7 @@ def test_a_stop_signal_ignored_at_start_stays_ignored(config: BarrierConfig) -> 
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=stoppable,  # (nohup then ignores SIGHUP itself)
     )
     try:
         wait_for_waiters(config, 1, process)
