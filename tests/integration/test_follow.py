@@ -102,10 +102,10 @@ def test_a_bad_interval_or_start_is_refused(every: object, start: object, error:
 
 
 def registered(config: BarrierConfig, thread: threading.Thread) -> None:
-    """Until the follower's wait is in the job's registry (it has read the state)."""
-    deadline = time.monotonic() + 30
+    """Until the follower's wait is in the job's registry (it has read the state), or
+    the follower ended (no clock: pytest-timeout bounds the test)."""
     while not read_status(config).waiters:
-        assert thread.is_alive() and time.monotonic() < deadline, "the follower never waited"
+        assert thread.is_alive(), "the follower ended without waiting"
         time.sleep(0.02)
 
 
