@@ -63,7 +63,7 @@ $(DEMO_STAMP): pyproject.toml
 	@touch $(DEMO_STAMP)
 
 demo: $(DEMO_STAMP)
-	$(VENV)/bin/stepbarrier demo $(DEMO_ARGS)
+	$(PY) -m examples.demo $(DEMO_ARGS)
 
 # tests/repository/test_docs_site.py loads the docs site in a headless browser (mermaid
 # diagrams render client-side): Debian's chromium, installed when missing and

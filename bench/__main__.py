@@ -20,7 +20,7 @@ from bench.harness import RESULTS_DIR, ROOT, child_env, git, load_average, machi
 
 BENCHMARKS = (
     "wake_floor", "wake_path", "fanout", "publish_call", "redis_load", "tf_job", "async_lateness",
-    "cluster", "fleet", "instructions",
+    "cluster", "fleet", "instructions", "progress_cost",
 )  # fmt: skip
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import redis
 from redis.cluster import RedisCluster
 
-from stepbarrier.cli._demo.local_processes import LOOPBACK, free_port, stop_process_group
+from examples.demo.local import LOOPBACK, free_port, stop_process_group
 
 BUS_OFFSET = 10000
 """A node's cluster bus listens on its port + this (so its port is at most 55535)."""

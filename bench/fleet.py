@@ -798,15 +798,23 @@ def static_fleet(url: str, total: int) -> str:
     """A job with ``total`` registered waiters (their own registration calls, pipelined)
     and none of them live: ``status`` measured without the waiters' own traffic."""
     from stepbarrier import BarrierConfig
+    from stepbarrier._protocol.calls import register_call
     from stepbarrier._redis.functions import RedisCode
-    from stepbarrier._worker.links import register_call, registry_entry
+    from stepbarrier._worker.links import REGISTRY_TTL, registry_entry
 
     job = f"fleet-status-{uuid.uuid4().hex[:6]}"
     config = BarrierConfig(job=job, redis_url=url, task_id=1)
     code = RedisCode(redis.Redis.from_url(url), config)
     since = time.time()
     calls = [
-        register_call(config, f"{i}-{i:08x}", 1 + i, registry_entry(config, 1 + i, since))
+        register_call(
+            config.keys,
+            f"{i}-{i:08x}",
+            1 + i,
+            registry_entry(config, 1 + i, since),
+            registry_ttl=REGISTRY_TTL,
+            key_ttl=config.key_ttl,
+        )
         for i in range(total)
     ]
     for start in range(0, total, 1000):

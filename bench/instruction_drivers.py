@@ -21,6 +21,13 @@ outside the regions:
 * ``chief``: ``StepPublisher.publish`` with its writer thread's write (the
   region ends when ``flush`` returns: the write stored), and its floor, a raw
   ``SET`` + ``PUBLISH`` pipeline.
+* ``follow``: as ``sync``, with ``StepWaiter.follow(every=1)`` beside
+  ``StepWaiter.wait`` (issue 38): each yielded step is one region, from the
+  subscription's socket turning readable to the yield.
+* ``progress``: ``ProgressReporter.report(step)`` beside ``StepPublisher.publish``
+  (no waiter: no threshold crossed, so neither writes) and an empty function,
+  ``PROGRESS_CALLS`` calls a region; every thread counts, so a region a
+  background write fell into is an outlier the median leaves out.
 
 Where a socket turns readable: every wait here blocks in redis-py's hiredis
 parser, in ``redis._parsers.hiredis._socket_can_read`` (a ``poll``), on both
@@ -40,7 +47,7 @@ import os
 import selectors
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import redis
@@ -50,6 +57,8 @@ from redis._parsers import hiredis as hiredis_parser
 from bench.callgrind import Marks
 from bench.floors import RawWaiter, SharedFloor, raw_write
 
+PROGRESS_CALLS = 1_000
+"""Calls per region of the ``progress`` driver."""
 CALIBRATIONS = 40
 """Empty regions (two dumps back to back) measured by each driver."""
 QUIET = 0.3
@@ -106,11 +115,14 @@ class WakeProbe:
         hiredis_parser._socket_can_read = can_read
 
 
-def sync_driver(url: str, job: str, count: int, blocks: int, warmup: int) -> None:
+def sync_driver(
+    url: str, job: str, count: int, blocks: int, warmup: int, follow: bool = False
+) -> None:
     """``blocks`` x (floor, stepbarrier) of ``warmup + count`` waits each; dumps:
     ``gap`` (before a wait), ``wake`` (its socket readable), ``<side>`` or ``warmup``
-    (its return)."""
-    from stepbarrier import BarrierConfig, StepWaiter
+    (its return). ``follow``: the sides are (stepbarrier, follow), a ``follow(every=1)``
+    begun afresh each block (its first multiple the block's first target)."""
+    from stepbarrier import BarrierConfig, Crossed, StepWaiter
 
     require_hiredis()
     marks = Marks()
@@ -120,11 +132,21 @@ def sync_driver(url: str, job: str, count: int, blocks: int, warmup: int) -> Non
     floor = RawWaiter(url)
     calibrate(marks)
     target = 0
+    following: list[Iterator[Crossed]] = []
+
+    def follow_next(step: int) -> int:
+        if not following:
+            following.append(waiter.follow(every=1, start=step, timeout=600))
+        return next(following[0]).step
+
     sides: tuple[tuple[str, Callable[[int], int]], ...] = (
         ("floor", floor.wait),
         ("stepbarrier", lambda t: waiter.wait(t, timeout=600)),
     )
+    if follow:
+        sides = (sides[1], ("follow", follow_next))
     for _ in range(blocks):
+        following.clear()  # (a follower left behind by the other side's steps)
         for side, wait in sides:
             for i in range(warmup + count):
                 target += 1
@@ -232,6 +254,34 @@ def async_driver(url: str, job: str, waits: int, rounds: int, blocks: int, warmu
     say("done")
 
 
+# -- reporting progress ----------------------------------------------------------------
+
+
+def progress_driver(url: str, job: str, blocks: int) -> None:
+    """``blocks`` x (empty, publish, report) regions of ``PROGRESS_CALLS`` calls each,
+    rising steps; dumps ``<side>`` at each region's end (``gap`` before it)."""
+    from stepbarrier import BarrierConfig, ProgressReporter, StepPublisher
+
+    marks = Marks()
+    config = BarrierConfig(job=job, redis_url=url, role="chief", task_id=0, stall_timeout=600)
+    calibrate(marks)
+
+    def nothing(step: int) -> None:
+        pass
+
+    with StepPublisher(config) as publisher, ProgressReporter(config) as progress:
+        sides = (("empty", nothing), ("publish", publisher.publish), ("report", progress.report))
+        first = 1
+        for _ in range(blocks):
+            for side, call in sides:
+                marks.dump("gap")
+                for step in range(first, first + PROGRESS_CALLS):
+                    call(step)
+                marks.dump(side)
+                first += PROGRESS_CALLS
+        say("done")
+
+
 # -- the chief -------------------------------------------------------------------------
 
 
@@ -283,8 +333,11 @@ def chief_driver(url: str, job: str, count: int, blocks: int, warmup: int) -> No
 def main() -> None:
     role, url, job, *rest = sys.argv[1:]
     numbers = [int(value) for value in rest]
-    if role == "sync":
-        sync_driver(url, job, *numbers)
+    if role in ("sync", "follow"):
+        count, blocks, warmup = numbers
+        sync_driver(url, job, count, blocks, warmup, follow=role == "follow")
+    elif role == "progress":
+        progress_driver(url, job, *numbers)
     elif role == "async":
         async_driver(url, job, *numbers)
     elif role == "chief":

@@ -36,6 +36,14 @@ Parts (``--only`` picks some):
   pipeline from the caller's thread. A region a heartbeat write fell into is
   left out (counted).
 
+- ``follow`` (issue 38): as ``sync``, the sides ``StepWaiter.wait`` and
+  ``StepWaiter.follow(every=1)`` (each yielded step a wait): ``wake`` per
+  yielded step beside ``wait``'s, and ``whole`` (for follow, one ``next()``).
+- ``progress`` (issue 38): per call, ``ProgressReporter.report(step)`` beside
+  ``StepPublisher.publish(step)`` (no waiter: neither writes) and an empty
+  function, in regions of 1,000 calls (every thread counted: a region a
+  background heartbeat or report fell into is an outlier the median ignores).
+
 Redis's CPU per waiter per step (the other row of the issue's table) is
 measured by ``bench.fleet`` (part ``independent-4x16`` and ``independent``):
 ``INFO cpu`` over each release and the next wait's registration.
@@ -74,7 +82,7 @@ from bench.harness import (
 if TYPE_CHECKING:
     from stepbarrier import StepPublisher
 
-PARTS = ("sync", "async", "chief")
+PARTS = ("sync", "async", "chief", "follow", "progress")
 REPEATS = 3
 """Runs of each part (each its own process under Valgrind): the spread across them
 is what the figure repeats within."""
@@ -83,6 +91,9 @@ DELAY = 0.15
 50 times by Valgrind) is then blocked on its subscription."""
 ASYNC_SIZES = (1, 64, 1024)
 SIDES = ("floor", "stepbarrier")
+FOLLOW_SIDES = ("stepbarrier", "follow")
+"""The ``follow`` part's sides: ``wait`` (named as in ``sync``), then ``follow``."""
+PROGRESS_SIDES = ("empty", "publish", "report")
 
 
 def _wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
@@ -139,18 +150,18 @@ def _chief(url: str, job: str) -> StepPublisher:
 # -- sync -----------------------------------------------------------------------------
 
 
-def sync_figures(dumps: list[Dump]) -> dict[str, Any]:
+def sync_figures(dumps: list[Dump], sides: tuple[str, ...] = SIDES) -> dict[str, Any]:
     """Per side: ``wake`` and ``whole`` per wait, less the dumps' cost."""
     overhead = _calibration(dumps)
-    out: dict[str, dict[str, list[float]]] = {side: {"wake": [], "whole": []} for side in SIDES}
-    skipped = {side: {"heartbeat_waits": 0, "no_wake": 0} for side in SIDES}
+    out: dict[str, dict[str, list[float]]] = {side: {"wake": [], "whole": []} for side in sides}
+    skipped = {side: {"heartbeat_waits": 0, "no_wake": 0} for side in sides}
     segments: list[int] = []
     for dump in dumps:
         if dump.label == "gap":
             segments = []
         elif dump.label == "wake":
             segments.append(dump.instructions)
-        elif dump.label in SIDES:
+        elif dump.label in sides:
             wakes = len(segments)
             if wakes == 0:
                 skipped[dump.label]["no_wake"] += 1
@@ -169,20 +180,22 @@ def sync_figures(dumps: list[Dump]) -> dict[str, Any]:
                 "whole": _stats(out[side]["whole"]),
                 **skipped[side],
             }
-            for side in SIDES
+            for side in sides
         },
     }
 
 
-def sync_run(server: RedisServer, count: int, blocks: int, warmup: int) -> dict[str, Any]:
-    job = f"instr-sync-{uuid.uuid4().hex[:6]}"
+def sync_run(
+    server: RedisServer, count: int, blocks: int, warmup: int, role: str = "sync"
+) -> dict[str, Any]:
+    job = f"instr-{role}-{uuid.uuid4().hex[:6]}"
     raw = server.client()
     raw.set(FLOOR_KEY, 0)
     publisher = _chief(server.url, job)
     driver = None
     try:
         with tempfile.TemporaryDirectory(prefix="bench-callgrind-") as tmp:
-            args = ("sync", server.url, job, str(count), str(blocks), str(warmup))
+            args = (role, server.url, job, str(count), str(blocks), str(warmup))
             driver = start_under_callgrind(Path(tmp), "bench.instruction_drivers", *args)
             for line in _lines(driver):
                 side, target = line.split()
@@ -195,11 +208,46 @@ def sync_run(server: RedisServer, count: int, blocks: int, warmup: int) -> dict[
                     time.sleep(DELAY)
                     publisher.publish(step)
             driver.wait(120)
-            return sync_figures(read_dumps(Path(tmp), driver.pid))
+            sides = FOLLOW_SIDES if role == "follow" else SIDES
+            return sync_figures(read_dumps(Path(tmp), driver.pid), sides)
     finally:
         stop_process(driver)
         publisher.close()
         raw.close()
+
+
+# -- progress -------------------------------------------------------------------------
+
+
+def progress_run(server: RedisServer, blocks: int) -> dict[str, Any]:
+    """Per side: instructions per call (the median region, less the dumps' cost)."""
+    from bench.instruction_drivers import PROGRESS_CALLS
+
+    job = f"instr-progress-{uuid.uuid4().hex[:6]}"
+    driver = None
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-callgrind-") as tmp:
+            args = ("progress", server.url, job, str(blocks))
+            driver = start_under_callgrind(Path(tmp), "bench.instruction_drivers", *args)
+            for _ in _lines(driver):
+                pass
+            driver.wait(120)
+            dumps = read_dumps(Path(tmp), driver.pid)
+    finally:
+        stop_process(driver)
+    overhead = _calibration(dumps)
+    return {
+        "calibration": overhead,
+        "calls_per_region": PROGRESS_CALLS,
+        **{
+            side: {
+                "per_call": _stats(
+                    [(d.instructions - overhead) / PROGRESS_CALLS for d in dumps if d.label == side]
+                )
+            }
+            for side in PROGRESS_SIDES
+        },
+    }
 
 
 # -- async ----------------------------------------------------------------------------
@@ -351,11 +399,17 @@ def chief_run(server: RedisServer, count: int, blocks: int, warmup: int) -> dict
 # -- the run --------------------------------------------------------------------------
 
 
-def repeated(runs: list[dict[str, Any]], figure: str, stat: str = "median") -> dict[str, Any]:
+def repeated(
+    runs: list[dict[str, Any]],
+    figure: str,
+    stat: str = "median",
+    sides: tuple[str, ...] = SIDES,
+    over: tuple[str, str] = ("stepbarrier", "floor"),
+) -> dict[str, Any]:
     """One figure over the repeats: each side's value per run, the median of those,
-    their spread ((max - min) / median), and stepbarrier / floor per run."""
+    their spread ((max - min) / median), and ``over[0] / over[1]`` per run."""
     out: dict[str, Any] = {}
-    for side in SIDES:
+    for side in sides:
         values = [run[side][figure][stat] for run in runs if run[side][figure].get("n")]
         middle = statistics.median(values) if values else None
         out[side] = {
@@ -363,10 +417,11 @@ def repeated(runs: list[dict[str, Any]], figure: str, stat: str = "median") -> d
             "median": middle,
             "spread": (max(values) - min(values)) / middle if values and middle else None,
         }
+    top, bottom = over
     ratios = [
-        run["stepbarrier"][figure][stat] / run["floor"][figure][stat]
+        run[top][figure][stat] / run[bottom][figure][stat]
         for run in runs
-        if run["stepbarrier"][figure].get("n") and run["floor"][figure].get("n")
+        if run[top][figure].get("n") and run[bottom][figure].get("n")
     ]
     out["ratio"] = {
         "runs": ratios,
@@ -417,6 +472,26 @@ def main() -> None:
                     }
                     print(json.dumps(entry[str(waits)]["per_wait"]), file=sys.stderr, flush=True)
                 result["async"] = entry
+            elif part == "follow":
+                count, blocks, warmup = (15, 1, 10) if quick else (40, 2, 10)
+                runs = [sync_run(server, count, blocks, warmup, "follow") for _ in range(repeats)]
+                over = ("follow", "stepbarrier")
+                result["follow"] = {
+                    "waits_per_side": count * blocks,
+                    "runs": runs,
+                    "wake": repeated(runs, "wake", sides=FOLLOW_SIDES, over=over),
+                    "whole": repeated(runs, "whole", sides=FOLLOW_SIDES, over=over),
+                }
+            elif part == "progress":
+                runs = [progress_run(server, 10 if quick else 30) for _ in range(repeats)]
+                sides = PROGRESS_SIDES
+                result["progress"] = {
+                    "runs": runs,
+                    "per_call": repeated(runs, "per_call", sides=sides, over=("report", "publish")),
+                    "report_over_empty": repeated(
+                        runs, "per_call", sides=sides, over=("report", "empty")
+                    )["ratio"],
+                }
             else:
                 count, blocks, warmup = (15, 1, 10) if quick else (40, 2, 10)
                 runs = [chief_run(server, count, blocks, warmup) for _ in range(repeats)]
@@ -426,7 +501,9 @@ def main() -> None:
                     "per_step": repeated(runs, "per_step"),
                 }
             if part != "async":
-                figures = [k for k in ("wake", "whole", "per_step") if k in result[part]]
+                figures = [
+                    k for k in ("wake", "whole", "per_step", "per_call") if k in result[part]
+                ]
                 for figure in figures:
                     print(json.dumps({figure: result[part][figure]}), file=sys.stderr, flush=True)
             result.setdefault("part_commits", {})[part] = git("rev-parse", "--short", "HEAD")

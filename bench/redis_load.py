@@ -25,6 +25,7 @@ Usage: ``python -m bench.redis_load [--quick]``.
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 import time
@@ -39,27 +40,19 @@ from bench.harness import RedisServer, child_process, load_average, save, stop_p
 CROSSED_THRESHOLDS = 5
 OURS = {"info", "config|resetstat", "config", "ping"}
 """Commands this script itself sends to read the statistics."""
-# Commands a stepbarrier script calls inside Redis (counted by commandstats,
-# never sent over the network).
-IN_SCRIPT = {
-    "type",
-    "hget",
-    "hset",
-    "hgetall",
-    "del",
-    "time",
-    "expire",
-    "exists",
-    "publish",
-    "zremrangebyscore",
-    "zrangebyscore",
-    "zadd",
-    "zrem",
-    "rpush",
-    "ltrim",
-    "get",
-    "set",
-}
+
+
+def in_script_commands() -> frozenset[str]:
+    """Every command the library's Lua calls inside Redis (commandstats counts them, the
+    network never carries them), read from the library's own source; ``PUBLISH`` and
+    ``SPUBLISH`` are named by a variable there."""
+    from stepbarrier._redis.functions import library_source
+
+    named = re.findall(r"redis\.call(?:\(|, )\s*'([A-Z]+)'", library_source())
+    return frozenset({name.lower() for name in named} | {"publish", "spublish"})
+
+
+IN_SCRIPT = in_script_commands()
 
 
 def command_stats(client: redis.Redis) -> Stats:
@@ -215,58 +208,27 @@ def capacity(requests: int) -> dict[str, Any]:
     one full core; commandstats give the server time inside each script.
     """
     from stepbarrier import BarrierConfig
-    from stepbarrier._redis.functions import function_name, install_functions
+    from stepbarrier._protocol.calls import publish_step_call, read_call, register_call
+    from stepbarrier._redis.functions import function_command, install_functions
     from stepbarrier._worker.links import REGISTRY_TTL
 
     config = BarrierConfig(job="capacity", redis_url="redis://127.0.0.1:1/0")
     keys = config.keys
-    chief_write = [
-        "FCALL",
-        function_name("publish_step"),
-        "3",
-        keys.state,
-        keys.targets,
-        keys.reset,
-        str(2**40),
-        "1000",
-        "0",
-        str(config.key_ttl),
-        keys.channel,
-        "bench:1",
-        "256",
-        keys.waiter_prefix,
-        "",
-        "0",
-        "1000",
-        "5000",
-        "300",
-        str(2**40),
-        "chief",
-    ]
-    # a waiter's sync is two calls in one round trip: register (write), read (FCALL_RO)
-    waiter_sync = [
-        "FCALL",
-        function_name("waiter_register"),
-        "3",
-        keys.waiter("w1"),
-        keys.targets,
-        keys.registrations,
-        str(REGISTRY_TTL),
-        str(config.key_ttl),
-        "w1",
-        str(2**50),
-        "task_id",
-        "1",
-        "wait_until_step",
-        str(2**50),
-        "since",
-        "0",
-        "host",
-        "h",
-        "pid",
-        "1",
-    ]
-    waiter_read = ["FCALL_RO", function_name("waiter_read"), "2", keys.state, keys.reset]
+    # each call as the library builds it (stepbarrier._protocol.calls), never by hand
+    chief_write = function_command(
+        *publish_step_call(
+            state=keys.state, targets=keys.targets, reset=keys.reset, generation=2**40,
+            step=1000, done=False, key_ttl=config.key_ttl, channel=keys.channel,
+            writer="bench:1", max_targets=256, run_id="", vouch=True, heartbeat_ms=1000,
+            finished_ttl=300, reset_marker="", mode="chief", publish_command="PUBLISH",
+            served=0, idle_ms=0,
+        )
+    )  # fmt: skip
+    entry = {"task_id": "1", "wait_until_step": str(2**50), "since": "0", "host": "h", "pid": "1"}
+    waiter_sync = function_command(
+        *register_call(keys, "w1", 2**50, entry, registry_ttl=REGISTRY_TTL, key_ttl=config.key_ttl)
+    )
+    waiter_read = function_command(*read_call(keys.state, keys.reset, wait=True))
     out: dict[str, Any] = {"requests": requests, "clients": 16}
     with RedisServer() as server:
         client = server.client()
@@ -291,7 +253,7 @@ def capacity(requests: int) -> dict[str, Any]:
                     "-c",
                     "16",
                     "--csv",
-                    *command,
+                    *map(str, command),
                 ],
                 capture_output=True,
                 text=True,

@@ -14,8 +14,11 @@ INSTRUCTION_TARGETS = {
     "whole": 2.5,
     "async": 1.5,
     "redis_cpu": 2.0,
+    "follow": 1.1,
+    "progress": 1.0,
 }
-"""stepbarrier / floor at most (issue 35)."""
+"""stepbarrier / floor at most (issue 35); ``follow`` / ``wait()`` (a yielded step wakes as a
+wait does, issue 38) and ``report()`` / ``publish()`` (issue 38) at most."""
 REDIS_CPU_LAYOUTS = ("independent-4x16", "independent")
 """The fleet parts whose Redis CPU per release gives the per-waiter figure (64, 1,024)."""
 
@@ -69,53 +72,51 @@ def redis_cpu_per_waiter(fleet: dict[str, Any] | None, part: str) -> dict[str, A
     return out
 
 
+def _counted(
+    label: str, figure: dict[str, Any], target: float | None, sides: tuple[str, str]
+) -> dict[str, Any]:
+    """A row of instruction counts: ``sides`` (ours, its floor) of one figure of a part."""
+    return {
+        "label": label,
+        "unit": "instructions",
+        "ours": figure[sides[0]],
+        "floor": figure[sides[1]],
+        "ratio": figure["ratio"]["median"],
+        "ratios": figure["ratio"]["runs"],
+        "target": target,
+    }
+
+
 def _rows(result: dict[str, Any] | None, fleet: dict[str, Any] | None) -> list[dict[str, Any]]:
     """One row per figure: label, both sides, the ratio per run and overall, its target."""
     rows: list[dict[str, Any]] = []
-    if result and "sync" in result:
+    result = result or {}
+    ours = ("stepbarrier", "floor")
+    if "sync" in result:
         for figure, label in (
             ("wake", "threaded wake: the subscription turns readable -> `wait()` returns"),
             ("whole", "a whole `wait()` call"),
         ):
-            entry = result["sync"][figure]
-            rows.append(
-                {
-                    "label": label,
-                    "unit": "instructions",
-                    "ours": entry["stepbarrier"],
-                    "floor": entry["floor"],
-                    "ratio": entry["ratio"]["median"],
-                    "ratios": entry["ratio"]["runs"],
-                    "target": INSTRUCTION_TARGETS[figure],
-                }
-            )
-    if result and "async" in result:
-        for size, entry in sorted(result["async"].items(), key=lambda item: int(item[0])):
-            figure = entry["per_wait"]
-            rows.append(
-                {
-                    "label": f"asyncio, per released wait, {_waits(int(size), 'concurrent ')}",
-                    "unit": "instructions",
-                    "ours": figure["stepbarrier"],
-                    "floor": figure["floor"],
-                    "ratio": figure["ratio"]["median"],
-                    "ratios": figure["ratio"]["runs"],
-                    "target": INSTRUCTION_TARGETS["async"],
-                }
-            )
-    if result and "chief" in result:
-        figure = result["chief"]["per_step"]
+            rows.append(_counted(label, result["sync"][figure], INSTRUCTION_TARGETS[figure], ours))
+    for size, entry in sorted(result.get("async", {}).items(), key=lambda item: int(item[0])):
+        label = f"asyncio, per released wait, {_waits(int(size), 'concurrent ')}"
+        rows.append(_counted(label, entry["per_wait"], INSTRUCTION_TARGETS["async"], ours))
+    if "chief" in result:
         rows.append(
-            {
-                "label": "the chief's write, per step",
-                "unit": "instructions",
-                "ours": figure["stepbarrier"],
-                "floor": figure["floor"],
-                "ratio": figure["ratio"]["median"],
-                "ratios": figure["ratio"]["runs"],
-                "target": None,
-            }
+            _counted("the chief's write, per step", result["chief"]["per_step"], None, ours)
         )
+    if "follow" in result:
+        for figure, label in (
+            ("wake", "follow, the wake per yielded step (floor: `wait()`'s wake)"),
+            ("whole", "follow, one `next()` (floor: one whole `wait()`)"),
+        ):
+            figures = result["follow"][figure]
+            target = INSTRUCTION_TARGETS["follow"]
+            rows.append(_counted(label, figures, target, ("follow", "stepbarrier")))
+    if "progress" in result:
+        label = "`ProgressReporter.report(step)` per call (floor: `publish(step)`)"
+        figure = result["progress"]["per_call"]
+        rows.append(_counted(label, figure, INSTRUCTION_TARGETS["progress"], ("report", "publish")))
     for part in REDIS_CPU_LAYOUTS:
         cpu = redis_cpu_per_waiter(fleet, part)
         if cpu:
@@ -264,6 +265,22 @@ def _details(result: dict[str, Any]) -> list[str]:
             f"- the chief, per step: stepbarrier {_each(per, 'stepbarrier')}; "
             f"floor {_each(per, 'floor')} ({chief['steps_per_side']} "
             f"steps a side per run; {left} regions a heartbeat write fell into left out)."
+        )
+    follow = result.get("follow")
+    if follow:
+        lines.append(
+            f"- follow, per yielded step: {_each(follow['wake'], 'follow')}; `wait()`'s wake: "
+            f"{_each(follow['wake'], 'stepbarrier')}; one `next()`: "
+            f"{_each(follow['whole'], 'follow')}; one `wait()`: "
+            f"{_each(follow['whole'], 'stepbarrier')} ({follow['waits_per_side']} a side per run)."
+        )
+    progress = result.get("progress")
+    if progress:
+        per = progress["per_call"]
+        lines.append(
+            f"- `report(step)` per call: {_each(per, 'report')}; `publish(step)`: "
+            f"{_each(per, 'publish')}; an empty function: {_each(per, 'empty')} "
+            f"(report / empty per run: {_ratios(progress['report_over_empty']['runs'])})."
         )
     calibrations = sorted(
         {

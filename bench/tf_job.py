@@ -76,7 +76,7 @@ from bench.harness import (
     stop_process,
     summarize,
 )
-from stepbarrier.cli._demo.local_processes import free_port
+from examples.demo.local import free_port
 
 PERIODS = (0.01, 0.2)
 """The chief's step periods (seconds) of the wake-latency phases."""

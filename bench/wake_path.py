@@ -105,16 +105,16 @@ def run_block(url: str, count: int) -> tuple[dict[str, list[float]], float]:
         with StepPublisher(config) as publisher:
             publisher.publish(0)
             publisher.flush(5)
-            loop = publisher._loop  # the writer thread's wake-up, timestamped
-            stamps.writer = loop.thread
-            wait = loop.wake.wait
+            # the writer thread's wake-up, timestamped
+            stamps.writer = publisher._thread
+            wait = publisher._wake.wait
 
             def timed_wait(timeout: float | None = None) -> bool:
                 woke = wait(timeout)
                 stamps.awake.append(time.time())
                 return woke
 
-            loop.wake.wait = timed_wait  # type: ignore[method-assign]
+            publisher._wake.wait = timed_wait  # type: ignore[method-assign]
             listener = child_process(
                 "bench.wake_path", "--helper", "raw", url, config.keys.channel, str(count)
             )

@@ -1,7 +1,10 @@
 """stepbarrier in a framework-free training loop (the pattern for PyTorch, JAX, ...).
 
 The chief publishes its step after every training step; each worker waits for
-its step, then trains. Start the chief first or last, in any order: a worker
+its step, then trains. Every task with a task id reports its own step through a
+``ProgressReporter`` (no I/O on the training thread), so ``stepbarrier status``
+shows how far each is behind the chief and names the stragglers and the stuck
+(docs/who-is-slow.md). Start the chief first or last, in any order: a worker
 that starts late is released within a heartbeat if the chief is already past
 its step, and within 3 s (the protocol's grace) if the job has finished.
 
@@ -19,6 +22,9 @@ Environment variables (this script reads no command-line arguments):
     STEP_SLEEP                  extra seconds of sleep after each step (default 0).
     WAIT_FOR_WAITERS            chief only: before training, wait up to 120 s until
                                 this many workers are waiting (default 0).
+    SLOW_TASK, SLOW_STEP_SLEEP  the task whose id is SLOW_TASK sleeps SLOW_STEP_SLEEP
+                                more seconds after each step (default: none): the
+                                slow rank that `stepbarrier status` names.
     RECORD_FILE                 if set, write one JSON object about this task there.
 
 Run a chief and two workers on one machine (Redis on localhost):
@@ -31,6 +37,7 @@ Run a chief and two workers on one machine (Redis on localhost):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -39,7 +46,14 @@ import sys
 import time
 from typing import Any
 
-from stepbarrier import BarrierAborted, BarrierConfig, StepPublisher, StepWaiter, read_status
+from stepbarrier import (
+    BarrierAborted,
+    BarrierConfig,
+    ProgressReporter,
+    StepPublisher,
+    StepWaiter,
+    read_status,
+)
 
 
 def train_step(weight: float) -> float:
@@ -58,12 +72,22 @@ def wait_for_waiters(config: BarrierConfig, count: int, timeout: float = 120.0) 
         time.sleep(0.05)
 
 
+def step_sleep_of(config: BarrierConfig) -> float:
+    """STEP_SLEEP, plus SLOW_STEP_SLEEP on the task SLOW_TASK names."""
+    sleep = float(os.environ.get("STEP_SLEEP", "0"))
+    slow = os.environ.get("SLOW_TASK")
+    if slow and config.task_id == int(slow):
+        sleep += float(os.environ.get("SLOW_STEP_SLEEP", "0"))
+    return sleep
+
+
 def main() -> int:
     logging.basicConfig(format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("stepbarrier").setLevel(logging.INFO)
     config = BarrierConfig.from_env()
     train_steps = int(os.environ.get("TRAIN_STEPS", "200"))
-    step_sleep = float(os.environ.get("STEP_SLEEP", "0"))
+    step_sleep = step_sleep_of(config)
+    progress: ProgressReporter | None = None
     record: dict[str, Any] = {
         "task_type": config.role,
         "task_index": config.task_id,
@@ -76,13 +100,18 @@ def main() -> int:
         "step_times": [],
     }
     weight = 0.0
+    reporting = contextlib.ExitStack()
+    if config.role == "chief" or config.task_id is not None:  # the chief is task 0
+        progress = reporting.enter_context(ProgressReporter(config))
     if config.role == "chief":
-        with StepPublisher(config) as publisher:
+        with reporting, StepPublisher(config) as publisher:
             publisher.publish(0)
             wait_for_waiters(config, int(os.environ.get("WAIT_FOR_WAITERS", "0")))
             for step in range(1, train_steps + 1):
                 weight = train_step(weight)
                 publisher.publish(step)  # a few microseconds: no I/O here
+                if progress is not None:
+                    progress.report(step)  # well under a microsecond
                 now = time.time()
                 record["first_step_at"] = record["first_step_at"] or now
                 record["step_times"].append([step, now])
@@ -99,11 +128,14 @@ def main() -> int:
         except BarrierAborted as exc:
             print(f"worker: {exc}; nothing to train")
             train_steps = 0
-        for _ in range(train_steps):
-            weight = train_step(weight)
-            record["first_step_at"] = record["first_step_at"] or time.time()
-            record["steps_trained"] += 1
-            time.sleep(step_sleep)
+        with reporting:
+            for _ in range(train_steps):
+                weight = train_step(weight)
+                record["first_step_at"] = record["first_step_at"] or time.time()
+                record["steps_trained"] += 1
+                if progress is not None:
+                    progress.report(record["steps_trained"])  # its own step
+                time.sleep(step_sleep)
     else:
         print("neither chief nor worker: set STEPBARRIER_ROLE or TF_CONFIG", file=sys.stderr)
         return 2

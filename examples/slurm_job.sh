@@ -15,6 +15,13 @@
 # and watch it from any shell:
 #   stepbarrier watch --job slurm-gradual --redis-url redis://redis.internal:6379/0
 #
+# Every task reports its own step (a ProgressReporter in plain_loop.py), so
+# `status` and `watch` show how far each task is behind the chief and name the
+# stragglers and the stuck (docs/who-is-slow.md). Make task 3 the slow rank:
+#   SLOW_TASK=3 SLOW_STEP_SLEEP=2 STEPBARRIER_REDIS_URL=... sbatch examples/slurm_job.sh
+#   stepbarrier status --job slurm-gradual --straggler-steps 100     # task 3: straggler
+#   stepbarrier status --check --job slurm-gradual --stall-timeout 1m   # exit 10: stuck
+#
 #SBATCH --job-name=stepbarrier-gradual
 #SBATCH --ntasks=4
 #SBATCH --cpus-per-task=1
@@ -31,6 +38,8 @@ export STEPBARRIER_SCHEDULE="${STEPBARRIER_SCHEDULE:-log:40}"
 # a worker gives up after an hour of waiting, or 10 minutes without the chief's heartbeat
 export STEPBARRIER_TIMEOUT="${STEPBARRIER_TIMEOUT:-1h}"
 export TRAIN_STEPS="${TRAIN_STEPS:-200}" STEP_SLEEP="${STEP_SLEEP:-0.05}"
+# the slow rank, when set: task SLOW_TASK sleeps SLOW_STEP_SLEEP more seconds per step
+export SLOW_TASK="${SLOW_TASK:-}" SLOW_STEP_SLEEP="${SLOW_STEP_SLEEP:-0}"
 # the chief trains once every other task waits (up to 120 s): the ramp shows
 export WAIT_FOR_WAITERS="${WAIT_FOR_WAITERS:-$((SLURM_NTASKS - 1))}"
 

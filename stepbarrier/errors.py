@@ -14,6 +14,10 @@ StepBarrierError
                                              (authentication, ACL, wrong type)
 ```
 
+The errors that end a wait (``BarrierTimeout``, ``BarrierAborted``,
+``RedisUnavailable``) carry its context: ``target`` (the step waited for),
+``last_step`` (the chief's last step seen, ``None`` if none) and
+``heartbeat_age`` (seconds since the chief's last heartbeat, when known).
 Messages never contain a password: URLs are masked before they are formatted.
 """
 
@@ -22,15 +26,9 @@ from __future__ import annotations
 from typing import Literal, TypeAlias
 
 TimeoutLimit: TypeAlias = Literal["deadline", "stall", "progress"]
-"""Which limit ended a wait (``BarrierTimeout.limit``): the overall timeout
-(``"deadline"``), the stall timeout (``"stall"``: no write of the chief, or at
-a named barrier no new arrival, observed for that long) or the progress timeout
-(``"progress"``: the chief's step did not move, ``STEPBARRIER_PROGRESS_TIMEOUT``)."""
-
+"""Which limit ended a wait: ``BarrierTimeout.limit``."""
 RefusalKind: TypeAlias = Literal["authentication", "permission", "tls", "response", "functions"]
-"""What Redis refused (``RedisRefused.kind``): the credentials, an ACL permission,
-the TLS handshake, a command (e.g. a key of the wrong type), or stepbarrier's
-Lua Functions (missing and not loadable by this user, or no Functions at all)."""
+"""What Redis refused: ``RedisRefused.kind``."""
 
 
 class StepBarrierError(Exception):
@@ -60,7 +58,7 @@ class ConfigurationError(StepBarrierError, ValueError):
 
 
 class _WaitError(StepBarrierError):
-    """Shared context of errors that end a wait."""
+    """Shared context of errors that end a wait (see the module's docstring)."""
 
     def __init__(
         self,
@@ -81,18 +79,13 @@ class BarrierTimeout(_WaitError, TimeoutError):
     """The wait passed its overall timeout, or the chief stopped heart-beating.
 
     Attributes:
-        target: The step that was waited for.
-        last_step: The last step seen from the chief (``None`` if none was seen).
-        heartbeat_age: Seconds since the chief's last heartbeat, when known.
         stalled: True when the stall timeout (no chief heartbeat; at a named
-            barrier, no new arrival) ended the wait.
-        limit: Which limit ended it: ``"deadline"`` (the overall timeout),
-            ``"stall"`` or ``"progress"`` (the progress timeout; ``stalled``
-            is then True too). Without one given, ``"stall"`` if ``stalled``,
-            else ``"deadline"``.
+            barrier, no new arrival) or the progress timeout ended the wait.
+        limit: ``"deadline"`` (the overall timeout), ``"stall"``, or ``"progress"``
+            (the chief's step did not move for ``STEPBARRIER_PROGRESS_TIMEOUT``);
+            by default ``"stall"`` if ``stalled``, else ``"deadline"``.
         barrier: The named barrier waited at (``stepbarrier.Barrier``), else ``None``.
-        missing: At a named barrier, the sorted ids of the tasks that never
-            arrived (the message names them too); ``()`` for a step wait.
+        missing: At a named barrier, the sorted ids of the tasks that never arrived.
     """
 
     def __init__(
@@ -109,11 +102,7 @@ class BarrierTimeout(_WaitError, TimeoutError):
         limit: TimeoutLimit | None = None,
     ) -> None:
         super().__init__(
-            message,
-            job=job,
-            target=target,
-            last_step=last_step,
-            heartbeat_age=heartbeat_age,
+            message, job=job, target=target, last_step=last_step, heartbeat_age=heartbeat_age
         )
         self.stalled = stalled
         self.limit: TimeoutLimit = limit or ("stall" if stalled else "deadline")
@@ -125,8 +114,6 @@ class BarrierAborted(_WaitError):
     """The job finished or was reset before the awaited step came.
 
     Attributes:
-        target: The step that was waited for.
-        last_step: The chief's last step (``None`` if none was seen).
         reason: ``"done"`` or ``"reset"``.
         barrier: The named barrier waited at (aborted by a reset), else ``None``.
     """
@@ -143,11 +130,7 @@ class BarrierAborted(_WaitError):
         barrier: str | None = None,
     ) -> None:
         super().__init__(
-            message,
-            job=job,
-            target=target,
-            last_step=last_step,
-            heartbeat_age=heartbeat_age,
+            message, job=job, target=target, last_step=last_step, heartbeat_age=heartbeat_age
         )
         self.reason = reason
         self.barrier = barrier
@@ -158,13 +141,13 @@ class RedisUnavailable(_WaitError, ConnectionError):
 
 
 class RedisRefused(StepBarrierError):
-    """Redis answered but refused the operation: wrong password, unknown user,
-    missing ACL permission, a TLS certificate that does not verify, or a key of
-    the wrong type. Retrying cannot help, so it is raised at once.
+    """Redis answered but refused the operation: raised at once, as retrying cannot help.
 
     Attributes:
-        kind: ``"authentication"``, ``"permission"``, ``"tls"``, ``"response"`` or
-            ``"functions"`` (see ``RefusalKind``).
+        kind: The credentials (``"authentication"``), an ACL permission
+            (``"permission"``), the TLS handshake (``"tls"``), a command such as one
+            on a key of the wrong type (``"response"``), or stepbarrier's Lua
+            Functions, missing and not loadable by this user (``"functions"``).
     """
 
     def __init__(self, message: str, *, kind: RefusalKind, job: str | None = None) -> None:

@@ -1,36 +1,22 @@
 """TensorFlow session hooks: the chief publishes its global step, workers wait for it.
 
 ``GlobalStepWaiterHook`` replaces ``tf.compat.v1.train.GlobalStepWaiterHook`` by
-changing the import; instead of reading the parameter server twice a second, a
-waiting worker is woken through Redis within milliseconds of the chief's step.
-The chief adds ``GlobalStepPublisherHook``. ``hooks_from_env`` picks the right
-one for the host it runs on:
+changing the import: a waiting worker is woken through Redis within milliseconds of
+the chief's ``GlobalStepPublisherHook``, not by reading the parameter server twice a
+second. ``StartBarrierHook`` and ``EndBarrierHook`` hold every task together at the
+start and the end of training; ``hooks_from_env`` picks what this host needs:
 
 ```python
-hooks = stepbarrier.tf_hooks.hooks_from_env()
+hooks = stepbarrier.tf_hooks.hooks_from_env(start_barrier=True, end_barrier=True)
 with tf.compat.v1.train.MonitoredTrainingSession(master=server.target, hooks=hooks) as sess:
     while not sess.should_stop():
         sess.run(train_op)
 ```
 
-The start and end of training get named barriers (``StartBarrierHook``,
-``EndBarrierHook``, from ``stepbarrier._integrations.barrier_hooks``):
-``hooks_from_env(start_barrier=True, end_barrier=True)``. The chief's hook
-lives in ``stepbarrier._integrations.publisher_hook`` and the schedule of its step fetches
-in ``stepbarrier._integrations.fetch_schedule``; all are importable from here.
-
-Lifecycle rules shared with TensorFlow's hook: ``begin()`` raises
-``RuntimeError`` when the graph has no global step; ``wait_until_step <= 0``
-never waits (and never touches Redis); only the first ``before_run`` after
-``begin()`` waits, also when ``MonitoredSession`` recovers a failed session
-(it calls ``after_create_session`` again, not ``begin``).
-
 Warning:
-    Unlike TensorFlow's hook, a wait can end with an exception (raised from
-    ``before_run``, so the training loop stops): ``BarrierTimeout`` after the
-    configured overall or stall timeout (unless ``STEPBARRIER_ON_TIMEOUT=proceed``),
-    ``BarrierAborted`` when the chief finished the job below the awaited step,
-    and ``RedisUnavailable``/``RedisRefused``.
+    Unlike TensorFlow's hook, a wait can end with an exception from ``before_run``,
+    which stops training: ``BarrierTimeout`` (unless ``STEPBARRIER_ON_TIMEOUT=proceed``)
+    or ``BarrierAborted`` (docs/tensorflow-keras.md#what-is-different).
 """
 
 from __future__ import annotations
@@ -50,31 +36,24 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
             f"stepbarrier.tf_hooks needs TensorFlow: pip install 'stepbarrier[tensorflow]' ({exc})",
             name=exc.name,
         ) from exc
-    # TensorFlow is there but something it imports is not: name that, not TensorFlow
     raise ImportError(
         f"stepbarrier.tf_hooks could not import TensorFlow: {exc}", name=exc.name
     ) from exc
 
 from stepbarrier._chief.publisher import StepPublisher
-from stepbarrier._config.environment import (
-    barrier_parties_from_env,
-    barrier_role_from_env,
-    job_in_env,
-)
+from stepbarrier._config.environment import job_in_env
 from stepbarrier._config.settings import BarrierConfig
-from stepbarrier._integrations.barrier_hooks import EndBarrierHook, StartBarrierHook, barrier_hooks
-from stepbarrier._integrations.fetch_schedule import FETCH_EVERY, FETCH_WITHIN, StepLead
-from stepbarrier._integrations.global_step import global_step_or_raise
-from stepbarrier._integrations.progress import (
-    ProgressTicker,
-    close_progress,
-    progress_config,
-    start_progress,
+from stepbarrier._integrations import settings
+from stepbarrier._integrations.barrier_arrival import EndBarrier, StartBarrier, check_task
+from stepbarrier._integrations.fetch_schedule import (
+    FETCH_EVERY,
+    FETCH_WITHIN,
+    FetchSchedule,
+    StepLead,
 )
-from stepbarrier._integrations.publisher_hook import GlobalStepPublisherHook
-from stepbarrier._integrations.tf_logging import follow_tensorflow_logging
+from stepbarrier._integrations.progress import TaskProgress
+from stepbarrier._integrations.publisher import ChiefPublishing
 from stepbarrier._integrations.wait_until_step import target_step
-from stepbarrier._progress.reporter import ProgressReporter
 from stepbarrier._worker.waiter import SOURCE_SOCKET_TIMEOUT, StepSource, StepWaiter
 
 __all__ = [
@@ -98,17 +77,13 @@ log = logging.getLogger("stepbarrier.tf_hooks")
 REPORT_EVERY = 10
 """A started worker reports the global step with every this many runs (a fetch
 through ``SessionRunArgs`` costs about 0.25 ms, so 0.025 ms a run on average)."""
-
-
 SESSION_READ_EVERY = 0.5
 """Seconds between two reads of the session's global step while no chief of the
 job was seen on Redis: TensorFlow's own hook reads it this often."""
 SESSION_READ_WITH_CHIEF = 0.5
-"""Seconds between two reads of the session's global step once a write of the
-chief was seen: TensorFlow's pace still. Redis then wakes the worker within
-milliseconds; the read is the safety net for a Redis that hangs or dies in the
-middle of a wait, which a worker notices only by its silence: read at
-TensorFlow's pace, such a worker never starts later than TensorFlow's would."""
+"""Seconds between two reads once a write of the chief was seen: TensorFlow's pace
+still, the safety net for a Redis that hangs in the middle of a wait
+(docs/tensorflow-keras.md#the-sessions-step-the-safety-net)."""
 
 _NO_PUBLISHER_HINT = (
     "no GlobalStepPublisherHook was heard; for wake-ups within milliseconds of the step, "
@@ -125,72 +100,39 @@ class _Default(enum.Enum):
 class GlobalStepWaiterHook(tf.compat.v1.train.SessionRunHook):  # type: ignore[misc]
     """Delays a worker's training until the job's global step reaches a step.
 
-    A drop-in replacement for ``tf.compat.v1.train.GlobalStepWaiterHook``: the
-    same argument and the same lifecycle. It reads the session's global step,
-    as TensorFlow's hook does (once before anything else, then every 0.5 s),
-    and it listens to the chief's ``GlobalStepPublisherHook`` through Redis,
-    which wakes it within milliseconds of the step. Whichever comes first
-    releases the worker, so it starts no later than with TensorFlow's hook (a
-    Redis that hangs can hold one read back by its bounded call, about a
-    second), and never earlier (the session's step is what TensorFlow trusts).
-
-    Without ``STEPBARRIER_JOB`` (and no ``config``) it is TensorFlow's hook: it
-    reads the session's step every 0.5 s, after one WARNING naming the
-    variables that turn on the Redis wake-ups. With Redis unreachable or
-    refusing, it says so once and waits on the session's step. Its lines go
-    to TensorFlow's logger, at TensorFlow's verbosity, when the application
-    has configured no logging for ``stepbarrier`` (``follow_tensorflow_logging``).
+    A drop-in for ``tf.compat.v1.train.GlobalStepWaiterHook``, with its argument and
+    lifecycle (docs/tensorflow-keras.md#parity-with-tensorflows-hook). It reads the
+    session's global step at TensorFlow's pace and listens to the chief's
+    ``GlobalStepPublisherHook`` through Redis; whichever comes first releases the
+    worker, so never later than TensorFlow's hook, and never earlier. Without
+    ``STEPBARRIER_JOB`` (and no ``config``) it is TensorFlow's hook, after one
+    WARNING; with Redis unreachable or refusing it says so once and waits on the
+    session's step (docs/tensorflow-keras.md#the-sessions-step-the-safety-net).
 
     Args:
         wait_until_step: The global step to wait for; ``<= 0`` starts at once
-            without touching Redis. TensorFlow's ramp is
-            ``int(K * math.log(task_id + 1))``, the chief being task 0. Like
-            TensorFlow's hook, which releases once ``global_step >=
-            wait_until_step``, it takes any real number: a float *t* waits for
-            step ``math.ceil(t)`` (``20 * math.log(2)``, 13.86, waits for 14).
-            NaN and ``+inf`` (which TensorFlow's hook would wait for forever)
-            raise ``ConfigurationError``, a ``bool`` ``TypeError``.
+            without touching Redis; a float *t* waits for step ``math.ceil(t)``.
+            NaN and ``+inf`` raise ``ConfigurationError``, a ``bool`` ``TypeError``.
         config: The job's settings; ``None`` reads ``BarrierConfig.from_env()``
-            in ``begin()`` (only when there is something to wait for, and only
-            if ``STEPBARRIER_JOB`` is set).
-        report_every: Once started, the worker fetches the global step with
-            every ``report_every``-th run and adds it to the job's published
-            step (``None`` or 0: never), for waiters that listen to Redis only
-            (``stepbarrier wait``, the asyncio waiter) when the chief's session
-            ends first in asynchronous training; waiting hooks read the
-            session's step anyway. A report only raises the step of the
-            generation this worker's wait was released by, never finishes
-            the job, and never vouches for the step: a Redis-only waiter is
-            released by reports only while the chief's own vouch stands, so
-            reports that begin more than a few seconds after the chief's
-            session ended may release none (such a waiter ends at its
-            timeout, saying the chief does not vouch for the step). It
-            needs a user allowed to write the step: by default
-            (``REPORT_EVERY``) a worker whose user may not (the shipped
-            ``worker`` role) says so at INFO and trains on; given explicitly,
-            that refusal is a WARNING. Not given, the config's
-            ``report_every`` (``STEPBARRIER_REPORT_EVERY``) counts as given,
-            when set: 0 turns reporting off for workers whose user may not
-            write (the shipped compose file does so). Reporting needs a
-            config: given here, or read in ``begin()``.
+            in ``begin()``, if there is something to wait for and
+            ``STEPBARRIER_JOB`` is set.
+        report_every: Once started, the worker adds the global step of every
+            ``report_every``-th run to the job's published step (``None`` or 0:
+            never), for waiters that listen to Redis only; a report never vouches
+            for the step (docs/tensorflow-keras.md#workers-keep-the-step-moving).
+            A user that may not write the step is said at INFO by default, at
+            WARNING if asked for (here or by ``STEPBARRIER_REPORT_EVERY``).
 
     Attributes:
         released_at_step: The step that released this worker (``None`` until a
-            wait ended; under ``on_timeout="proceed"`` it may be below
-            ``wait_until_step``).
+            wait ended; below ``wait_until_step`` under ``on_timeout="proceed"``).
         released_at: ``time.time()`` of that release.
-        released_by: What released it: ``"an announcement"`` or ``"a read of
-            the state"`` (Redis), ``"the session's global step"``; ``None``
-            before a release.
+        released_by: ``"an announcement"`` or ``"a read of the state"`` (Redis),
+            ``"the session's global step"``; ``None`` before a release.
 
     Example:
         ```python
-        hook = GlobalStepWaiterHook(wait_until_step=13)
-        with tf.compat.v1.train.MonitoredTrainingSession(
-            master=server.target, hooks=[hook]
-        ) as sess:
-            while not sess.should_stop():
-                sess.run(train_op)
+        hooks = [GlobalStepWaiterHook(wait_until_step=int(20 * math.log(task_id + 1)))]
         ```
     """
 
@@ -210,9 +152,7 @@ class GlobalStepWaiterHook(tf.compat.v1.train.SessionRunHook):  # type: ignore[m
         if self._report_every < 0:
             raise ValueError(f"report_every must be 0 or more, got {report_every}")
         self._reporter: StepPublisher | None = None
-        # this worker's own step, once released (docs/who-is-slow.md)
-        self._progress: ProgressReporter | None = None
-        self._progress_due = ProgressTicker()
+        self._progress = TaskProgress(chief=False)  # this worker's own step, once released
         self._global_step: Any = None
         self._runs = 0
         self._worker_is_started = False
@@ -228,20 +168,25 @@ class GlobalStepWaiterHook(tf.compat.v1.train.SessionRunHook):  # type: ignore[m
 
     def begin(self) -> None:
         self._worker_is_started = False
-        self._global_step = global_step_or_raise("GlobalStepWaiterHook")
+        self._global_step = _global_step_or_raise("GlobalStepWaiterHook")
         if self._wait_until_step > 0:
             follow_tensorflow_logging()
             if self._config is None:
                 self._config = _config_or_warn()  # a bad setting fails before the session
 
     def before_run(self, run_context: Any) -> Any:
-        if self._worker_is_started:
-            return self._report_request()
-        if self._wait_until_step <= 0:
+        if not self._worker_is_started:
+            if self._wait_until_step > 0:
+                self._wait(run_context)
             self._worker_is_started = True
-            self._start_reporting()
-            self._start_progress()
-            return self._report_request()
+            if self._waiter is None or self._waiter.last_generation is not None:
+                # (released by the session before any chief state was read: there is
+                # no generation to report into, and Redis may be out of reach)
+                self._start_reporting()
+            self._progress.start(self._config)
+        return self._report_request()
+
+    def _wait(self, run_context: Any) -> None:
         follow_tensorflow_logging()  # TensorFlow's verbosity may have changed since
         target = self._wait_until_step
         log.info("Waiting for global step %d before starting training.", target)
@@ -265,16 +210,7 @@ class GlobalStepWaiterHook(tf.compat.v1.train.SessionRunHook):  # type: ignore[m
                 raise
             by = self._waiter.last_released_by
         # the waiter's connections are closed after this first run, not on its way
-        self.released_at = time.time()
-        self.released_at_step = step
-        self.released_by = by
-        self._worker_is_started = True
-        if self._waiter is None or self._waiter.last_generation is not None:
-            # (released by the session before any chief state was read: there is
-            # no generation to report into, and Redis may be out of reach)
-            self._start_reporting()
-        self._start_progress()
-        return self._report_request()
+        self.released_at, self.released_at_step, self.released_by = time.time(), step, by
 
     def after_run(self, run_context: Any, run_values: Any) -> None:
         if self._waiter is not None:
@@ -284,46 +220,39 @@ class GlobalStepWaiterHook(tf.compat.v1.train.SessionRunHook):  # type: ignore[m
         step = int(run_values.results)
         if self._reporter is not None:
             self._reporter.publish(step)
-        if self._progress is not None:
-            self._progress.report(step)
+        self._progress.report(step)
 
     def end(self, session: Any) -> None:
         self._close_waiter()
         reporter, self._reporter = self._reporter, None
         if reporter is not None:
             reporter.close(done=False, timeout=2.0)
-        progress, self._progress = self._progress, None
-        close_progress(progress)
-
-    def _start_progress(self) -> None:
-        if self._progress is not None:
-            return
-        self._progress = start_progress(progress_config(self._config), chief=False)
+        self._progress.close()
 
     def _start_reporting(self) -> None:
         config = self._config
-        if self._report_optional and config is not None and config.report_every is not None:
+        if config is None or self._reporter is not None:
+            return
+        if self._report_optional and config.report_every is not None:
             # STEPBARRIER_REPORT_EVERY in place of the default: asked for
             self._report_every, self._report_optional = config.report_every, False
-        if self._report_every and self._config is not None and self._reporter is None:
+        if self._report_every:
             # report into the generation this worker's wait was released by, and
             # no other: a later chief may be another run's, or one that restored
             # an older checkpoint (docs/protocol.md#contributors)
             joined = None if self._waiter is None else self._waiter.last_generation
             self._reporter = StepPublisher(
-                self._config,
+                config,
                 contributor=True,
                 join_generation=joined,
                 optional=self._report_optional,
             )
 
     def _report_request(self) -> Any:
-        fetch = False
+        fetch = self._progress.due()  # this worker's own step, once per interval
         if self._reporter is not None:
             self._runs += 1
-            fetch = not self._runs % self._report_every
-        if self._progress is not None and self._progress_due.due():
-            fetch = True  # this worker's own step, once per interval
+            fetch = fetch or not self._runs % self._report_every
         return tf.compat.v1.train.SessionRunArgs(self._global_step) if fetch else None
 
     def _close_waiter(self) -> None:
@@ -333,13 +262,208 @@ class GlobalStepWaiterHook(tf.compat.v1.train.SessionRunHook):  # type: ignore[m
             waiter.close()
 
 
-def wait_on_session(session: StepSource, target: int) -> int:
-    """TensorFlow's own wait: read the session's step until it reaches ``target``.
+class GlobalStepPublisherHook(tf.compat.v1.train.SessionRunHook):  # type: ignore[misc]
+    """Publishes the chief's global step for ``GlobalStepWaiterHook`` workers.
 
-    What ``GlobalStepWaiterHook`` does without ``STEPBARRIER_JOB``: the same reads
-    at the same pace as ``tf.compat.v1.train.GlobalStepWaiterHook``, and a line
-    when the step moved by more than 1000 since the last one, as TensorFlow says.
+    Add it to the chief's ``chief_only_hooks``. The global step is fetched with the
+    runs where it may matter and handed to a ``StepPublisher``, whose thread writes
+    to Redis; Redis being down never stops training. A worker is released late by
+    at most ``FETCH_EVERY`` runs or ``FETCH_WITHIN`` seconds of runs, never early
+    (docs/tensorflow-keras.md#how-the-chief-publishes). Each session starts a new
+    chief generation at its step, so a chief restored from a checkpoint publishes
+    its real, lower step.
+
+    ``end()`` (at the end of each session) publishes the exact final step and
+    finishes the job only at or above ``last_step``, aborting workers still waiting
+    for a later step; otherwise the publisher pauses, its heartbeat going on, until
+    the next session (docs/tensorflow-keras.md#how-a-job-is-finished). ``close()``
+    ends a pause without finishing; ``stepbarrier publish STEP --done`` finishes by hand.
+
+    Args:
+        config: The job's settings; ``None`` reads ``BarrierConfig.from_env()``
+            in ``begin()``.
+        last_step: The job is finished when a session ends at or above it.
+
+    Attributes:
+        verifications: Extra global-step reads done so far (for tests and
+            benchmarks).
+
+    Example:
+        ```python
+        chief_only_hooks = [GlobalStepPublisherHook(last_step=10_000)]
+        ```
     """
+
+    def __init__(self, config: BarrierConfig | None = None, *, last_step: int | None = None):
+        self._chief = ChiefPublishing(config, last_step)
+        self._global_step: Any = None
+        self._variable: Any = None
+        self._lead = StepLead()
+        self._fetches = FetchSchedule()
+        self._fetching = True
+        self.verifications = 0
+
+    @property
+    def publisher(self) -> StepPublisher | None:
+        """The publisher of the current session (``None`` outside a session)."""
+        return self._chief.publisher
+
+    def begin(self) -> None:
+        self._variable = self._global_step = _global_step_or_raise("GlobalStepPublisherHook")
+        follow_tensorflow_logging()
+        self._chief.configure()
+
+    def after_create_session(self, session: Any, coord: Any) -> None:
+        publisher = self._chief.new_session()
+        self._global_step = _step_tensor(self._variable)
+        step = int(session.run(self._global_step))
+        self._lead.restart(step)
+        self._fetches.restart(step)
+        self._chief.started(step)
+        log.info("job %s: chief session starts at global step %d", publisher.config.job, step)
+
+    def before_run(self, run_context: Any) -> Any:
+        publisher = self._chief.publisher
+        self._fetching = publisher is None or self._fetches.due(
+            self._lead, publisher.next_threshold
+        )
+        return tf.compat.v1.train.SessionRunArgs(self._global_step) if self._fetching else None
+
+    def after_run(self, run_context: Any, run_values: Any) -> None:
+        publisher = self._chief.publisher
+        if publisher is None:
+            return
+        self._fetches.run_ended(time.monotonic())
+        if not self._fetching:
+            last = self._fetches.skipped()
+            if last is not None:
+                self._chief.publish(last)
+            return
+        step = int(run_values.results)
+        lead = self._lead.observe(step, runs=self._fetches.unobserved)
+        self._fetches.fetched(step)
+        threshold = publisher.next_threshold
+        # -1: the generation's first write is still to come (Redis may be down);
+        # it goes out with any step, so there is nothing to confirm yet
+        if 0 <= threshold <= step + lead:
+            # The fetched value predates this run's own move: read the truth.
+            step = int(run_context.session.run(self._global_step))
+            self.verifications += 1
+            self._fetches.confirmed(step)
+        self._chief.publish(step)
+
+    def end(self, session: Any) -> None:
+        # The last fetched value may lag by one run; the final step must not, or
+        # a worker waiting for exactly that step would wait on.
+        self._chief.end(lambda: _read_step(session, self._global_step, "the final global step"))
+
+    def close(self) -> None:
+        """End the pause after the last session without finishing the job: the
+        heartbeat stops (waiting workers then reach their stall timeout)."""
+        self._chief.close()
+
+
+class StartBarrierHook(StartBarrier, tf.compat.v1.train.SessionRunHook):  # type: ignore[misc]
+    """Holds the task before its first step until every party has arrived.
+
+    Instead of sleeping and hoping (TensorFlow issues #21492, #32549, #51892). Put
+    it before a ``GlobalStepWaiterHook`` (hooks run in order): the chief, also at the
+    barrier, takes no step before every worker is there. It waits once per object.
+
+    Args:
+        parties: The chief and the workers: task ids ``0..parties-1``.
+        name: The barrier's name (one per run).
+        config: The job's settings; ``None`` reads ``BarrierConfig.from_env()``
+            in ``begin()``.
+        timeout: Seconds before ``BarrierTimeout``; ``None`` uses
+            ``STEPBARRIER_TIMEOUT`` (the stall timeout holds in any case).
+
+    Attributes:
+        released_at: ``time.time()`` when the barrier released this task (or,
+            under ``STEPBARRIER_ON_TIMEOUT=proceed``, when it gave up and started).
+
+    Example:
+        ```python
+        hooks = [StartBarrierHook(parties=3, timeout=600), *other_hooks]
+        ```
+    """
+
+    _log = log
+
+    def begin(self) -> None:
+        check_task(self._configure(), self._spec)
+
+    def before_run(self, run_context: Any) -> Any:
+        self._arrive_once()
+        return None
+
+
+class EndBarrierHook(EndBarrier, tf.compat.v1.train.SessionRunHook):  # type: ignore[misc]
+    """Arrives at the end barrier in ``end()``; the chief waits there for every worker.
+
+    The chief (whose exit often ends the whole job) so never leaves first, and marks
+    the job done once all have arrived. ``end()`` runs only when training ends
+    normally: a worker that crashed never arrives, and the chief's ``BarrierTimeout``
+    names it. On the chief put it after ``GlobalStepPublisherHook`` (or in ``hooks``
+    when the publisher is in ``chief_only_hooks``), whose ``end()`` must run first.
+
+    Args:
+        parties: As ``StartBarrierHook``'s (so are ``name``, ``config`` and
+            ``timeout``, which holds for the tasks that wait).
+        last_step: Arrive only at the end of a session at or above this global
+            step (for a chief that trains in several sessions); ``None``: at
+            the first ``end()``.
+        wait: Whether this task waits for the others; ``None``: only the chief
+            (task 0) does, a worker arrives and goes.
+        finish_job: The chief marks the job done once every worker has arrived.
+
+    Attributes:
+        complete: True once the barrier released the chief.
+        missing: The tasks that never arrived, when a timeout was let pass
+            (``STEPBARRIER_ON_TIMEOUT=proceed``).
+
+    Example:
+        ```python
+        hooks = [StartBarrierHook(parties=3), *other_hooks, EndBarrierHook(parties=3)]
+        ```
+    """
+
+    _log = log
+
+    def __init__(
+        self,
+        parties: int,
+        *,
+        name: str = "end",
+        config: BarrierConfig | None = None,
+        timeout: float | None = None,
+        last_step: int | None = None,
+        wait: bool | None = None,
+        finish_job: bool = True,
+    ) -> None:
+        super().__init__(
+            parties, name=name, config=config, timeout=timeout, wait=wait, finish_job=finish_job
+        )
+        self._last_step = None if last_step is None else operator.index(last_step)
+        self._global_step: Any = None
+
+    def begin(self) -> None:
+        check_task(self._configure(), self._spec)
+        self._global_step = tf.compat.v1.train.get_global_step()
+
+    def end(self, session: Any) -> None:
+        if self._arrived:
+            return
+        if self._last_step is not None:
+            step = _read_step(session, self._global_step, "the global step")
+            if step is None or step < self._last_step:
+                return  # a session that ends before the last step: not the end of training
+        self._arrive_once(lambda: _read_step(session, self._global_step, "the global step"))
+
+
+def wait_on_session(session: StepSource, target: int) -> int:
+    """TensorFlow's own wait, as ``GlobalStepWaiterHook`` does it without
+    ``STEPBARRIER_JOB``: TensorFlow's reads, pace and lines (one per 1000 steps)."""
     started = time.monotonic()
     logged: int | None = None
     while True:
@@ -367,11 +491,8 @@ _warned_unconfigured = False
 
 
 def _config_or_warn() -> BarrierConfig | None:
-    """``BarrierConfig.from_env()``, or ``None`` (after one WARNING) without ``STEPBARRIER_JOB``.
-
-    Raises:
-        ConfigurationError: ``STEPBARRIER_JOB`` is set and a variable is invalid.
-    """
+    """``BarrierConfig.from_env()`` (``ConfigurationError`` for an invalid variable), or
+    ``None`` (after one WARNING) without ``STEPBARRIER_JOB``."""
     global _warned_unconfigured
     if job_in_env():
         return BarrierConfig.from_env()
@@ -399,11 +520,9 @@ def hooks_from_env(
 ) -> list[Any]:
     """The stepbarrier hooks this host needs, from its environment.
 
-    The chief gets a ``GlobalStepPublisherHook``; a worker gets a
-    ``GlobalStepWaiterHook`` for ``STEPBARRIER_WAIT_UNTIL_STEP`` or its
-    ``STEPBARRIER_SCHEDULE`` step; a ps or evaluator task of ``TF_CONFIG`` gets
-    none (and needs no ``STEPBARRIER_*`` variable). The role and task id come
-    from ``STEPBARRIER_ROLE``/``STEPBARRIER_TASK_ID``, else from ``TF_CONFIG``.
+    The chief gets a ``GlobalStepPublisherHook``; a worker a ``GlobalStepWaiterHook``
+    for ``STEPBARRIER_WAIT_UNTIL_STEP`` or its ``STEPBARRIER_SCHEDULE`` step; a ps or
+    evaluator task of ``TF_CONFIG`` none (and needs no ``STEPBARRIER_*`` variable).
     No connection is made until the session starts.
 
     Args:
@@ -421,31 +540,96 @@ def hooks_from_env(
         barrier_timeout: Seconds a barrier waits; ``None``: ``STEPBARRIER_TIMEOUT``.
 
     Raises:
-        ConfigurationError: A variable is missing or invalid: no role at all
-            (neither ``STEPBARRIER_ROLE`` nor ``TF_CONFIG``, as with launchers
-            that pass ``--job_name``/``--task_index`` flags), or for a worker
-            neither a wait step nor a schedule.
-
-    Example:
-        ```python
-        hooks = hooks_from_env()
-        session = tf.compat.v1.train.MonitoredTrainingSession(
-            master=server.target, hooks=hooks
-        )
-        ```
+        ConfigurationError: A variable is missing or invalid: no role at all, or
+            for a worker neither a wait step nor a schedule.
     """
-    if barrier_role_from_env(environ) is None:
-        return []  # a ps or evaluator task takes no part in the barrier
-    config = BarrierConfig.from_env(environ)
-    before: list[Any] = []
-    after: list[Any] = []
-    if start_barrier or end_barrier:
-        count = barrier_parties_from_env(environ, parties)
-        before, after = barrier_hooks(
-            config, count, start=start_barrier, end=end_barrier, timeout=barrier_timeout
-        )
-    if config.role == "chief":
-        return [*before, GlobalStepPublisherHook(config, last_step=last_step), *after]
-    if start_barrier and config.wait_until_step is None and config.schedule is None:
-        return [*before, *after]  # the start barrier is this worker's start
-    return [*before, GlobalStepWaiterHook(config.resolved_wait_until_step(), config), *after]
+    return settings.from_env(
+        environ,
+        publisher=lambda config: GlobalStepPublisherHook(config, last_step=last_step),
+        waiter=GlobalStepWaiterHook,
+        start=StartBarrierHook,
+        end=EndBarrierHook,
+        start_barrier=start_barrier,
+        end_barrier=end_barrier,
+        parties=parties,
+        barrier_timeout=barrier_timeout,
+    )
+
+
+def _global_step_or_raise(hook_name: str) -> Any:
+    """The graph's global step; ``RuntimeError`` (TensorFlow's words) if it has none."""
+    global_step = tf.compat.v1.train.get_global_step()
+    if global_step is None:
+        raise RuntimeError(f"Global step should be created to use {hook_name}.")
+    return global_step
+
+
+def _step_tensor(global_step: Any) -> Any:
+    """What to fetch for the global step: the cached read that the hooks of
+    ``MonitoredTrainingSession`` fetch with every run (one read for all), else the
+    variable (cheaper than the cached read, which checks that it is initialised).
+    Looked up after every hook's ``begin()``, so their order does not matter."""
+    try:
+        from tensorflow.python.training import training_util
+
+        cached = global_step.graph.get_collection(training_util.GLOBAL_STEP_READ_KEY)
+    except Exception as exc:  # not in this TensorFlow: the variable does the same job
+        log.debug("no cached global-step read (%s); fetching the variable", exc)
+        return global_step
+    return cached[0] if cached else global_step
+
+
+def _read_step(session: Any, tensor: Any, what: str) -> int | None:
+    """``tensor``'s value in ``session``; ``None`` without one, or (with a WARNING)
+    when the session is unusable by now."""
+    if tensor is None:
+        return None
+    try:
+        return int(session.run(tensor))
+    except Exception as exc:
+        log.warning("could not read %s: %s", what, exc)
+        return None
+
+
+class _ToTensorFlow(logging.Handler):
+    """Hands stepbarrier's records to TensorFlow's logger, at its verbosity."""
+
+    level_set: int | None = None  # the level follow_tensorflow_logging gave the logger
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if logging.getLogger().handlers:
+            return  # the application configured logging since: the record goes there
+        tf_logger = tf.get_logger()
+        if record.levelno >= tf_logger.getEffectiveLevel():
+            tf_logger.handle(record)
+
+
+_to_tensorflow = _ToTensorFlow()
+
+
+def follow_tensorflow_logging() -> None:
+    """Let stepbarrier's lines follow TensorFlow's logger and verbosity, unless the
+    application configured logging for them: a user who sets
+    ``tf.compat.v1.logging.set_verbosity(INFO)`` with no ``logging.basicConfig`` sees
+    the hooks' lines with TensorFlow's. The hooks call it in ``begin()`` and when a
+    wait starts."""
+    sb_logger = logging.getLogger("stepbarrier")
+    handler = _to_tensorflow
+    ours = handler in sb_logger.handlers
+    # the logger's level is ours to follow TensorFlow's only if the application
+    # left it unset (or we set it): an application's own level stands
+    level_ours = sb_logger.level in (logging.NOTSET, handler.level_set)
+    if ours and logging.getLogger().handlers:
+        # the application configured logging since: its settings decide
+        sb_logger.removeHandler(handler)
+        if level_ours and handler.level_set is not None:
+            sb_logger.setLevel(logging.NOTSET)
+        handler.level_set = None
+        return
+    if not ours and sb_logger.hasHandlers():
+        return  # the application's own logging decides
+    if not ours:
+        sb_logger.addHandler(handler)
+    if level_ours:
+        handler.level_set = tf.get_logger().getEffectiveLevel()
+        sb_logger.setLevel(handler.level_set)

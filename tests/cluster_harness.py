@@ -26,7 +26,7 @@ from typing import Any, Literal
 import redis
 from redis.cluster import RedisCluster
 
-from stepbarrier.cli._demo.local_processes import free_port
+from examples.demo.local import free_port
 from tests.redis_harness import RedisServer
 from tests.security.certificates import Authority, Issued
 

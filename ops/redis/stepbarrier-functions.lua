@@ -6,6 +6,7 @@ local MAX_MARKER, MAX_PARTIES, MAX_BARRIER_INDEX = 64, 10000, 1000
 local MAX_TARGETS_READ, MAX_REMOVED = 1000, 1000
 local MAX_REGISTRATIONS, MAX_RESET_KEYS = 1000, 2000
 local MAX_ARGUMENT, MAX_RESTORED, MAX_WRITE_KEYS = 256, 1000, 8
+local MAX_INDEX_READ = 10000
 local MAX_TASK_ID, MAX_PROGRESS_TASKS = 1000000, 10000
 local MAX_PROGRESS_VALUE = 33
 local STATE_FIELDS = {'generation', 'step', 'beat', 'run_id', 'vouch', 'fence', 'begun', 'probation', 'done', 'pinned', 'reset_seen', 'chief', 'heartbeat_ms', 'done_ms', 'heartbeat_period_ms', 'idle_ms'}
@@ -510,24 +511,28 @@ return 1
 end
 redis.register_function{function_name='stepbarrier_v3_waiter_register', callback=waiter_register, flags={}}
 local function waiter_read(KEYS, ARGV)
--- KEYS[1] a hash: the job's state, or a named barrier (a key under
+-- KEYS[1] a hash: the job's state, or a named barrier (under
 -- stepbarrier:{JOB}:barrier:, the epoch included), KEYS[2] reset marker (read
--- only: FCALL_RO, no write permission needed); ARGV[1] (optional) 'wait': a
--- waiter's read of the state, which reads only the fields a wait decides by
--- (WAIT_FIELDS) and not the clock (now_ms '0')
--- Returns the Redis time, the reset marker and the hash:
---   {now_ms, reset marker or false, kind, field/value pairs...}
--- Only known fields are read: a state's STATE_FIELDS (a wait's: WAIT_FIELDS); a barrier's BARRIER_FIELDS
--- and EPOCH_FIELDS, then t0 .. t<parties - 1> of a barrier with valid parties.
--- kind is the key's type, or 'oversized' (nothing of it read): a hash of more
--- than MAX_FIELDS fields (a barrier: MAX_FIELDS + its parties), or a known
--- field longer than MAX_VALUE bytes (a task's: MAX_TASK_VALUE). A marker longer
--- than MAX_MARKER reads as 'oversized'. Its one loop, over a barrier's task
--- fields (at most MAX_PARTIES), only reads: FUNCTION KILL can end it.
-local refusal = called(KEYS, ARGV, 'a read', 2, 2, 0, 1)
+-- only: FCALL_RO); ARGV (optional): 'wait', a waiter's read of the state (only
+-- WAIT_FIELDS, now_ms '0'); or 'party', parties, task id: a party's read of a barrier
+-- Returns {now_ms, reset marker or false, kind, field/value pairs...}: a state's
+-- STATE_FIELDS (a wait's WAIT_FIELDS); a barrier's BARRIER_FIELDS, EPOCH_FIELDS and
+-- t0 .. t<parties - 1> (a party's: its own parties), or while HLEN less the own
+-- fields is below a party's parties (they cannot be complete), in O(1): kind
+-- 'counted', its own t<task> and 'tasks' (that bound). kind is else the key's type,
+-- or 'oversized' (nothing read): more than MAX_FIELDS fields (a barrier: plus its
+-- parties), or a known field over MAX_VALUE bytes (a task's: MAX_TASK_VALUE); so is
+-- a marker over MAX_MARKER. Its one loop (at most MAX_PARTIES task fields) only
+-- reads: FUNCTION KILL can end it.
+local refusal = called(KEYS, ARGV, 'a read', 2, 2, 0, 3)
 if refusal then return refusal end
-if ARGV[1] ~= nil and ARGV[1] ~= 'wait' then return refused("a read takes no argument or 'wait'") end
-local wait = ARGV[1] == 'wait'
+local wait, own = ARGV[1] == 'wait' and #ARGV == 1, nil
+local caller, task = whole(ARGV[2]), whole(ARGV[3])
+if ARGV[1] == 'party' and caller and task and task < caller and caller <= MAX_PARTIES then
+  own = 't' .. string.format('%.0f', task)
+elseif #ARGV > 0 and not wait then
+  return refused("a read takes no argument, 'wait', or 'party', the parties and a task id")
+end
 local result = {wait and '0' or string.format('%.0f', now_ms())}
 local marker = short_string(KEYS[2], MAX_MARKER)
 if marker == false then marker = 'oversized' elseif marker == nil then marker = false end
@@ -542,14 +547,29 @@ end
 local kind, fields, length = read_hash(KEYS[1], names, MAX_FIELDS + (barrier and MAX_PARTIES or 0))
 local parties = barrier and kind == 'hash' and barrier_parties(fields) or 0
 if kind == 'hash' and length > MAX_FIELDS + parties then kind = 'oversized' end
+local tasks = length
 result[3] = kind
-if kind ~= 'hash' then return result end
 for _, name in ipairs(names) do
   if fields[name] then
     result[#result + 1] = name
     result[#result + 1] = fields[name]
+    tasks = tasks - 1
   end
 end
+if kind ~= 'hash' then return {result[1], result[2], kind} end
+if own and barrier and tasks < caller then
+  -- the arrivals cannot be complete: O(1), the caller's own arrival and the bound
+  result[3] = 'counted'
+  local value = field_values(KEYS[1], {own}, MAX_TASK_VALUE)
+  if value and value[1] then
+    result[#result + 1] = own
+    result[#result + 1] = value[1]
+  end
+  result[#result + 1] = 'tasks'
+  result[#result + 1] = string.format('%.0f', tasks)
+  return result
+end
+if own and barrier then parties = caller end
 for first = 0, parties - 1, 1000 do
   local tasks = {}
   for id = first, math.min(first + 999, parties - 1) do tasks[#tasks + 1] = 't' .. id end
@@ -565,6 +585,32 @@ end
 return result
 end
 redis.register_function{function_name='stepbarrier_v3_waiter_read', callback=waiter_read, flags={'no-writes'}}
+local function index_read(KEYS, ARGV)
+-- KEYS[1] a job's sorted set (its targets or its barrier index); ARGV[1] the
+-- first rank, ARGV[2] how many (at most MAX_INDEX_READ), lowest score first
+-- Returns {skipped, member, score, ...}: the members of at most MAX_ARGUMENT
+-- bytes, with their scores as stored; skipped counts the longer ones, which are
+-- never sent (a role that may write the set may plant megabyte members)
+local refusal = called(KEYS, ARGV, 'an index read', 1, 1, 2, 2)
+if refusal then return refusal end
+local first, count = whole(ARGV[1]), whole(ARGV[2])
+if not first or not count or count > MAX_INDEX_READ then
+  return refused('an index read takes a first rank and at most ' .. MAX_INDEX_READ .. ' members')
+end
+local result = {0}
+if count == 0 then return result end
+local found = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '+inf', 'WITHSCORES', 'LIMIT', first, count)
+for i = 1, #found, 2 do
+  if #found[i] > MAX_ARGUMENT then
+    result[1] = result[1] + 1
+  else
+    result[#result + 1] = found[i]
+    result[#result + 1] = found[i + 1]
+  end
+end
+return result
+end
+redis.register_function{function_name='stepbarrier_v3_index_read', callback=index_read, flags={'no-writes'}}
 local function waiter_leave(KEYS, ARGV)
 -- KEYS[1] this waiter's registry hash, KEYS[2] targets zset; ARGV[1] waiter id
 local refusal = called(KEYS, ARGV, 'a leave', 2, 2, 1, 1)

@@ -1,49 +1,44 @@
 """Named barriers of a job: every task waits until tasks ``0..parties-1`` have arrived.
 
-The start and end of training are the usual ones: no worker trains before all
-are up, and the chief does not exit before every worker has finished. The wait
-is push-based and race-free, like the step barrier's: arrive (one function
-call records this task and, if it is the last one, marks the barrier complete
-and announces it), subscribe, then read the barrier. The last arrival releases
-everyone within milliseconds; nobody polls (a read every ``fallback_interval``
-covers a lost message). A reset of the job (``stepbarrier reset``) aborts a
-waiting arrival.
+The start and end of training are the usual ones. The wait is push-based and
+race-free (``stepbarrier._barriers.wait``); a reset of the job aborts it.
 
 Limits: A barrier has no idea whether a task that has not arrived is still alive:
 the stall timeout ends a wait after ``stall_timeout`` seconds without a new
-arrival, the overall timeout after ``timeout``. Both raise ``BarrierTimeout``
-naming the missing tasks. A task that arrived and then died still counts.
-A barrier's keys live ``key_ttl`` after its latest arrival: a task that
-arrives again after that (a worker restarted a week into training, with
-the default TTL) finds no barrier and waits at a new one.
+arrival, the overall timeout after ``timeout``, both naming the missing tasks. A
+task that arrived and then died still counts. A barrier's keys live ``key_ttl``
+after its latest arrival: a task that arrives again after that finds no barrier
+and waits at a new one.
 """
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Callable
-from types import TracebackType
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from stepbarrier._barriers.wait import BarrierWait, Party
+from stepbarrier._barriers.wait import MAX_INDEXED_BARRIERS, ArriveAgain, BarrierRules
 from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._protocol.barrier_record import (
     BarrierState,
     barrier_member,
+    parse_barrier_notice,
     state_from_read,
     validate_barrier_name,
     validate_parties,
 )
-from stepbarrier._redis.client import RedisClient, make_client
-from stepbarrier._redis.functions import RedisCode
+from stepbarrier._protocol.calls import Call, barrier_arrive_call, read_call
+from stepbarrier._redis.client import RedisClient
+from stepbarrier._redis.functions import RedisCode, publish_command
 from stepbarrier._redis.retries import call_with_retries
-from stepbarrier.errors import ConfigurationError
+from stepbarrier._worker.links import ChannelWait, LazyClient
+from stepbarrier.errors import ConfigurationError, RedisUnavailable
 
 READ_RETRY_SECONDS = 5.0
 """How long ``Barrier.read`` retries an unreachable Redis."""
 
 
-class Barrier:
+class Barrier(LazyClient):
     """A named barrier of the job in ``config``, for ``parties`` tasks.
 
     Task ids are ``config.task_id`` (the chief is 0, worker *i* of ``TF_CONFIG``
@@ -81,7 +76,7 @@ class Barrier:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        self.config = config
+        super().__init__(config, client)
         self.name = validate_barrier_name(name)
         self.parties = validate_parties(parties)
         if config.task_id is None:
@@ -101,10 +96,6 @@ class Barrier:
         self.task_id: int = config.task_id
         self.member = barrier_member(self.name, config.run_id)
         self.key = config.keys.barrier(self.member)
-        self._owns_client = client is None
-        self._client: RedisClient | None = client
-        self._code_of: RedisCode | None = None
-        self._lock = threading.Lock()
         self._clock = clock
         self._sleep = sleep
 
@@ -133,36 +124,19 @@ class Barrier:
             RedisRefused: Redis refused us (authentication, ACL, TLS).
         """
         limit = self.config.timeout if timeout is None else timeout
-        return BarrierWait(self._party(), limit).run(wait=wait)
-
-    def _party(self) -> Party:
-        """What an arrival needs of this barrier."""
-        return Party(
-            config=self.config,
-            name=self.name,
-            member=self.member,
-            key=self.key,
-            parties=self.parties,
-            task_id=self.task_id,
-            code=self._code,
-            connected=self._connected,
-            clock=self._clock,
-            sleep=self._sleep,
-        )
+        return BarrierWait(self, limit).run(wait=wait)
 
     def read(self) -> BarrierState | None:
-        """The barrier as stored (``None`` before the first arrival).
-
-        As stored means it may be stale: begun under an earlier barrier epoch
-        (``.epoch``) than the job's current one, before a reset or the job's
-        finish, in which case the next arrival begins it anew.
+        """The barrier as stored (``None`` before the first arrival): it may be stale,
+        begun under an earlier epoch (``.epoch``) than the job's current one, in which
+        case the next arrival begins it anew.
 
         Raises:
             RedisUnavailable: Redis was unreachable for ``READ_RETRY_SECONDS``.
             RedisRefused: Redis refused the read (authentication, ACL).
         """
         reply = call_with_retries(
-            lambda: self._code().call("waiter_read", [self.key, self.config.keys.reset], []),
+            lambda: self._code().call(*read_call(self.key, self.config.keys.reset)),
             self.config,
             action=f"read barrier {self.name!r}",
             deadline=self._clock() + READ_RETRY_SECONDS,
@@ -171,33 +145,108 @@ class Barrier:
         )
         return state_from_read(self.member, list(reply), parties=self.parties)
 
-    def close(self) -> None:
-        """Release the connection (only if the barrier made its own client)."""
-        with self._lock:
-            client, self._client, self._code_of = self._client, None, None
-        if self._owns_client and client is not None:
-            client.close()
 
-    def _connected(self) -> RedisClient:
-        with self._lock:
-            if self._client is None:
-                self._client = make_client(self.config)
-            return self._client
+class BarrierWait(ChannelWait[bool]):
+    """The I/O of one ``Barrier.arrive`` call; ``BarrierRules`` decides."""
+
+    def __init__(self, barrier: Barrier, timeout: float | None) -> None:
+        config = barrier.config
+        self.barrier = barrier
+        self.rules = BarrierRules(
+            config,
+            barrier.name,
+            barrier.member,
+            barrier.parties,
+            barrier.task_id,
+            barrier._clock,
+            timeout,
+        )
+        super().__init__(
+            config, self.rules, config.keys.barrier_channel, barrier._connected, barrier._sleep
+        )
+        self._code_of: RedisCode | None = None
+
+    def run(self, *, wait: bool) -> bool:
+        try:
+            if self._arrive(read_marker=wait):
+                return True
+            return self._listen(self._reconnect()) if wait else False
+        except RedisUnavailable as exc:
+            error = self.rules.unreachable(exc)
+            if error is exc:
+                raise
+            raise error from exc
+        finally:
+            self._close_pubsub()
+            code, self._code_of = self._code_of, None
+            if code is not None:
+                code.close()
 
     def _code(self) -> RedisCode:
-        client = self._connected()
-        with self._lock:
-            if self._code_of is None:
-                self._code_of = RedisCode(client, self.config)
-            return self._code_of
+        """This wait's code runner, on the barrier's client (bounded calls, on a
+        connection of their own, closed at the end)."""
+        if self._code_of is None:
+            self._code_of = RedisCode(self.barrier._connected(), self.config)
+        return self._code_of
 
-    def __enter__(self) -> Barrier:
-        return self
+    def _arrive(self, *, read_marker: bool = False, restore: Sequence[int] = ()) -> bool | None:
+        """Record this task (again), and the arrivals of ``restore`` on their behalf;
+        True if the barrier is complete (``read_marker``: read the reset marker first,
+        in the same round trip)."""
+        b, rules, keys = self.barrier, self.rules, self.config.keys
+        party = (b.parties, b.task_id)
+        calls: list[Call] = [read_call(b.key, keys.reset, party=party)] if read_marker else []
+        arrive = barrier_arrive_call(
+            barrier=b.key,
+            index=keys.barrier_index,
+            epoch=keys.barrier_epoch,
+            member=b.member,
+            task_id=b.task_id,
+            parties=b.parties,
+            key_ttl=self.config.key_ttl,
+            channel=keys.barrier_channel,
+            publish_command=publish_command(self.config),
+            run_id=self.config.run_id or "",
+            max_indexed=MAX_INDEXED_BARRIERS,
+            arrived_under=rules.epoch,
+            restore=[(task, rules.seen[task]) for task in restore],
+        )
+        calls.append(arrive)
+        replies = self._retry(
+            lambda: self._code().pipeline(calls, timeout=self._call_timeout()),
+            f"arrive at barrier {b.name!r}",
+        )
+        if read_marker:
+            rules.check_reset(replies[0][1])
+        return rules.on_arrival(replies[-1])
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
+    def _read(self, *, every: bool = False) -> bool | None:
+        """Read the barrier: in O(1) while it cannot be complete, unless ``every``
+        arrival is to be read (lost arrivals to find, a last chance's missing tasks)."""
+        b = self.barrier
+        party = None if every else (b.parties, b.task_id)
+        reply = self._retry(
+            lambda: list(
+                self._code().call(
+                    *read_call(b.key, self.config.keys.reset, party=party),
+                    timeout=self._call_timeout(),
+                )
+            ),
+            f"read barrier {b.name!r}",
+        )
+        self.rules.read_done()
+        outcome = self.rules.on_read(reply)
+        if isinstance(outcome, str):  # READ_ALL
+            return self._read(every=True)
+        if isinstance(outcome, ArriveAgain):
+            return self._arrive(restore=outcome.restore)
+        return outcome
+
+    def _last_chance(self) -> bool | None:
+        try:  # every arrival: the timeout names the missing tasks
+            return self._read(every=True)
+        except self.survivable:
+            return None
+
+    def _on_message(self, message: Any) -> bool | None:
+        return self._read() if self.rules.concerns(parse_barrier_notice(message)) else None

@@ -1,15 +1,10 @@
 """Finishing a job once its end barrier completed: every party has finished training.
 
-The chief's end barrier (``EndBarrierHook``, ``EndBarrierCallback``) completes
-only when every worker has arrived, that is, finished training. Nothing can
-still need the job then, so the chief marks it done, as ``last_step`` or
-``stepbarrier publish STEP --done`` do: a step wait that is not a party (an
-evaluator's, say) ends with ``BarrierAborted`` rather than waiting for ever,
-``stepbarrier watch --until-done`` ends, and the job's keys expire after
-``STEPBARRIER_DONE_TTL``. The chief also ends the job's barrier epoch, so that
-a rerun under the same job name (without a run id) begins every barrier anew
-instead of passing its start barrier at once, however many barriers the job
-had; this run's barriers the index names also get the shorter TTL, to tidy up.
+Nothing can still need the job then, so the chief marks it done, as ``last_step``
+or ``stepbarrier publish STEP --done`` do (a step wait that is not a party ends,
+and the keys expire after ``STEPBARRIER_DONE_TTL``), and ends the job's barrier
+epoch, so that a rerun under the same job name (without a run id) begins every
+barrier anew; this run's barriers the index names also get the shorter TTL.
 """
 
 from __future__ import annotations
@@ -70,14 +65,8 @@ def finish_job(config: BarrierConfig, final_step: int, client: RedisClient | Non
 
 
 def end_barrier_epoch(config: BarrierConfig, client: RedisClient | None = None) -> None:
-    """Make every barrier of the job stale at once, whatever the barrier index holds.
-
-    A new epoch token is written, marked ``by=finish``: every barrier of the
-    ended epoch is stale, and a party's remembered arrivals of it are never
-    carried into the next one (a rerun's barrier of the same name starts
-    empty). A party still waiting at a barrier that completed in the ended
-    epoch is released all the same: its arrival's epoch is the barrier's.
-    """
+    """Make every barrier of the job stale at once, whatever the barrier index holds: a
+    new epoch token, ``by=finish`` (docs/protocol.md#barriers)."""
     key = config.keys.barrier_epoch
 
     def write(active: RedisClient) -> None:

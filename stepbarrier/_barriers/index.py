@@ -10,7 +10,6 @@ line, never an exception.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +20,6 @@ from stepbarrier._redis.client import RedisClient
 
 STATUS_BARRIERS = 50
 """Most barriers ``status`` reads: those with the latest arrivals."""
-_MEMBER = re.compile(rb"[A-Za-z0-9._-]{1,64}(:[A-Za-z0-9._-]{1,64})?")
 
 
 @dataclass(frozen=True)
@@ -69,10 +67,6 @@ def barrier_keys(client: RedisClient, keys: JobKeys) -> list[bytes]:
         return []  # not a sorted set: reset deletes it, and there is nothing to follow
     prefix = keys.barrier_prefix.encode()
     return [prefix + _to_bytes(member) for member in members]
-
-
-def _age(now_ms: int, then_ms: int | None) -> float | None:
-    return None if then_ms is None else max(0.0, (now_ms - then_ms) / 1000)
 
 
 def _to_bytes(member: Any) -> bytes:

@@ -1,8 +1,5 @@
-"""One write of a step to Redis: the publishing script's call and its reply.
-
-``StepPublisher`` decides when to write; this module knows what a write sends
-(the step, the run, how fresh the step is) and how to read the reply back,
-without trusting it: targets that are not whole steps in range are dropped.
+"""One call of a step's writer to Redis (``begin_generation``, ``publish_step``) and its
+reply, read back without trusting it (targets that are not whole steps in range are dropped).
 """
 
 from __future__ import annotations
@@ -11,7 +8,7 @@ import math
 from dataclasses import dataclass
 
 from stepbarrier._config.settings import BarrierConfig
-from stepbarrier._protocol.calls import WriterMode, publish_step_call
+from stepbarrier._protocol.calls import WriterMode, begin_generation_call, publish_step_call
 from stepbarrier._protocol.wire import parse_int, parse_run_id
 from stepbarrier._redis.client import RedisClient
 from stepbarrier._redis.functions import RedisCode, publish_command
@@ -22,44 +19,14 @@ MAX_TARGETS = 256
 
 @dataclass(frozen=True)
 class WriteResult:
-    """What Redis answered to one write.
+    """What Redis answered to one write (docs/protocol.md#write)."""
 
-    Attributes:
-        status: ``library.ACCEPTED``, ``SUPERSEDED``, ``WAS_RESET``,
-            ``NOTHING_TO_JOIN`` or ``OTHER_GENERATION``.
-        stored_step: The step stored after the write (``None`` if none).
-        stored_generation: The generation stored after the write.
-        repaired: True if malformed content in the job's keys was replaced.
-        probation: The id of the probation the stored state is on (0: none): it
-            vouches for nothing until its writer, having learned this id, waited
-            out ``FENCE`` and says so (docs/protocol.md#probation). Every reply
-            carries it, so a lost reply costs nothing.
-        targets: Steps that registered waiters still wait for, lowest first.
-    """
-
-    status: int
-    stored_step: int | None
+    status: int  # library.ACCEPTED, SUPERSEDED, WAS_RESET, NOTHING_TO_JOIN or OTHER_GENERATION
+    stored_step: int | None  # after the write (None: none)
     stored_generation: int | None
-    repaired: bool
-    targets: tuple[int, ...]
-    probation: int = 0
-
-
-@dataclass(frozen=True)
-class Beginning:
-    """What a new generation learns from Redis before its first write.
-
-    Attributes:
-        generation: The new generation number.
-        reset_marker: The job's reset marker now (``""``: none); the
-            generation's writes carry it, and a reset replaces it.
-        stored: The state found: its run id, beat, done flag, chief and generation
-            (``None`` if there was no valid state).
-    """
-
-    generation: int
-    reset_marker: str
-    stored: StoredSummary | None
+    repaired: bool  # malformed content in the job's keys was replaced
+    targets: tuple[int, ...]  # the steps registered waiters still wait for, lowest first
+    probation: int = 0  # the stored state's probation (0: none; docs/protocol.md#probation)
 
 
 @dataclass(frozen=True)
@@ -74,56 +41,36 @@ class StoredSummary:
 
 
 @dataclass(frozen=True)
-class StepWrite:
-    """The values of one write.
-
-    Attributes:
-        generation: The writer's generation (a contributor: the one it joined, or 0).
-        step: The step to store.
-        done: Mark the job finished (a chief only).
-        vouch: The writer vouches for ``step`` (out of probation, and its loop
-            handed the step over lately, by the writer's own clock).
-        reset_marker: The reset marker the writer began under (``""``: none).
-        served: The probation this writer has waited out (its id; 0: none).
-        idle_ms: How long ago the writer's loop handed its last step over (ms,
-            its own clock; 0 in a pause between sessions).
-    """
+class Beginning:
+    """What a new generation learns from Redis before its first write."""
 
     generation: int
+    reset_marker: str  # the job's now ("": none): its writes carry it, a reset replaces it
+    stored: StoredSummary | None  # the state found (None: no valid one)
+
+
+@dataclass(frozen=True)
+class StepWrite:
+    """The values of one write (docs/protocol.md#write): ``publish_step_call``'s own."""
+
+    generation: int  # the writer's (a contributor's: the one it joined, or 0)
     step: int
     done: bool
     vouch: bool
-    reset_marker: str
-    served: int = 0
-    idle_ms: int = 0
+    reset_marker: str  # the one the writer began under ("": none)
+    served: int = 0  # the probation this writer has waited out (its id; 0: none)
+    idle_ms: int = 0  # ms the loop has been quiet beyond its confirmation window (0: paused)
 
 
 class StepWriter:
-    """Sends a job's step writes through the ``publish_step`` code.
-
-    Args:
-        client: The writer's redis-py client.
-        config: The job's settings.
-        chief: ``host:pid`` of the writer, stored for operators.
-        contributor: Write as a training worker that only raises the step of
-            the generation it joined, never as the chief.
-        operator: Write as an operator (``stepbarrier publish``): a pinned step.
-    """
+    """Sends a job's step writes (``chief``: who writes, stored for operators)."""
 
     def __init__(
-        self,
-        client: RedisClient,
-        config: BarrierConfig,
-        chief: str,
-        *,
-        contributor: bool,
-        operator: bool = False,
+        self, client: RedisClient, config: BarrierConfig, chief: str, mode: WriterMode = "chief"
     ) -> None:
         self._config = config
         self._chief = chief
-        self._mode: WriterMode = (
-            "contributor" if contributor else "operator" if operator else "chief"
-        )
+        self._mode = mode
         self._code = RedisCode(client, config, own_connection=True)  # the writer thread's alone
         # the highest generation this writer knows of: a begin numbers its
         # generation above it, whatever the clock of a Redis that forgot the
@@ -136,14 +83,10 @@ class StepWriter:
 
     def begin_generation(self) -> Beginning:
         """A new generation number above every one the job has used, and what it found."""
-        keys = self._config.keys
-        reply = list(
-            self._code.call(
-                "begin_generation",
-                [keys.state, keys.reset],
-                [self._config.run_id or "", self.floor],
-            )
+        call = begin_generation_call(
+            self._config.keys, run_id=self._config.run_id or "", floor=self.floor
         )
+        reply = list(self._code.call(*call))
         generation, marker, run, beat, done, chief, stored = (_text(x) for x in reply[:7])
         stored_generation = parse_int(stored) or 0
         self.floor = max(self.floor, int(generation), stored_generation)
@@ -159,28 +102,30 @@ class StepWriter:
         return Beginning(int(generation), marker, summary)
 
     def write(self, values: StepWrite) -> WriteResult:
-        """Run the publishing code once (one try; the caller retries)."""
+        """One try (the caller retries)."""
         keys, config = self._config.keys, self._config
         name, call_keys, args = publish_step_call(
-            state=keys.state,
-            targets=keys.targets,
-            reset=keys.reset,
+            # its fields one by one: dataclasses.asdict deep-copies, some 75k instructions
+            # a write (bench.instructions, the chief's part)
             generation=values.generation,
             step=values.step,
             done=values.done,
+            vouch=values.vouch,
+            reset_marker=values.reset_marker,
+            served=values.served,
+            idle_ms=values.idle_ms,
+            state=keys.state,
+            targets=keys.targets,
+            reset=keys.reset,
             key_ttl=config.key_ttl,
             channel=keys.channel,
             writer=self._chief,
             max_targets=MAX_TARGETS,
             run_id=config.run_id or "",
-            vouch=values.vouch,
             heartbeat_ms=max(1, round(config.heartbeat * 1000)),
             finished_ttl=finished_ttl(config),
-            reset_marker=values.reset_marker,
             mode=self._mode,
             publish_command=publish_command(config),
-            served=values.served,
-            idle_ms=values.idle_ms,
         )
         reply = self._code.call(name, call_keys, args)
         status, stored_step, stored_generation, repaired, probation, *targets = reply

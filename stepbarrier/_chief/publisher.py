@@ -1,48 +1,46 @@
 """The chief's side: hand over the global step, and let a thread publish it.
 
-``publish(step)`` is on the training thread's hot path, so it only stores the
-number and, when the step crosses a step some worker waits for, sets an event:
-a few microseconds, no I/O, no exception because Redis is down.
-
-A background thread does the Redis work. It writes once per heartbeat (step,
-Redis-time heartbeat, TTLs) and once per crossed threshold, whatever the step
-rate: the thresholds are the targets registered by waiting workers, returned by
-every write, and pushed to a second thread the moment a new worker registers.
-Outages are retried with backoff; the latest step is written once Redis is back.
-
-Each write also says how long ago the training loop last handed the step over.
-A step that no loop has confirmed for longer than its confirmation window (a
-chief recovering its session, say) releases no newly arriving worker.
-
-The heartbeat says that the training loop lives, not only the process: once the
-loop has handed no step over for the stall timeout (or its confirmation window,
-if that is longer: a slow chief's long steps), the heartbeat stops (a loop
-that died in a process that lives on, a notebook, a caught exception), so that
-waiting workers reach their stall timeout; the next ``publish`` resumes it. A
-loop that ends one session in order and may start another says so with
-``pause``: the heartbeat then goes on, vouching for nothing new, until the next
-``publish`` (TensorFlow's workers wait on between a chief's sessions too).
+``publish(step)`` is on the training thread's hot path: it stores the number and,
+when the step crosses a waiting worker's target, sets an event (no I/O, no
+exception because Redis is down). A writer thread writes once per heartbeat and
+once per crossed threshold, whatever the step rate; the targets come back with
+every write and at once through the ``RegistrationListener``. What each write and
+reply mean is ``PublisherState``'s to decide; the heartbeat speaks for the
+training loop and goes on through a ``pause`` (docs/protocol.md#loop-alive).
 """
 
 from __future__ import annotations
 
+import heapq
 import logging
+import math
 import os
 import socket
 import threading
 import time
 from collections.abc import Callable
-from types import TracebackType
 
-from stepbarrier._chief.state import log
-from stepbarrier._chief.threads import LOST_REDIS_WAIT, PublisherLoop
+import redis
+
+from stepbarrier._chief.publish_call import Beginning, StepWriter
+from stepbarrier._chief.state import Handover, PublisherState, log
 from stepbarrier._config.settings import BarrierConfig
-from stepbarrier._protocol.wire import checked_step
-from stepbarrier._redis.client import RedisClient
-from stepbarrier.errors import StepBarrierError
+from stepbarrier._protocol.calls import WriterMode
+from stepbarrier._protocol.freshness import FENCE
+from stepbarrier._protocol.wire import checked_step, parse_int
+from stepbarrier._redis.client import RedisClient, disconnect_all, refresh_topology
+from stepbarrier._redis.outage import LOST_REDIS_WAIT, BackgroundWriter, Outage
+
+_listener_log = logging.getLogger("stepbarrier._chief.registrations")  # its lines' own name
 
 STEP_TIME_SMOOTHING = 0.2
 """Weight of the newest gap in the running mean of the time between two publishes."""
+REGISTRATION_BLOCK = 30
+"""Seconds one BLPOP blocks; a new waiter ends it at once."""
+REGISTRATION_BATCH = 1000
+"""Most registrations one wake takes off the list."""
+REPORT_PER_WAKE = 32
+"""Most targets one wake hands to the publisher (the lowest, without duplicates)."""
 
 # The paused chief publisher of each job in this process (at most one): a new
 # chief publisher of the job (a hook or callback made anew for the next session)
@@ -52,7 +50,7 @@ _paused: dict[tuple[str, str], StepPublisher] = {}
 _paused_lock = threading.Lock()
 
 
-class StepPublisher:
+class StepPublisher(BackgroundWriter):
     """Publishes the chief's global step for a job's waiting workers.
 
     Args:
@@ -102,38 +100,48 @@ class StepPublisher:
     ) -> None:
         if contributor and operator:
             raise ValueError("a publisher is a contributor or an operator, not both")
-        self.config = config
+        mode: WriterMode = "contributor" if contributor else "operator" if operator else "chief"
+        outage = Outage(config, action="publish the step", doing="publishing", log=log)
+        super().__init__(config, client, name="publisher", outage=outage)
         self.contributor = contributor
+        self._mode = mode
         self._clock = clock
         self._closed = False
-        chief = (description or f"{socket.gethostname()}:{os.getpid()}")[:200]
-        # The background side: the writer thread and the registration listener.
-        self._loop = PublisherLoop(
+        self._pause_key = (config.job, config.redis_url)
+        self._chief_name = (description or f"{socket.gethostname()}:{os.getpid()}")[:200]
+        self._writer: StepWriter | None = None
+        # what publish() writes and reads: plain attributes, no lock (see Handover)
+        self._handover = Handover(handed_at=clock())
+        # _wake: write now (a crossed threshold, flush(), close())
+        self._state = PublisherState(
             config,
-            client,
+            self._handover,
+            self._wake,
             clock=clock,
-            contributor=contributor,
-            chief_name=chief,
-            operator=operator,
-            optional=optional and contributor,
+            mode=mode,
+            quiet=optional and contributor,
+        )
+        self._final_done: bool | None = None
+        self._close_deadline = math.inf  # may grow to the next one: see _finish
+        self._answered_deadline = -math.inf  # the close's whole timeout's
+        self._listener = (
+            None if contributor else RegistrationListener(config, self._state.on_registration)
         )
         if contributor and join_generation is not None:
-            self._loop.state.join(_checked_generation(join_generation))
-        if not contributor and not operator:
+            self._state.join(checked_step(join_generation, what="join_generation", low=1))
+        if mode == "chief":
             with _paused_lock:
                 earlier = _paused.pop(self._pause_key, None)
-            if earlier is not None and earlier._loop.paused:
+            if earlier is not None and earlier._handover.paused:
                 earlier.close(done=False, timeout=2.0)  # its next session is this one
-        # What publish() writes and reads: plain attributes, no lock (see Handover).
-        self._handover = self._loop.handover
-        self._loop.start()
+        self._thread.start()
+        if self._listener is not None:
+            self._listener.start()
 
     @classmethod
     def from_env(cls) -> StepPublisher:
         """A publisher configured from ``STEPBARRIER_*`` variables."""
         return cls(BarrierConfig.from_env())
-
-    # -- the training thread's side ------------------------------------------------
 
     def publish(self, step: int) -> None:
         """Hand over the chief's current global step; returns at once.
@@ -159,7 +167,7 @@ class StepPublisher:
         handover.latest = value
         handover.handed += 1
         if value >= handover.next_threshold:
-            self._loop.wake.set()
+            self._wake.set()
 
     @property
     def next_threshold(self) -> float:
@@ -175,7 +183,7 @@ class StepPublisher:
     @property
     def active(self) -> bool:
         """False once a newer chief took the job over or the job was reset."""
-        return self._loop.active
+        return self._state.ended is None
 
     @property
     def step_time(self) -> float | None:
@@ -184,34 +192,18 @@ class StepPublisher:
 
     @property
     def generation(self) -> int | None:
-        """The chief generation this publisher writes as: its own once begun; a
-        contributor's, the one it joined. ``None`` before either."""
-        return self._loop.state.generation
-
-    @property
-    def writes(self) -> int:
-        """Number of successful writes to Redis (for tests and benchmarks)."""
-        return self._loop.writes
+        """The chief generation written as (a contributor's: the one it joined), or ``None``."""
+        return self._state.generation
 
     @property
     def redis_lost(self) -> bool:
-        """True while the latest write failed because Redis could not be reached
-        (the writer keeps trying; ``close`` and ``pause`` then wait at most
-        ``LOST_REDIS_WAIT`` for it)."""
-        return self._loop.failing
+        """True while the latest write failed because Redis could not be reached."""
+        return self._outage.failing
 
     @property
     def last_error(self) -> str | None:
-        """The most recent error as one clear line, ``None`` after a successful write."""
-        return self._loop.last_error
-
-    @property
-    def last_failure(self) -> StepBarrierError | None:
-        """The most recent Redis error (``RedisRefused``, ``RedisUnavailable``), or ``None``.
-
-        ``None`` after a successful write; after ``close``, why its final write failed.
-        """
-        return self._loop.last_failure
+        """The most recent error as one clear line (why it ended, once it did)."""
+        return self._state.end_message if self._state.ended is not None else self._outage.last_error
 
     def pause(self, *, flush_timeout: float | None = None) -> bool:
         """Keep the heartbeat going while the training loop hands nothing over.
@@ -233,19 +225,18 @@ class StepPublisher:
             True if the last step is stored (or nothing was waited for); if
             not, a warning says why (as ``close`` does).
         """
-        self._loop.pause()
+        self._handover.paused_at = self._handover.handed
+        self._handover.skip_gap = True
         if not self.contributor:
             with _paused_lock:
                 _paused[self._pause_key] = self
-        if flush_timeout is None or self._flush_while_reachable(flush_timeout) or not self.active:
+        if flush_timeout is None or self._handover.latest is None:
             return True
-        log.warning(
-            "job %s: the final step %s may not have reached Redis (%s)",
-            self.config.job,
-            self._handover.latest,
-            self.last_error or "timed out",
-        )
-        return False
+        deadline = self._clock() + self._end_wait(flush_timeout)
+        stored = self._wait_stored(self._handover.handed, deadline, while_reachable=True)
+        if not stored and self.active:
+            self._say_not_stored(logging.WARNING)
+        return stored or not self.active
 
     def new_generation(self) -> None:
         """Start a new chief generation (after a restart or a checkpoint restore).
@@ -254,7 +245,7 @@ class StepPublisher:
         waiters follow the real step rather than a stale maximum. A write already
         on its way under the old generation no longer counts for ``flush``.
         """
-        self._loop.new_generation()
+        self._state.new_generation()
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until the last handed-over step is stored in Redis.
@@ -264,21 +255,10 @@ class StepPublisher:
             newer chief generation has taken the job over, the job was reset, or
             Redis refused a write (a wrong password, an ACL) while waiting.
         """
-        wanted = self._handover.handed
         if self._handover.latest is None:
             return True
         deadline = None if timeout is None else self._clock() + timeout
-        return self._loop.wait_stored(wanted, deadline)
-
-    def _flush_while_reachable(self, timeout: float) -> bool:
-        """``flush``, but for at most ``LOST_REDIS_WAIT`` once Redis is lost (before
-        or during the wait): the end of a session never waits for a gone Redis."""
-        if self._handover.latest is None:
-            return True
-        if self.redis_lost:
-            timeout = min(timeout, LOST_REDIS_WAIT)
-        wanted = self._handover.handed
-        return self._loop.wait_stored(wanted, self._clock() + timeout, while_reachable=True)
+        return self._wait_stored(self._handover.handed, deadline)
 
     def close(self, done: bool = True, *, timeout: float = 10.0) -> bool:
         """Publish the last step, optionally mark the job finished, and stop.
@@ -289,8 +269,7 @@ class StepPublisher:
                 contributor.
             timeout: Seconds to keep trying if Redis does not answer; at most
                 ``LOST_REDIS_WAIT`` once a write failed because Redis could not be
-                reached (``redis_lost``): a session's end never waits for a Redis
-                that is gone.
+                reached (``redis_lost``).
 
         Returns:
             True if the final state reached Redis; if not, a warning says why
@@ -302,56 +281,317 @@ class StepPublisher:
         with _paused_lock:
             if _paused.get(self._pause_key) is self:
                 del _paused[self._pause_key]
-        self._loop.answered_deadline = self._clock() + timeout
-        if self.redis_lost:
-            timeout = min(timeout, LOST_REDIS_WAIT)  # training never waits for Redis
-        deadline = self._clock() + timeout
-        ok = self._loop.stop(done=done and not self.contributor, deadline=deadline)
-        latest, ended = self._handover.latest, self._loop.ended
-        if not ok and ended is None and latest is not None:
-            if self.contributor and self._loop.state.joined is None and not self.last_error:
-                # nothing timed out: no chief generation of this run was there to join
-                log.info(
-                    "job %s: step %s was not reported: no chief generation of this run "
-                    "was found to report it into",
-                    self.config.job,
-                    latest,
-                )
-                return False
-            if not self.last_error and self._loop.state.probation_until > self._clock():
-                log.warning(
-                    "job %s: the final step %s is stored on probation (Redis had lost the "
-                    "job's state) and vouches for nothing yet: the close's timeout ended "
-                    "before the probation did",
-                    self.config.job,
-                    latest,
-                )
-                return False
-            log.log(
-                logging.INFO if self._loop.state.optional else logging.WARNING,
-                "job %s: the final step %s may not have reached Redis (%s)",
+        self._answered_deadline = self._clock() + timeout
+        ok = self._stop(
+            done=done and not self.contributor, deadline=self._clock() + self._end_wait(timeout)
+        )
+        latest, ended = self._handover.latest, self._state.ended
+        if ok or ended is not None or latest is None:
+            return ok or (latest is None and ended is None)
+        if self.contributor and self._state.joined is None and not self.last_error:
+            # nothing timed out: no chief generation of this run was there to join
+            log.info(
+                "job %s: step %s was not reported: no chief generation of this run "
+                "was found to report it into",
                 self.config.job,
                 latest,
-                self.last_error or "timed out",
             )
-        return ok or (latest is None and ended is None)
+        elif not self.last_error and self._state.probation_until > self._clock():
+            log.warning(
+                "job %s: the final step %s is stored on probation (Redis had lost the "
+                "job's state) and vouches for nothing yet: the close's timeout ended "
+                "before the probation did",
+                self.config.job,
+                latest,
+            )
+        else:
+            self._say_not_stored(self._state.level)
+        return False
 
-    @property
-    def _pause_key(self) -> tuple[str, str]:
-        return (self.config.job, self.config.redis_url)
+    def _say_not_stored(self, level: int) -> None:
+        log.log(
+            level,
+            "job %s: the final step %s may not have reached Redis (%s)",
+            self.config.job,
+            self._handover.latest,
+            self.last_error or "timed out",
+        )
 
-    def __enter__(self) -> StepPublisher:
-        return self
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        self.close(done=exc_type is None)  # a crash is no end of the job: a restart carries on
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        # A crash is not the end of the job: a restarted chief may carry on.
-        self.close(done=exc_type is None)
+    def _wait_stored(
+        self, wanted: int, deadline: float | None, *, while_reachable: bool = False
+    ) -> bool:
+        """Wait until the ``wanted``-th hand-over is stored (see ``flush``);
+        ``while_reachable``: give up once a write fails for want of Redis."""
+        state = self._state
+        self._wake.set()
+        with state.stored:
+            refusals = state.refusals
+            while state.stored_seq < wanted:
+                remaining = None if deadline is None else deadline - self._clock()
+                if (
+                    (remaining is not None and remaining <= 0)
+                    or state.ended is not None
+                    or state.refusals != refusals
+                    or not self._thread.is_alive()
+                    or (while_reachable and self._outage.failing)
+                ):
+                    return False
+                self._wake.set()
+                state.stored.wait(0.05 if remaining is None else min(remaining, 0.05))
+        return True
+
+    def _stop(self, *, done: bool, deadline: float) -> bool:
+        """Write the final state (marking the job finished if ``done``), then stop both
+        threads; True if every handed-over step reached Redis and no write failed since."""
+        self._close_deadline = deadline
+        self._final_done = done
+        self._signal_stop()
+        self._stop_listener(0.0)
+        # with Redis lost, a thread still in a call to it is not waited for long:
+        # training never waits for Redis (the thread is a daemon)
+        slack = 0.1 if self._outage.failing else 1.0
+        while self._thread.is_alive() and self._clock() < self._close_deadline + slack:
+            self._thread.join(min(0.05, max(0.0, self._close_deadline + slack - self._clock())))
+        self._stop_listener(slack)
+        self._close_client()
+        # a final write left on probation vouches for nothing: not a success
+        unvouched = done and self._state.probation_until > self._clock()
+        return (
+            self.active
+            and self._state.stored_seq >= self._handover.handed
+            and self.last_error is None
+            and not unvouched
+        )
+
+    def _stop_listener(self, timeout: float) -> None:
+        if self._listener is not None:
+            self._listener.stop(timeout=timeout)
+
+    def _step_writer(self) -> StepWriter:
+        """The step writer, made (with its client) at its first use, in the thread."""
+        if self._writer is None:
+            self._writer = StepWriter(self._connected(), self.config, self._chief_name, self._mode)
+        return self._writer
+
+    def _run(self) -> None:
+        try:
+            self._write_until_stopped()
+            if not self.active:
+                self._stop_listener(1.0)
+            elif self._handover.latest is not None and self._final_done is not None:
+                self._finish(self._final_done)
+        finally:
+            # the thread gives its connection back itself, however late it ends
+            # (_stop() may have stopped waiting for it)
+            if self._writer is not None:
+                self._writer.close()
+
+    def _write_until_stopped(self) -> None:
+        next_beat = self._clock()
+        while not self._stopping.is_set() and self.active:
+            self._wake.wait(max(0.0, next_beat - self._clock()))
+            self._wake.clear()
+            if self._stopping.is_set():
+                break
+            if self._handover.latest is None or self._state.loop_idle():
+                next_beat = self._clock() + self.config.heartbeat
+                continue
+            wrote = self._try_write(done=False)
+            if wrote is None:
+                if self._state.ended is not None:
+                    break  # told once, by PublisherState
+                self._outage.say(self._state.level, "training continues, will retry")
+                failing = self._outage.failing
+                self._stopping.wait(self._outage.delay() if failing else self.config.heartbeat)
+                next_beat = self._clock()
+                continue
+            next_beat = self._clock() + self.config.heartbeat
+            if self._state.probation_until > self._clock():
+                # the probation's end is a write: it is what releases workers
+                next_beat = min(next_beat, self._state.probation_until + 0.001)
+            if wrote:
+                self._forget_stale_wake()
+
+    def _forget_stale_wake(self) -> None:
+        # Every publish() between crossing a threshold and this write's new
+        # threshold set the event again; honoured, it would make a second
+        # write per crossed threshold at high step rates. Clear it, then look
+        # again, so no wake that still matters (a crossing, close()) is lost.
+        self._wake.clear()
+        latest = self._handover.latest
+        if self._stopping.is_set() or (
+            latest is not None and latest >= self._handover.next_threshold
+        ):
+            self._wake.set()
+
+    def _finish(self, done: bool) -> None:
+        for _ in range(2):
+            # a final step written on probation vouches for nothing: wait it out and
+            # write it again, so that the finished job releases its waiters; within
+            # the close's deadline, or once Redis answers its whole timeout (a lost
+            # Redis cut the deadline short)
+            wait = min(self._state.probation_until, self._close_deadline) - self._clock()
+            if wait > 0:
+                time.sleep(wait + 0.001)
+            if not self._final_write(done):
+                return  # _stop() reports it
+            if not self.active or self._state.probation_until <= self._clock():
+                return
+            self._close_deadline = max(self._close_deadline, self._answered_deadline)
+
+    def _final_write(self, done: bool) -> bool:
+        """The final write, retried until the close's deadline while Redis answers, and
+        for ``LOST_REDIS_WAIT`` at most once it was found unreachable."""
+        deadline, lost, tries = self._close_deadline, False, 0
+        while True:
+            if self._try_write(done=done) is not None:
+                return True
+            tries += 1
+            if self._outage.failing and not lost:  # counted from this failure, not the next
+                lost, deadline = True, min(deadline, self._clock() + LOST_REDIS_WAIT)
+            left = deadline - self._clock()
+            if not self._outage.failing or left <= 0:
+                return False
+            time.sleep(min(self._outage.delay(tries), left))
+
+    def _try_write(self, *, done: bool) -> bool | None:
+        """``_write``, its failure noted (and a refusal told to the state): ``None``."""
+        try:
+            wrote = self._write(done=done)
+        except Exception as exc:  # the chief must never die of a Redis problem
+            if not self._outage.failed(exc):
+                kind = getattr(self._outage.last_failure, "kind", None)
+                forbidden = kind in ("permission", "functions")
+                self._state.refused(self._outage.last_error or "", forbidden=forbidden)
+            return None
+        if self._outage.succeeded() and not self._stopping.is_set():
+            log.info("Redis is back; published step %s", self._handover.latest)
+        return wrote
+
+    def _write(self, *, done: bool) -> bool:
+        """One write; False if there was nothing (new) to write."""
+        wanted, needs_generation = self._state.generation_to_begin()
+        if needs_generation:
+            beginning = self._begin()
+            if beginning is None or not self._state.begin_generation(wanted, beginning):
+                return False  # another run's chief is live, or yet another generation was asked for
+            log.info("job %s: chief generation %d begins", self.config.job, beginning.generation)
+        upcoming = self._state.next_write(done=done)
+        if upcoming is None:
+            return False
+        values, seq = upcoming
+        result = self._step_writer().write(values)
+        self.writes += 1
+        if result.repaired:
+            log.warning("job %s: replaced malformed content in its state keys", self.config.job)
+        return self._state.take_reply(result, seq, wanted)
+
+    def _begin(self) -> Beginning | None:
+        """Begin a generation, unless another run's chief is live (one found is watched
+        for ``FENCE`` first: ``PublisherState.watches`` and ``takes_over``)."""
+        beginning = self._step_writer().begin_generation()
+        found = beginning.stored
+        if found is None or not self._state.watches(found):
+            return beginning
+        if self._stopping.wait(FENCE):
+            return None
+        beginning = self._step_writer().begin_generation()
+        return beginning if self._state.takes_over(found, beginning.stored) else None
 
 
-def _checked_generation(generation: int) -> int:
-    return checked_step(generation, what="join_generation", low=1)
+class RegistrationListener(BackgroundWriter):
+    """The chief's ear: calls ``on_target(step)``, from its thread, for every valid target
+    a new waiter pushes onto the job's registrations list, so that a step is announced
+    the moment it is crossed even if its waiter registered after the chief's last write
+    (losing it costs only speed: every write returns the pending targets too).
+
+    Bounded work, for anyone who may register may flood the list: each wake takes at
+    most ``REGISTRATION_BATCH`` entries and hands over only the ``REPORT_PER_WAKE``
+    lowest targets (the publisher needs the lowest above its step; a late joiner's
+    makes it write at once, which brings back the pending ones from the index).
+    """
+
+    def __init__(self, config: BarrierConfig, on_target: Callable[[int], None]) -> None:
+        outage = Outage(
+            config,
+            action="hear new waiters",
+            doing="hearing new waiters",
+            log=_listener_log,
+            log_every=60.0,
+        )
+        super().__init__(config, None, name="registrations", outage=outage)
+        self._on_target = on_target
+        self._batches = True  # False once the server refused LPOP with a count
+        self.start = self._thread.start
+        self.is_alive = self._thread.is_alive
+
+    def stop(self, timeout: float = 1.0) -> None:
+        """Stop listening, cutting a BLPOP short by closing its socket, again until the
+        thread has gone (one begun just after a close would outlive ``stop`` by 30 s)."""
+        self._signal_stop()
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._client_lock:
+                if self._client is not None:
+                    disconnect_all(self._client)
+            remaining = deadline - time.monotonic()
+            if not self._thread.is_alive() or remaining <= 0:
+                return
+            self._thread.join(min(remaining, 0.05))
+
+    def _run(self) -> None:
+        try:
+            while not self._stopping.is_set():
+                try:
+                    items = self._take(self.config.keys.registrations)
+                    self._outage.succeeded()
+                except Exception as exc:
+                    if self._stopping.is_set():
+                        break
+                    if self._client is not None:
+                        refresh_topology(self._client)
+                    # a refusal (ACL, password) will not pass by retrying soon
+                    transient = self._outage.failed(exc)
+                    self._outage.say(
+                        logging.WARNING, "new waiters are heard at the chief's next write instead"
+                    )
+                    self._stopping.wait(self._outage.delay() if transient else REGISTRATION_BLOCK)
+                    continue
+                for target in lowest_targets(items):
+                    self._on_target(target)
+        finally:
+            self._close_client()
+
+    def _take(self, key: str) -> list[object]:
+        """Block until a registration comes, then take up to a batch of them."""
+        client = self._connected(socket_timeout=REGISTRATION_BLOCK + 10)
+        item = client.blpop([key], timeout=REGISTRATION_BLOCK)
+        if item is None:
+            return []
+        items: list[object] = [item[1]]
+        if self._batches:
+            try:
+                more = client.lpop(key, REGISTRATION_BATCH - 1)
+            except redis.ResponseError as exc:
+                if not str(exc).startswith("WRONGTYPE"):
+                    # LPOP with a count needs Redis 6.2 or later and the chief's
+                    # +lpop (users.acl of this version): else one a wake, as before
+                    _listener_log.debug("registrations taken one at a time: %s", exc)
+                    self._batches = False
+            except redis.RedisError:
+                pass  # the next BLPOP meets the failure; keep what was taken
+            else:
+                if isinstance(more, list):
+                    items += more
+        return items
+
+
+def lowest_targets(items: list[object]) -> list[int]:
+    """The ``REPORT_PER_WAKE`` lowest valid targets among ``items``, once each, in order."""
+    parsed = [parse_int(raw, low=1) for raw in items]
+    if malformed := parsed.count(None):
+        _listener_log.debug("ignored %d malformed registration(s)", malformed)
+    return heapq.nsmallest(REPORT_PER_WAKE, {target for target in parsed if target is not None})

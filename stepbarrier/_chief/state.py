@@ -1,10 +1,7 @@
-"""What the chief's writes mean: its generation, the steps waited for, and its end.
+"""What the chief's writes mean: its generation, the steps waited for, its end.
 
-``PublisherState`` is the bookkeeping of ``stepbarrier._chief.threads``
-without its threads, retries or Redis calls: it says what to write next, takes
-in each write's reply (the targets of waiting workers, a newer chief, a reset)
-and the targets of newly registered workers, and sets the threshold at which
-the training thread asks for the next write.
+``PublisherState`` is the chief's decisions without threads, retries or Redis
+calls, as ``WaitRules`` is a wait's (docs/protocol.md#chief is its state diagram).
 """
 
 from __future__ import annotations
@@ -15,14 +12,14 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from stepbarrier._chief.publish_call import Beginning, StepWrite, WriteResult
+from stepbarrier._chief.publish_call import Beginning, StepWrite, StoredSummary, WriteResult
 from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._protocol import library as scripts
+from stepbarrier._protocol.calls import WriterMode
 from stepbarrier._protocol.freshness import FENCE, confirm_window, vouches
 
 # the name these messages always had: log filters and tests select by it
 log = logging.getLogger("stepbarrier._chief.publisher")
-
 
 MAX_IDLE_MS = 10**12
 """The longest loop idleness a write states (ms): about 30 years, a whole number Lua reads."""
@@ -32,51 +29,33 @@ MAX_IDLE_MS = 10**12
 class Handover:
     """The step the training thread hands over, and the threshold it reads back.
 
-    Attributes:
-        handed_at: Monotonic time of the last hand-over (of the start, before one).
-        latest: The last step handed over; ``None`` before one and after a new generation.
-        handed: How many steps were handed over; ``flush`` waits for a write of this many.
-        step_time: Running mean of the seconds between two hand-overs (``None`` before two).
-        next_threshold: The training thread sets ``PublisherLoop.wake`` once ``latest``
-            reaches it (``-1``: the next step must be written at once).
-        skip_gap: The time to the next hand-over is a pause's or a new session's,
-            not a step's: it does not count in ``step_time`` (it would stretch the
-            confirmation window a stale step vouches in).
-        paused_at: ``handed`` when the loop paused (``StepPublisher.pause``); the
-            pause lasts while no step is handed over.
+    No lock: publish() runs on every training step. Each field is replaced whole
+    (atomic under the GIL); the training thread alone writes all but
+    ``next_threshold`` (and new_generation's ``latest = None``), written under the
+    state's lock, which publish() never takes. A value read late counts at the next wake.
     """
 
-    # No lock: publish() runs on every training step and must cost a fraction of a
-    # microsecond. Each field is one reference, replaced whole (atomic under the
-    # GIL); the training thread alone writes the first four and the last two
-    # (publish(), pause(), and skip_gap in new_generation), and next_threshold is
-    # written under the state's lock, which publish() never takes (by the writer
-    # and the listener; latest = None by new_generation). A value read a moment
-    # late counts at the next wake or heartbeat.
-    handed_at: float
-    latest: int | None = None
-    handed: int = 0
-    step_time: float | None = None
-    next_threshold: float = -1.0
+    handed_at: float  # monotonic time of the last hand-over (of the start, before one)
+    latest: int | None = None  # None before one, and after a new generation
+    handed: int = 0  # how many were handed over: flush() waits for a write of this many
+    step_time: float | None = None  # running mean of the time between two (None before two)
+    next_threshold: float = -1.0  # publish() wakes the writer at it (-1: write the next at once)
+    # the time to the next hand-over is a pause's or a new session's, not a step's:
+    # it would stretch the confirmation window a stale step vouches in
     skip_gap: bool = False
-    paused_at: int | None = None
+    paused_at: int | None = None  # ``handed`` at pause(): paused until the next hand-over
+
+    @property
+    def paused(self) -> bool:
+        return self.paused_at == self.handed
 
 
 class PublisherState:
     """The generation, targets and end of one publisher, shared by its threads.
 
-    Starts no thread and does no I/O. It owns ``lock`` (and ``stored``, a
-    condition on it, notified whenever ``stored_seq`` or ``refusals`` grows or
-    the publisher ends): each public method takes the lock itself, so call none
-    of them holding it; ``wait_stored`` reads the attributes under ``stored``.
-    It sets ``wake`` when a write is due at once.
-
-    Args:
-        config: The job's settings (its name for log lines, its heartbeat).
-        handover: What the training thread hands over.
-        wake: The writer thread's event.
-        clock: Monotonic clock, for a write's ``publish_age``.
-        contributor: A training worker: never begins a generation; ends if refused.
+    Each public method takes ``lock`` itself (``stored``, a condition on it, is notified
+    whenever ``stored_seq`` or ``refusals`` grows or it ends); it sets ``wake`` when a
+    write is due at once. ``quiet``: a default contributor's, said at INFO.
     """
 
     def __init__(
@@ -86,15 +65,16 @@ class PublisherState:
         wake: threading.Event,
         *,
         clock: Callable[[], float],
-        contributor: bool,
-        optional: bool = False,
+        mode: WriterMode = "chief",
+        quiet: bool = False,
     ) -> None:
         self._config = config
-        self.optional = optional  # a contributor nobody asked for: a refusal is INFO
         self.handover = handover
         self.wake = wake
         self._clock = clock
-        self.contributor = contributor
+        self.mode = mode
+        self.contributor = mode == "contributor"
+        self.level = logging.INFO if quiet else logging.WARNING  # of its refusals and outages
         self.lock = threading.Lock()
         self.stored = threading.Condition(self.lock)
         self.stored_seq = 0  # the hand-overs counted by the last write that counted
@@ -120,12 +100,11 @@ class PublisherState:
         self.joined: int | None = None
         self._generation_wanted = 1
         self._generation_begun = 0
+        self._idle_said = False
         # "superseded", "reset", "conflict" (another run's live chief owns the
         # job) or "refused" (a contributor): this writer is done for good
         self.ended: str | None = None
         self.end_message: str | None = None  # why, as one line (set before ``ended``)
-
-    # -- the training thread ---------------------------------------------------------
 
     def new_generation(self) -> None:
         """Drop the handed-over step and, for a chief, ask for a new generation."""
@@ -141,10 +120,8 @@ class PublisherState:
             if not self.contributor:
                 self._generation_wanted += 1
 
-    # -- the writer thread -----------------------------------------------------------
-
     def generation_to_begin(self) -> tuple[int, bool]:
-        """The generation asked for (pass it on to the next calls), and whether to begin it."""
+        """The generation asked for (for the next calls), and whether to begin it."""
         with self.lock:
             wanted = self._generation_wanted
             return wanted, not self.contributor and self._generation_begun != wanted
@@ -169,10 +146,74 @@ class PublisherState:
         with self.lock:
             self.joined = self.generation = generation
 
+    def watches(self, found: StoredSummary) -> bool:
+        """Whether ``found`` is another run's unfinished state, to watch for ``FENCE``
+        before taking the job over (docs/protocol.md#runs)."""
+        run_id = self._config.run_id
+        if self.mode == "operator" or found.done or found.run_id == run_id:
+            return False
+        log.info(
+            "job %s: the stored state belongs to run %s (chief %s); watching it for %.1f s "
+            "before taking the job over",
+            self._config.job,
+            found.run_id or "(none)",
+            found.chief or "unknown",
+            FENCE,
+        )
+        return True
+
+    def takes_over(self, found: StoredSummary, again: StoredSummary | None) -> bool:
+        """After watching ``found`` for ``FENCE``, ``again`` is the state now: False (and
+        ended) if that run's writes went on, for both runs would share one job's keys."""
+        if again is None or again.run_id != found.run_id:
+            return True
+        run = found.run_id or "(none)"
+        if again.done or (again.generation, again.beat) == (found.generation, found.beat):
+            log.warning(
+                "job %s: taking the job over from run %s, whose chief wrote nothing for %.1f s",
+                self._config.job,
+                run,
+                FENCE,
+            )
+            return True
+        self.conflict(
+            f"job {self._config.job} is in use by run {run} (chief {again.chief or 'unknown'}, "
+            f"still writing); this chief of run {self._config.run_id or '(none)'} does not "
+            "take it over and publishes nothing. Give each concurrent run its own "
+            "STEPBARRIER_JOB, or stop the other run (`stepbarrier reset` clears its state)"
+        )
+        return False
+
     def conflict(self, message: str) -> None:
         """Another run's live chief owns the job: stop for good, saying ``message``."""
         with self.stored:
             self._end("conflict", message)
+
+    def idle_limit(self) -> float:
+        """How long the loop may hand nothing over before the heartbeat stops: the stall
+        timeout, or the confirmation window if longer (a slow chief's long steps)."""
+        return max(self._config.stall_timeout, confirm_window(self.handover.step_time))
+
+    def loop_idle(self) -> bool:
+        """True once the loop, out of a pause, handed nothing over for ``idle_limit()`` and
+        its last step is stored: the heartbeat stops (docs/protocol.md#loop-alive)."""
+        handover = self.handover
+        idle = self._clock() - handover.handed_at
+        stored = self.stored_seq >= handover.handed
+        stopped = idle >= self.idle_limit() and stored and not handover.paused
+        if stopped and not self._idle_said:
+            log.warning(
+                "job %s: the training loop handed no step over for %.0f s (the stall "
+                "timeout, or its confirmation window); the heartbeat stops, so that "
+                "waiting workers see that this chief no longer trains; the next step "
+                "resumes it",
+                self._config.job,
+                idle,
+            )
+        elif not stopped and self._idle_said:
+            log.info("job %s: the training loop hands steps over again", self._config.job)
+        self._idle_said = stopped
+        return stopped
 
     def next_write(self, *, done: bool) -> tuple[StepWrite, int] | None:
         """The values of the next write and the hand-overs it counts; ``None``: nothing new."""
@@ -181,57 +222,35 @@ class PublisherState:
             step, seq = handover.latest, handover.handed
             if step is None or seq <= self._joined_after:
                 return None
+            now, paused = self._clock(), handover.paused_at == seq
+            # beyond its own confirmation window: a slow loop within it is a healthy one
+            quiet = now - handover.handed_at - confirm_window(handover.step_time)
             values = StepWrite(
                 generation=self.generation or 0,
                 step=step,
                 done=done,
                 vouch=vouches(
-                    now=self._clock(),
+                    now=now,
                     probation_until=self.probation_until,
                     handed_at=handover.handed_at,
                     step_time=handover.step_time,
                     done=done,
                     # a step this generation has not stored yet is news however
                     # late its write: the loop did hand it over (only a stale one,
-                    # rewritten heartbeat after heartbeat, needs the window)
-                    # (not in a pause: the step is old; if Redis forgot it
-                    # meanwhile, it must not come back as news)
-                    new_step=step > self._vouched_step and handover.paused_at != seq,
+                    # rewritten heartbeat after heartbeat, needs the window); not
+                    # in a pause: the step is old, and if Redis forgot it
+                    # meanwhile, it must not come back as news
+                    new_step=step > self._vouched_step and not paused,
                 ),
                 reset_marker=self.reset_marker,
-                # Redis holds the probation; the writer says when it has waited
-                # it out, counted from the first reply that showed it
-                served=self._probation_id if self._clock() >= self.probation_until else 0,
-                # how long the loop has been quiet: a waiter's stall timeout judges
-                # the loop, not the process (0 in a pause: a gap between sessions)
-                # beyond its own confirmation window only: a slow loop within it
-                # is a healthy one, whatever a worker's stall timeout
-                idle_ms=0
-                if handover.paused_at == seq
-                else max(
-                    0,
-                    min(
-                        MAX_IDLE_MS,
-                        round(
-                            (
-                                self._clock()
-                                - handover.handed_at
-                                - confirm_window(handover.step_time)
-                            )
-                            * 1000
-                        ),
-                    ),
-                ),
+                served=self._probation_id if now >= self.probation_until else 0,
+                idle_ms=0 if paused else max(0, min(MAX_IDLE_MS, round(quiet * 1000))),
             )
             self._sent = (values.step, values.vouch)
         return values, seq
 
     def take_reply(self, result: WriteResult, seq: int, wanted: int) -> bool:
-        """Take in the reply to a write of ``seq`` hand-overs in generation ``wanted``.
-
-        Returns:
-            True if the write counts: its step is stored and its targets are known.
-        """
+        """Take in a write's reply (of ``seq`` hand-overs, in ``wanted``); True if it counts."""
         with self.stored:
             if self._generation_wanted != wanted:
                 # new_generation() came while this write was on its way: its
@@ -241,10 +260,8 @@ class PublisherState:
             return self._apply(result, seq)
 
     def refused(self, error: str, *, forbidden: bool) -> None:
-        """A write failed for good with ``error``; ``forbidden``: the user may not write.
-
-        Ends ``flush`` waits; ends a contributor that may not write the step.
-        """
+        """A write failed for good (``forbidden``: the user may not write): ends ``flush``
+        waits, and a contributor that may not write the step."""
         with self.stored:
             self.refusals += 1
             self.stored.notify_all()
@@ -256,7 +273,7 @@ class PublisherState:
                     f"this worker does not report the global step: {error} "
                     "(reporting needs a user with the chief role's rights; see "
                     "docs/tensorflow-keras.md#workers-keep-the-step-moving)",
-                    level=logging.INFO if self.optional else None,
+                    level=self.level,
                 )
 
     def _apply(self, result: WriteResult, seq: int) -> bool:
@@ -299,11 +316,9 @@ class PublisherState:
             return False
         new_probation = not self.contributor and result.probation != self._probation_id
         if new_probation and result.probation:
-            # this write (or one whose reply was lost) made or replaced the state
-            # without this generation's begin on record: a newer chief may exist
-            # whose state Redis forgot, so the state vouches for nothing until
-            # that chief, if there is one, could have replaced it
+            # a newer chief whose state Redis forgot may exist (docs/protocol.md#probation)
             self.probation_until = self._clock() + FENCE
+            self._vouched_step = -1  # the stored vouch was dropped
             log.info(
                 "job %s: this chief's write made the job's state anew (a new job, or Redis "
                 "forgot the state); its step releases workers after %.1f s of probation",
@@ -312,9 +327,7 @@ class PublisherState:
             )
         if not self.contributor:
             self._probation_id = result.probation
-        if new_probation and result.probation:
-            self._vouched_step = -1  # the stored vouch was dropped: probation
-        elif self._sent[1] and not result.probation:
+        if self._sent[1] and not result.probation:
             self._vouched_step = max(self._vouched_step, self._sent[0])
         stored = -1 if result.stored_step is None else result.stored_step
         self._stored_step = stored
@@ -349,8 +362,6 @@ class PublisherState:
         latest = self.handover.latest
         if latest is not None and latest >= self.handover.next_threshold:
             self.wake.set()
-
-    # -- the registration listener's thread ------------------------------------------
 
     def on_registration(self, target: int) -> None:
         """A new waiter registered ``target`` (called by the registration listener)."""

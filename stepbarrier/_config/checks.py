@@ -7,10 +7,14 @@ came from) and what was expected; none repeats a password.
 from __future__ import annotations
 
 import math
+import os
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 from urllib.parse import SplitResult, parse_qsl, unquote_plus, urlsplit
 
-from stepbarrier._protocol.wire import NAME, RUN_ID
+from stepbarrier._protocol.wire import NAME
 from stepbarrier.errors import ConfigurationError
 
 JOB_NAME = NAME
@@ -30,14 +34,27 @@ _CLIENT_NAME = re.compile(r"[!-~]{1,128}")
 # any other word would silently be True there, so it is refused here
 _TRUE_WORDS = ("1", "t", "true", "y", "yes")
 _FALSE_WORDS = ("0", "f", "false", "n", "no")
-_CERT_REQS = ("required", "optional", "none")
+_TLS_ARGUMENTS = {  # their words, and what a word that weakens TLS does (_weakens)
+    "ssl_cert_reqs": (
+        ("required", "optional", "none"),
+        f"'required' (the default; 'optional' or 'none' only with {TLS_INSECURE}=1)",
+        "switches off the verification of Redis's TLS certificate, so any server could pose "
+        "as Redis: remove it (stepbarrier verifies the certificate; for a private CA set "
+        f"STEPBARRIER_TLS_CA_FILE), or set {TLS_INSECURE}=1 to accept an unverified server "
+        "knowingly",
+    ),
+    "ssl_check_hostname": (
+        _TRUE_WORDS + _FALSE_WORDS,
+        "true or false",
+        "skips the check that Redis's TLS certificate names the URL's host, so any "
+        "certificate the CA signed would do: remove it (the certificate must be valid for "
+        f"the URL's host), or set {TLS_INSECURE}=1 to accept that knowingly",
+    ),
+}
 
 # Query arguments redis-py's from_url would pass to the connection, which
-# stepbarrier sets itself or does not take; any other name is unknown. Only
-# client_name, ssl_cert_reqs and ssl_check_hostname (rediss://), db (unix://) are taken.
-_CA_ARGUMENTS = ("ssl_ca_certs", "ssl_ca_path", "ssl_ca_data")
-_CLIENT_CERT_ARGUMENTS = ("ssl_certfile", "ssl_keyfile", "ssl_password")
-_CREDENTIAL_ARGUMENTS = ("username", "password")
+# stepbarrier sets itself or does not take, and why each is refused
+# (docs/configuration.md#redis-urls); any other name is unknown.
 _SECRET_ARGUMENTS = ("password", "ssl_password")
 _CONNECTION_ARGUMENTS = (
     "socket_timeout",
@@ -66,16 +83,36 @@ _CONNECTION_ARGUMENTS = (
     "port",
     "path",
 )
+_REFUSED_ARGUMENTS = {
+    **dict.fromkeys(
+        ("ssl_ca_certs", "ssl_ca_path", "ssl_ca_data"),
+        "would replace stepbarrier's CA: remove it and name the CA's certificate "
+        "file with STEPBARRIER_TLS_CA_FILE",
+    ),
+    **dict.fromkeys(
+        ("ssl_certfile", "ssl_keyfile", "ssl_password"),
+        "would replace stepbarrier's client certificate: remove it and set "
+        "STEPBARRIER_TLS_CERT_FILE and STEPBARRIER_TLS_KEY_FILE (an unencrypted key)",
+    ),
+    **dict.fromkeys(
+        ("username", "password"),
+        "is not taken: give the user and the password in the URL's user part, before "
+        "'@' and the host (percent-encoded), or set STEPBARRIER_REDIS_USERNAME and "
+        "STEPBARRIER_REDIS_PASSWORD_FILE",
+    ),
+    **dict.fromkeys(
+        _CONNECTION_ARGUMENTS,
+        "is a connection setting that stepbarrier chooses itself (timeouts, retries, "
+        "replies): remove it from the URL",
+    ),
+}
 
 
 def mask_url(url: str) -> str:
-    """Return ``url`` with any password replaced by ``***``.
-
-    Works on malformed URLs too (a password may hold ``?``, ``#`` or ``@``, which
-    confuse URL parsers): everything between ``scheme://user:`` and the last
-    ``@`` is masked, and so is the value of a ``password`` (or ``ssl_password``)
-    query argument. Linear in the length of ``url``.
-    """
+    """Return ``url`` with any password replaced by ``***``, malformed or not (a
+    password may hold ``?``, ``#`` or ``@``, which confuse URL parsers): all between
+    ``scheme://user:`` and the last ``@``, and a ``password`` (or ``ssl_password``)
+    query argument's value. Linear in the length of ``url``."""
     scheme, sep, rest = url.partition("://")
     if not sep:
         scheme, rest = "", url
@@ -88,18 +125,9 @@ def mask_url(url: str) -> str:
 
 
 def lone_userinfo_as_password(url: str) -> str:
-    """``url`` with a lone userinfo moved to the password's place, as redis-cli reads it.
-
-    ``redis://SECRET@host:6379/0`` is the password ``SECRET`` for ``redis-cli -u``;
-    redis-py would send it as a user name with no password. It becomes
-    ``redis://:SECRET@host:6379/0``; any other URL is returned as it is.
-
-    Examples:
-        >>> lone_userinfo_as_password("redis://s3cret@redis:6379/0")
-        'redis://:s3cret@redis:6379/0'
-        >>> lone_userinfo_as_password("redis://alice:s3cret@redis:6379/0")
-        'redis://alice:s3cret@redis:6379/0'
-    """
+    """``url`` with a lone userinfo moved to the password's place: redis-cli reads
+    ``redis://SECRET@host:6379/0`` as the password ``SECRET``, redis-py as a user
+    name with none. It becomes ``redis://:SECRET@host:6379/0``; any other URL stays."""
     scheme, sep, rest = url.partition("://")
     netloc_end = min(
         (i for i in (rest.find("/"), rest.find("?"), rest.find("#")) if i >= 0), default=len(rest)
@@ -126,54 +154,31 @@ def _mask_query(text: str) -> str:
     return f"{head}?{'&'.join(fields)}{hash_mark}{fragment}"
 
 
-def validate_job(job: str, *, variable: str = "STEPBARRIER_JOB") -> str:
-    """Return ``job`` if it is a valid job name, else raise ``ConfigurationError``.
-
-    A job name becomes part of Redis key names, so only letters, digits, ``.``,
-    ``_`` and ``-`` are allowed (no glob characters, no braces, no spaces).
-    """
+def validate_name(name: str, *, variable: str) -> str:
+    """``name`` if it is a valid job name or run id (``NAME``): part of Redis key names."""
     expected = (
         f"{variable} must be 1 to {MAX_JOB_NAME} characters from letters, digits, '.', '_' and '-'"
     )
-    if isinstance(job, str) and len(job) > MAX_JOB_NAME:
+    if isinstance(name, str) and len(name) > MAX_JOB_NAME:
         # refused on its length alone, and shown cut short: a name of any size costs no more
         raise ConfigurationError(
-            f"{expected}, got {len(job)} characters ({job[:40]!r}...)", variable=variable
+            f"{expected}, got {len(name)} characters ({name[:40]!r}...)", variable=variable
         )
-    if not isinstance(job, str) or JOB_NAME.fullmatch(job) is None:
-        shown = repr(job[:80]) if isinstance(job, str) else repr(job)[:80]
+    if not isinstance(name, str) or NAME.fullmatch(name) is None:
+        shown = repr(name[:80]) if isinstance(name, str) else repr(name)[:80]
         raise ConfigurationError(f"{expected}, got {shown}", variable=variable)
-    return job
-
-
-def validate_run_id(run_id: str, *, variable: str = "STEPBARRIER_RUN_ID") -> str:
-    """Return ``run_id`` if it is a valid run id, else raise ``ConfigurationError``."""
-    if not isinstance(run_id, str) or RUN_ID.fullmatch(run_id) is None:
-        raise ConfigurationError(
-            f"{variable} must be 1 to 64 characters from letters, digits, '.', '_' "
-            f"and '-', got {str(run_id)[:80]!r}",
-            variable=variable,
-        )
-    return run_id
+    return name
 
 
 def check_url(url: str, variable: str, *, tls_insecure: bool = False) -> None:
-    """Raise ``ConfigurationError`` unless ``url`` is a usable Redis URL.
+    """Raise ``ConfigurationError`` unless ``url`` is a usable Redis URL
+    (docs/configuration.md#redis-urls); a query argument that weakens TLS only under
+    ``tls_insecure``. The message masks the password, and names a refused query
+    argument, never its value if it may be a secret."""
 
-    A ``redis://`` or ``rediss://`` URL needs a host, a port (if any) from 1 to
-    65535 and, as its path, a database number; a ``unix://`` URL a socket path.
-    The message shows the URL with its password masked.
+    def refuse(message: str) -> ConfigurationError:
+        return ConfigurationError(message, variable=variable)
 
-    Its query may hold only ``client_name``; ``ssl_cert_reqs=required`` and
-    ``ssl_check_hostname=true`` (on ``rediss://``; the defaults); and ``db=N``
-    (on ``unix://``, which has no path for it). A query argument that would
-    weaken TLS (``ssl_cert_reqs`` other than ``required``,
-    ``ssl_check_hostname=false``) is refused unless ``tls_insecure``
-    (``STEPBARRIER_TLS_INSECURE=1``); one that would replace stepbarrier's
-    TLS, timeout or retry settings, credentials, or any unknown or malformed
-    one is always refused, naming the argument (never its value if it may be
-    a secret).
-    """
     # a control character (a newline from a file or a shell) is shown escaped:
     # the error stays one line, and says where the URL went wrong
     masked = _visible(mask_url(url)) if isinstance(url, str) else repr(url)
@@ -181,62 +186,39 @@ def check_url(url: str, variable: str, *, tls_insecure: bool = False) -> None:
         parts = urlsplit(url)
         port = parts.port
     except (ValueError, TypeError, AttributeError):
-        raise ConfigurationError(
-            f"{variable} must be a redis://, rediss:// or unix:// URL, got {masked}",
-            variable=variable,
+        raise refuse(
+            f"{variable} must be a redis://, rediss:// or unix:// URL, got {masked}"
         ) from None
     stray_at = "@" in url.partition("://")[2] and "@" not in parts.netloc
     if stray_at or "@" in parts.query or parts.fragment:
-        raise ConfigurationError(
+        raise refuse(
             f"{variable} is not a valid URL ({masked}): percent-encode special characters "
             "such as '#', '?', '/' and '@' in the password, or set "
-            "STEPBARRIER_REDIS_PASSWORD(_FILE) instead",
-            variable=variable,
+            "STEPBARRIER_REDIS_PASSWORD(_FILE) instead"
         )
     if parts.scheme not in _SCHEMES or not url.startswith(f"{parts.scheme}://"):
         # in lower case: redis-py takes no other (urlsplit lowers the scheme)
-        raise ConfigurationError(
+        raise refuse(
             f"{variable} must start with redis://, rediss:// or unix:// (in lower case), "
-            f"got {masked}",
-            variable=variable,
+            f"got {masked}"
         )
-    if parts.scheme == "unix":
-        if not parts.path:
-            raise ConfigurationError(
-                f"{variable}: a unix:// URL needs a socket path, got {masked}",
-                variable=variable,
-            )
-        _check_query(parts, variable, tls_insecure=tls_insecure)
-        return
-    if not parts.hostname:
-        raise ConfigurationError(
-            f"{variable} needs a host, e.g. redis://localhost:6379/0, got {masked}",
-            variable=variable,
-        )
-    _check_host(parts.hostname, variable, masked)
-    if port is not None and not 0 < port < 65536:
-        raise ConfigurationError(
-            f"{variable}: port must be 1-65535, got {masked}", variable=variable
-        )
-    path = parts.path.lstrip("/")
-    if path and _DATABASE.fullmatch(path) is None:
-        raise ConfigurationError(
-            f"{variable}: the path must be a database number such as /0, got {masked}",
-            variable=variable,
-        )
+    if parts.scheme == "unix" and not parts.path:
+        raise refuse(f"{variable}: a unix:// URL needs a socket path, got {masked}")
+    if parts.scheme != "unix":
+        if not parts.hostname:
+            raise refuse(f"{variable} needs a host, e.g. redis://localhost:6379/0, got {masked}")
+        _check_host(parts.hostname, variable, masked)
+        if port is not None and not 0 < port < 65536:
+            raise refuse(f"{variable}: port must be 1-65535, got {masked}")
+        path = parts.path.lstrip("/")
+        if path and _DATABASE.fullmatch(path) is None:
+            raise refuse(f"{variable}: the path must be a database number such as /0, got {masked}")
     _check_query(parts, variable, tls_insecure=tls_insecure)
 
 
 def url_username(url: str) -> str | None:
     """The ACL user ``url`` logs in as (``None``: the default user), as percent-encoded
-    in the URL; a lone userinfo is the password, never a user name.
-
-    Examples:
-        >>> url_username("redis://worker:s3cret@redis:6379/0")
-        'worker'
-        >>> url_username("redis://s3cret@redis:6379/0") is None
-        True
-    """
+    in the URL; a lone userinfo is the password, never a user name."""
     try:
         return urlsplit(lone_userinfo_as_password(url)).username or None
     except ValueError:
@@ -263,26 +245,26 @@ def _check_host(host: str, variable: str, masked: str) -> None:
 
 
 def _visible(text: str) -> str:
-    """``text`` with each character that is not printable escaped (``\\n``, ``\\x00``)."""
     return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
 
 
 def url_tls_weakening(url: str) -> dict[str, str | bool]:
-    """The TLS settings by which the query of ``url`` weakens verification, as
-    redis-py's options: ``ssl_cert_reqs`` other than ``"required"`` and
-    ``ssl_check_hostname=False``; ``{}`` when it weakens nothing.
-
-    Only meaningful for a URL that ``check_url`` accepted.
-    """
-    weakened: dict[str, str | bool] = {}
+    """The TLS settings by which the query of ``url`` (which ``check_url`` accepted)
+    weakens verification, as redis-py's options; ``{}`` when it weakens nothing."""
     if not url.startswith("rediss://"):
-        return weakened
-    for name, value in _query_pairs(urlsplit(url).query):
-        if name == "ssl_cert_reqs" and value != "required":
-            weakened[name] = value
-        elif name == "ssl_check_hostname" and value.lower() in _FALSE_WORDS:
-            weakened[name] = False
-    return weakened
+        return {}
+    return {
+        name: value if name == "ssl_cert_reqs" else False
+        for name, value in _query_pairs(urlsplit(url).query)
+        if _weakens(name, value)
+    }
+
+
+def _weakens(name: str, value: str) -> bool:
+    """Whether the (valid) query argument ``name=value`` weakens TLS verification."""
+    if name == "ssl_cert_reqs":
+        return value != "required"
+    return name == "ssl_check_hostname" and value.lower() in _FALSE_WORDS
 
 
 def _query_pairs(query: str) -> list[tuple[str, str]]:
@@ -341,63 +323,25 @@ def _check_argument(
                 f"CLIENT SETNAME takes them, got {value[:40]!r}"
             )
         return
-    if name in ("ssl_cert_reqs", "ssl_check_hostname") and scheme != "rediss":
-        raise refuse(f"is a TLS setting, but the URL is {scheme}://; use rediss:// for TLS")
-    if name == "ssl_cert_reqs":
-        if value not in _CERT_REQS:
-            raise refuse(
-                "must be 'required' (the default; 'optional' or 'none' only with "
-                f"{TLS_INSECURE}=1), got {value[:20]!r}"
-            )
-        if value != "required" and not tls_insecure:
+    if name in _TLS_ARGUMENTS:
+        if scheme != "rediss":
+            raise refuse(f"is a TLS setting, but the URL is {scheme}://; use rediss:// for TLS")
+        words, expected, weakening = _TLS_ARGUMENTS[name]
+        if (value if name == "ssl_cert_reqs" else value.lower()) not in words:
+            raise refuse(f"must be {expected}, got {value[:20]!r}")
+        if _weakens(name, value) and not tls_insecure:
             raise ConfigurationError(
-                f"{variable}: the query argument ssl_cert_reqs={value} switches off the "
-                "verification of Redis's TLS certificate, so any server could pose as Redis: "
-                "remove it (stepbarrier verifies the certificate; for a private CA set "
-                f"STEPBARRIER_TLS_CA_FILE), or set {TLS_INSECURE}=1 to accept an unverified "
-                "server knowingly (for tests only)",
+                f"{variable}: the query argument {name}={value} {weakening} (for tests only)",
                 variable=variable,
             )
         return
-    if name == "ssl_check_hostname":
-        word = value.lower()
-        if word not in _TRUE_WORDS and word not in _FALSE_WORDS:
-            raise refuse(f"must be true or false, got {value[:20]!r}")
-        if word in _FALSE_WORDS and not tls_insecure:
-            raise ConfigurationError(
-                f"{variable}: the query argument ssl_check_hostname={value} skips the check "
-                "that Redis's TLS certificate names the URL's host, so any certificate the CA "
-                "signed would do: remove it (the certificate must be valid for the URL's "
-                f"host), or set {TLS_INSECURE}=1 to accept that knowingly (for tests only)",
-                variable=variable,
-            )
-        return
-    if name in _CA_ARGUMENTS:
-        raise refuse(
-            "would replace stepbarrier's CA: remove it and name the CA's certificate "
-            "file with STEPBARRIER_TLS_CA_FILE"
-        )
-    if name in _CLIENT_CERT_ARGUMENTS:
-        raise refuse(
-            "would replace stepbarrier's client certificate: remove it and set "
-            "STEPBARRIER_TLS_CERT_FILE and STEPBARRIER_TLS_KEY_FILE (an unencrypted key)"
-        )
+    if name in _REFUSED_ARGUMENTS:
+        raise refuse(_REFUSED_ARGUMENTS[name])
     if name == "ssl" or name.startswith("ssl_"):
         raise refuse(
             "changes how TLS is negotiated or verified, which stepbarrier does not "
             "support: remove it (rediss:// uses Python's secure defaults; "
             "STEPBARRIER_TLS_CA_FILE and STEPBARRIER_TLS_CERT_FILE set the certificates)"
-        )
-    if name in _CREDENTIAL_ARGUMENTS:
-        raise refuse(
-            "is not taken: give the user and the password in the URL's user part, before "
-            "'@' and the host (percent-encoded), or set STEPBARRIER_REDIS_USERNAME and "
-            "STEPBARRIER_REDIS_PASSWORD_FILE"
-        )
-    if name in _CONNECTION_ARGUMENTS:
-        raise refuse(
-            "is a connection setting that stepbarrier chooses itself (timeouts, retries, "
-            "replies): remove it from the URL"
         )
     raise refuse(
         "is unknown: remove it (a URL may hold only client_name; ssl_cert_reqs and "
@@ -405,28 +349,125 @@ def _check_argument(
     )
 
 
-def check_int(value: object, name: str, *, low: int, high: int) -> None:
-    """Raise ``ConfigurationError`` unless ``value`` is an int (no bool) in ``[low, high]``."""
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ConfigurationError(
-            f"{name} must be an integer from {low} to {high}, got {value!r}",
-            variable=name,
+@dataclass(frozen=True)
+class Kind:
+    """One kind of setting: how its variable's text is read (``parse``: stripped, not
+    blank), and what its value must be (``check``: given in code). Each returns the
+    value or raises ``ConfigurationError`` naming ``name`` (the variable or field,
+    maybe with what it is in parentheses), what was expected and the bad value, cut
+    short. No secret is a setting of a kind.
+    """
+
+    expected: str = "text"
+    convert: Callable[[str], Any] = str
+    """The value a text stands for; ``None`` if it stands for none."""
+    valid: Callable[[Any], bool] = lambda value: True
+
+    def parse(self, text: str, name: str) -> Any:
+        value = self.convert(text)
+        if value is None or not self.valid(value):
+            raise self.refuse(name, text)
+        return value
+
+    def check(self, value: Any, name: str) -> Any:
+        if not self.valid(value):
+            raise self.refuse(name, value)
+        return value
+
+    def refuse(self, name: str, value: object) -> ConfigurationError:
+        shown = repr(value[:80]) if isinstance(value, str) else repr(value)[:80]
+        return ConfigurationError(
+            f"{name} must be {self.expected}, got {shown}", variable=name.partition(" ")[0]
         )
 
 
-def check_seconds(value: object, name: str, *, high: float = 1e9) -> None:
-    """Raise ``ConfigurationError`` unless ``value`` is a number of seconds in ``(0, high]``."""
-    ok = (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and 0 < value <= high
+def integer(low: int, high: int) -> Kind:
+    """A whole number from ``low`` to ``high`` (no bool), in base 10."""
+    return Kind(
+        f"an integer from {low} to {high}",
+        _whole,
+        lambda value: _number(value, int) and low <= value <= high,
     )
-    if not ok:
-        raise ConfigurationError(
-            f"{name} must be a number of seconds above 0 and at most {high:g}, got {value!r}",
-            variable=name,
-        )
+
+
+def seconds(high: float = 1e9) -> Kind:
+    """A duration in seconds, above 0 and at most ``high``; the text may have a unit."""
+    return Kind(
+        f"a duration above 0 and at most {high:g} s ({DURATION_EXAMPLES})",
+        parse_duration,
+        lambda value: _number(value, int, float) and math.isfinite(value) and 0 < value <= high,
+    )
+
+
+def choice(*words: str) -> Kind:
+    """One of ``words`` (the text in any case)."""
+    return Kind(" or ".join(map(repr, words)), str.lower, lambda value: value in words)
+
+
+_FLAG_WORDS: dict[str, bool] = {
+    **dict.fromkeys(("1", "true", "yes", "on"), True),
+    **dict.fromkeys(("0", "false", "no", "off"), False),
+}
+FLAG = Kind(
+    "1 or 0 (True or False)",
+    lambda text: _FLAG_WORDS.get(text.lower()),
+    lambda value: isinstance(value, bool),
+)
+"""On or off: ``1``/``true``/``yes``/``on`` or ``0``/``false``/``no``/``off`` (any case)."""
+FILE = Kind("the path of a readable file", str, lambda value: os.path.isfile(value))
+
+
+def _whole(text: str) -> int | None:
+    try:
+        return int(text, 10)
+    except ValueError:
+        return None
+
+
+def _number(value: object, *types: type) -> bool:
+    return isinstance(value, types) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class Validated(Kind):
+    """A text that ``validate`` checks and may normalise (a job name, a run id, a schedule)."""
+
+    validate: Callable[..., str] = str
+
+    def check(self, value: Any, name: str) -> Any:
+        return self.validate(value, variable=name)
+
+    def parse(self, text: str, name: str) -> Any:
+        return self.check(text, name)
+
+
+class Setting(NamedTuple):  # a BarrierConfig field that a variable gives
+    field: str
+    variable: str
+    kind: Kind
+
+
+class Sentinels(Kind):
+    """Sentinels' ``host:port`` pairs, separated by commas (in code: a tuple of pairs)."""
+
+    def parse(self, text: str, name: str) -> tuple[tuple[str, int], ...]:
+        result: list[tuple[str, int]] = []
+        for item in text.split(","):
+            host, sep, port_text = item.strip().rpartition(":")
+            host = host.strip("[]")
+            valid_host = bool(host) and re.match(r"^[A-Za-z0-9.:_-]+$", host) is not None
+            if not sep or not valid_host or not port_text.isdigit():
+                raise ConfigurationError(
+                    f"{name} must be host:port pairs separated by commas, "
+                    f"e.g. 10.0.0.5:26379,10.0.0.6:26379; got {item.strip()[:80]!r}",
+                    variable=name,
+                )
+            if not 0 < int(port_text) < 65536:
+                raise ConfigurationError(
+                    f"{name}: port must be 1-65535, got {item.strip()!r}", variable=name
+                )
+            result.append((host, int(port_text)))
+        return tuple(result)
 
 
 _DURATION = re.compile(

@@ -17,12 +17,8 @@ _SPEC = re.compile(r"^\s*(log|linear)\s*:\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*$")
 
 
 def validate_schedule(spec: str, *, variable: str = "schedule") -> str:
-    """Return the normalised spec or raise ``ConfigurationError``.
-
-    Args:
-        spec: ``"log:K"``, ``"linear:K"`` or ``"none"`` (K a non-negative number).
-        variable: Name used in the error message.
-    """
+    """``spec`` (``"log:K"``, ``"linear:K"`` or ``"none"``, K a non-negative number),
+    normalised, or ``ConfigurationError`` naming ``variable``."""
     text = spec.strip().lower()
     if text == "none":
         return "none"

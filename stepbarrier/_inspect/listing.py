@@ -1,39 +1,15 @@
 """Every job on a Redis at a glance, fairly per team: found by ``SCAN``, read in batches.
 
-There is no index of jobs: on a Redis Cluster a key of its own would live in
-another slot than a job's keys, where the job's functions could not write it.
-So the jobs are found by their state keys, ``SCAN`` for
-``stepbarrier:{PATTERN}:state``, on every master of a Cluster. That walks the
-whole keyspace, so it is for operators only (``stepbarrier jobs``, the
-exporter), never on the path of a chief or a worker.
+There is no index of jobs (on a Redis Cluster it would live in another slot than
+a job's keys, where the job's functions could not write it), so the jobs are
+found by their state keys: ``scan_keys`` walks every master, the whole keyspace,
+so operators only (``stepbarrier jobs``, the exporter), never a chief or a worker.
 
-Teams. A shared Redis holds several teams' jobs, and a team's chief may make
-as many jobs as Redis's memory holds (100,000 tiny states are 15 MB). So a
-listing covers one or more jobs patterns, one per team as ``stepbarrier acl
---jobs`` gives them (``team-a-*``; ``*``, every job, by default), and each job
-counts for the first pattern its name matches. Every bound below is shared
-fairly among the patterns (``status.fair_shares``: a pattern that needs less
-than an even share leaves the rest to the others), so one team's jobs, however
-many, never take another team's share. Within a pattern, the jobs read are
-those with the lowest names: the same ones at every reading, not a sample that
-changes with the hash order. A pattern with more jobs than its share is
-truncated, and the listing says so (``PatternListing``). With the one pattern
-``*``, the listing cannot tell teams apart: fairness between teams needs their
-patterns.
-
-Bounded work, whatever anyone planted:
-
-- one ``SCAN`` walk for all the patterns, ``SCAN_COUNT`` keys per call, at most
-  ``MAX_SCAN_CALLS`` calls per master (the exporter passes fewer); past it,
-  every pattern is truncated: the scan saw part of the keyspace;
-- at most ``MAX_JOBS`` jobs read (``limit``), ``READ_BATCH`` per round trip:
-  ``waiter_read`` of each state, then ``ZCARD`` of each index, then the lowest
-  targets of the jobs that have waiters, then their entries as
-  ``registry.read_entries_of`` reads them (two round trips per batch);
-- at most ``LISTING_WAITERS`` waiter entries per job (the registry is
-  self-reported: a worker may add entries) and ``LISTING_WAITER_BUDGET`` per
-  listing; a job whose waiters were not read says so, and counts them from its
-  index (``ZCARD``).
+Teams (docs/operations.md#jobs-metrics-and-alerts): each job counts for the
+first of the listing's patterns its name matches, and every bound below is
+shared among the patterns by ``status.fair_shares``, so one team's jobs never
+take another team's share; a pattern's jobs read are its lowest names, the same
+at every reading. Whatever is cut short, the listing says.
 """
 
 from __future__ import annotations
@@ -44,7 +20,7 @@ import functools
 import logging
 import re
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,12 +29,13 @@ from redis.cluster import RedisCluster
 
 from stepbarrier._config.checks import JOB_NAME
 from stepbarrier._config.settings import BarrierConfig
-from stepbarrier._inspect.live_chief import is_stale
 from stepbarrier._inspect.registry import (
+    as_refused,
+    one_line,
     parse_index,
-    queue_index_read,
     raise_transient,
     read_entries_of,
+    replies_of,
 )
 from stepbarrier._inspect.status import (
     NOT_LISTED,
@@ -66,13 +43,16 @@ from stepbarrier._inspect.status import (
     JobStatus,
     Snapshot,
     fair_shares,
+    is_stale,
     job_status,
+    json_ready,
     parse_snapshot,
 )
+from stepbarrier._protocol.calls import Call, index_call, read_call
 from stepbarrier._protocol.keys import JobKeys
 from stepbarrier._protocol.roles import validate_jobs_pattern
 from stepbarrier._protocol.wire import ChiefState
-from stepbarrier._redis.client import RedisClient, make_client
+from stepbarrier._redis.client import RedisClient, ScanTally, make_client, scan_keys
 from stepbarrier._redis.failures import translate
 from stepbarrier._redis.functions import RedisCode
 from stepbarrier._redis.retries import call_with_retries
@@ -81,24 +61,20 @@ from stepbarrier.errors import ConfigurationError
 log = logging.getLogger("stepbarrier.job_listing")
 
 MAX_JOBS = 10_000
-"""Most jobs one listing reads, over all its patterns (each pattern's share:
-``fair_shares``); more are left out, and the listing says so."""
+"""Most jobs one listing reads, over all its patterns."""
 MAX_PATTERNS = 32
 """Most jobs patterns (teams) one listing covers."""
 SCAN_COUNT = 1000
 """Keys each ``SCAN`` call looks at: fewer round trips over a large keyspace, and
 each call still short (a large COUNT would walk the keyspace in one command)."""
 MAX_SCAN_CALLS = 10_000
-"""Most ``SCAN`` calls of one listing, per master (about 10 million keys looked at);
-a larger keyspace leaves the listing incomplete."""
+"""Most ``SCAN`` calls of one listing, per master (about 10 million keys looked at)."""
 READ_BATCH = 200
 """Jobs read per round trip."""
 LISTING_WAITERS = 1_000
 """Most waiters read per job in a listing (the lowest targets)."""
 LISTING_WAITER_BUDGET = 10_000
-"""Most waiter entries one listing reads over all its jobs (each pattern's share:
-``fair_shares``); a job read after its pattern's share is spent is listed with
-its waiters counted from its index, not read (and says so)."""
+"""Most waiter entries one listing reads over all its jobs."""
 REMEMBERED = 200_000
 """Most job names one listing remembers to count each job once (``SCAN`` may
 return a key twice); past it, such a job may be counted twice."""
@@ -111,25 +87,18 @@ _STATE_HEAD, _STATE_TAIL = JobKeys.for_job("\0").state.split("\0")
 class JobSummary:
     """One line of the listing: a job's progress, without the workers one by one.
 
+    The chief's fields are ``JobStatus``'s.
+
     Attributes:
-        job: The job name.
-        run_id: The run id its chief stored, if any.
-        step: The chief's stored step (``None`` before any chief wrote one).
-        generation: The chief generation that wrote it.
-        done: True once the chief closed the job.
-        heartbeat_age: Seconds since the chief's last write, by Redis's clock.
         waiting_workers: Registered waiting workers, as they report themselves (at
-            most ``LISTING_WAITERS``: a worker may add entries of its own); the
-            index's count (``ZCARD``) when the listing's waiter reads were spent
-            before this job's (a problem says so).
+            most ``LISTING_WAITERS``); the index's count when the listing's waiter
+            reads were spent before this job's (a problem says so).
         next_wait_until_step: The lowest step a worker waits for (``None``: none waits).
         oldest_wait: Seconds the longest-waiting worker has waited, by this
             host's clock against the worker's (``None``: none waits, or no
-            waiter stored a plausible start).
+            plausible start).
         problems: Malformed content in the job's keys, or why it could not be read.
-        stale: The chief may be gone: its heartbeat is older than three of its
-            periods (at least 5 s), by the rule ``status`` marks STALE with
-            (``stepbarrier._inspect.live_chief.is_stale``).
+        stale: ``status.is_stale``: the chief may be gone.
     """
 
     job: str
@@ -162,53 +131,23 @@ class JobSummary:
             stale=is_stale(status),
         )
 
-    @classmethod
-    def unreadable(cls, job: str, reason: str) -> JobSummary:
-        """A job found but not read (the user may not read its keys)."""
-        return cls(job, None, None, None, False, None, 0, None, None, (reason,))
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dictionary (``stepbarrier jobs --json``); every number is finite."""
-        data = dataclasses.asdict(self)
-        data["problems"] = list(self.problems)
-        return data
-
 
 @dataclass(frozen=True)
 class PatternListing:
-    """How the jobs of one pattern (a team's) fared in a listing.
-
-    Attributes:
-        pattern: The jobs pattern, e.g. ``team-a-*``.
-        found: Jobs the scan found that match it (and no pattern before it).
-        read: Of them, how many were read: at most its share of ``MAX_JOBS``,
-            those with the lowest names.
-        truncated: Some of its jobs were left out: more than its share, or the
-            scan stopped at its bound before it saw the whole keyspace.
-    """
+    """How the jobs of one pattern (a team's) fared: ``found`` by the scan (matching
+    no pattern before it), ``read`` of them, ``truncated`` if some were left out
+    (more than its share, or the scan stopped at its bound)."""
 
     pattern: str
     found: int
     read: int
     truncated: bool
 
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dictionary."""
-        return dataclasses.asdict(self)
-
 
 @dataclass(frozen=True)
 class JobListing:
-    """The jobs found, by name.
-
-    Attributes:
-        jobs: One summary per job, sorted by name.
-        complete: False when some jobs were left out: a pattern had more than
-            its share of ``MAX_JOBS``, or the scan stopped at ``MAX_SCAN_CALLS``.
-        patterns: How each pattern fared (its jobs found and read, and whether
-            some were left out).
-        scan_complete: False when the scan stopped at its bound of calls.
-    """
+    """The jobs found, sorted by name; ``complete`` is False when a pattern is
+    truncated, ``scan_complete`` when the scan stopped at its bound of calls."""
 
     jobs: tuple[JobSummary, ...]
     complete: bool = True
@@ -216,22 +155,13 @@ class JobListing:
     scan_complete: bool = True
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dictionary (``stepbarrier jobs --json``)."""
-        return {
-            "jobs": [job.to_dict() for job in self.jobs],
-            "complete": self.complete,
-            "scan_complete": self.scan_complete,
-            "patterns": [pattern.to_dict() for pattern in self.patterns],
-        }
+        """A JSON-ready dictionary (``stepbarrier jobs --json``); every number is finite."""
+        return json_ready(self)
 
 
 def validate_patterns(patterns: Sequence[str]) -> tuple[str, ...]:
-    """``patterns`` as a tuple, each a valid jobs pattern, duplicates dropped.
-
-    Raises:
-        ConfigurationError: None given, more than ``MAX_PATTERNS``, or an
-            invalid pattern.
-    """
+    """``patterns`` as a tuple, each a valid jobs pattern, duplicates dropped; a
+    ``ConfigurationError`` if none, more than ``MAX_PATTERNS``, or an invalid one."""
     unique = tuple(dict.fromkeys(validate_jobs_pattern(pattern) for pattern in patterns))
     if not unique or len(unique) > MAX_PATTERNS:
         raise ConfigurationError(
@@ -260,43 +190,11 @@ def job_of_state_key(key: bytes | str) -> str | None:
     return job if JOB_NAME.fullmatch(job) is not None else None
 
 
-def _scan(
-    client: RedisClient, match: str, calls: list[int], most: int | None = None
-) -> Iterator[bytes | str]:
-    """The keys matching ``match``, by ``SCAN`` with ``SCAN_COUNT``; ``calls[0]`` counts
-    the calls, and stops the scan of a master past ``most`` (``MAX_SCAN_CALLS``)
-    calls (``calls[1]`` is then set to 1: the scan is incomplete)."""
-    most = MAX_SCAN_CALLS if most is None else most
-    nodes: list[Any] = [None]
-    if isinstance(client, RedisCluster):
-        # every master holds its own slots' keys (replicas only copies of them)
-        nodes = list(client.get_primaries())  # type: ignore[no-untyped-call]
-    for node in nodes:
-        cursor: Any = "0"
-        for _ in range(most):
-            if node is None:
-                cursor, keys = client.scan(cursor=cursor, match=match, count=SCAN_COUNT)
-            else:
-                cursor, keys = client.scan(
-                    cursor=cursor, match=match, count=SCAN_COUNT, target_nodes=node
-                )
-            if isinstance(cursor, dict):
-                # a cluster client answers {node name: cursor} for the node it asked
-                cursor = next(iter(cursor.values()), 0)
-            calls[0] += 1
-            yield from keys
-            if int(cursor) == 0:
-                break
-        else:
-            calls[1] = 1
-
-
-class _Found:
+class Found:
     """What one walk of the keyspace found: per pattern, its lowest ``keep`` job
     names and how many jobs match it."""
 
     def __init__(self, patterns: tuple[str, ...], keep: int) -> None:
-        self.patterns = patterns
         # Redis's glob and fnmatch's agree on these patterns ('*', '?', no brackets)
         self.matchers = [re.compile(fnmatch.translate(pattern)).match for pattern in patterns]
         self.keep = max(0, keep)
@@ -324,55 +222,26 @@ class _Found:
         return sorted(self.names[number])[: self.keep]
 
 
-def _find(
-    client: RedisClient, patterns: tuple[str, ...], keep: int, scan_calls: int | None
-) -> _Found:
-    """One bounded walk of the keyspace for the jobs of ``patterns``."""
-    # a glob cannot tell a state key from a key that only looks like one: every
-    # name is checked (job_of_state_key), and given to the first pattern it matches
+def scan_jobs(
+    client: RedisClient, patterns: tuple[str, ...], keep: int, scan_calls: int = MAX_SCAN_CALLS
+) -> Found:
+    """One bounded walk of the keyspace for the jobs of ``patterns`` (valid ones)."""
+    # every name is checked (job_of_state_key), and given to the first pattern it matches
     match = JobKeys.for_job(patterns[0] if len(patterns) == 1 else "*").state
-    found = _Found(patterns, keep)
-    calls = [0, 0]
-    for key in _scan(client, match, calls, scan_calls):
+    found = Found(patterns, keep)
+    tally = ScanTally()
+    for key in scan_keys(client, match, count=SCAN_COUNT, most=scan_calls, tally=tally):
         job = job_of_state_key(key)
         if job is not None:
             found.add(job)
-    if calls[1]:
-        found.complete = False
-        log.warning(
-            "the scan for jobs stopped after %d SCAN calls of %d keys (per master): some "
-            "jobs may be missing",
-            MAX_SCAN_CALLS if scan_calls is None else scan_calls,
-            SCAN_COUNT,
-        )
+    found.complete = not tally.cut
     return found
 
 
-def find_jobs(
-    client: RedisClient,
-    pattern: str = "*",
-    *,
-    limit: int = MAX_JOBS,
-    incomplete: list[bool] | None = None,
-) -> list[str]:
-    """The names of the jobs whose names match ``pattern``: the lowest ``limit + 1``, sorted.
-
-    The scan is bounded (``MAX_SCAN_CALLS`` of ``SCAN_COUNT`` keys per master):
-    past it, the jobs found so far.
-
-    Args:
-        client: A client of the Redis (every master of a Cluster is scanned).
-        pattern: A job name, or a glob such as ``team-a-*`` (as ``stepbarrier acl``'s).
-        limit: Return at most one more than this many (more: there were more).
-        incomplete: If given, ``True`` is appended when the scan stopped at its bound.
-
-    Raises:
-        ConfigurationError: ``pattern`` is not a valid jobs pattern.
-    """
-    found = _find(client, (validate_jobs_pattern(pattern),), limit + 1, None)
-    if not found.complete and incomplete is not None:
-        incomplete.append(True)
-    return found.lowest(0)
+def find_jobs(client: RedisClient, pattern: str = "*", *, limit: int = MAX_JOBS) -> list[str]:
+    """The names of the jobs whose names match ``pattern`` (validated): the lowest
+    ``limit + 1``, sorted."""
+    return scan_jobs(client, (validate_jobs_pattern(pattern),), limit + 1).lowest(0)
 
 
 def list_jobs(
@@ -389,26 +258,21 @@ def list_jobs(
     """Find the jobs of each pattern (each team) and read each one, in bounded work.
 
     A job the user may not read is listed with the refusal as its problem; a
-    job whose keys vanished between the scan and its read (reset, expired) is
-    left out.
+    job whose keys vanished between the scan and its read is left out.
 
     Args:
         config: Where Redis is and who to be; its job is ignored.
         client: A redis-py client; one is made (and closed) if omitted.
         pattern: A job name, or a glob such as ``team-a-*`` (if ``patterns`` is not given).
-        patterns: The teams' patterns (at most ``MAX_PATTERNS``): each job counts
-            for the first it matches, and each gets its fair share of ``limit``
-            and of ``LISTING_WAITER_BUDGET``.
-        limit: Most jobs read, over all the patterns.
+        patterns: The teams' patterns, each with its fair share of ``limit`` (the
+            most jobs read) and of ``LISTING_WAITER_BUDGET``.
         scan_calls: Most ``SCAN`` calls per master (``MAX_SCAN_CALLS`` if ``None``).
-        retry_seconds: How long the scan, and each batch of reads, retries an
-            unreachable Redis.
+        retry_seconds: How long the scan, and each batch of reads, retries.
         now: The clock that waits are measured to (Unix time).
 
     Raises:
         ConfigurationError: An invalid pattern, or more than ``MAX_PATTERNS``.
-        RedisUnavailable: Redis stayed unreachable (``RedisBusy``: it answered
-            BUSY, a script running).
+        RedisUnavailable: Redis stayed unreachable (``RedisBusy``: it answered BUSY).
         RedisRefused: Redis refused the scan or the reads (authentication, ACL,
             no Functions library).
     """
@@ -423,17 +287,26 @@ def list_jobs(
         return made[0]
 
     def retried(operation: Callable[[], Any], action: str) -> Any:
+        deadline = time.monotonic() + retry_seconds
         return call_with_retries(
             operation,
             config,
             action=action,
-            deadline=time.monotonic() + retry_seconds,
+            deadline=deadline,
             clock=time.monotonic,
             sleep=time.sleep,
         )
 
     try:
-        found: _Found = retried(lambda: _find(active(), chosen, limit, scan_calls), "list the jobs")
+        most = MAX_SCAN_CALLS if scan_calls is None else scan_calls
+        found: Found = retried(lambda: scan_jobs(active(), chosen, limit, most), "list the jobs")
+        if not found.complete:
+            log.warning(
+                "the scan for jobs stopped after %d SCAN calls of %d keys (per master): some "
+                "jobs may be missing",
+                most,
+                SCAN_COUNT,
+            )
         shares = fair_shares([len(names) for names in found.names], limit)
         selected = [found.lowest(n)[:share] for n, share in enumerate(shares)]
         waiter_shares = fair_shares(
@@ -441,8 +314,7 @@ def list_jobs(
         )
         code = RedisCode(active(), config)
         summaries: list[JobSummary] = []
-        for jobs, waiter_share in zip(selected, waiter_shares, strict=True):
-            budget = waiter_share
+        for jobs, budget in zip(selected, waiter_shares, strict=True):
             for first in range(0, len(jobs), READ_BATCH):
                 batch = jobs[first : first + READ_BATCH]
                 read = functools.partial(_read_batch, config, code, active(), batch, budget, now)
@@ -490,6 +362,20 @@ def _by_node(client: RedisClient, keys: list[JobKeys]) -> list[list[int]]:
     return list(groups.values())
 
 
+def _per_node(
+    code: RedisCode, client: RedisClient, keys: list[JobKeys], calls: list[Call]
+) -> list[Any]:
+    """The replies of ``calls`` (one per job of ``keys``), a round trip per node;
+    errors in place, but one that a retry may cure raised."""
+    replies: list[Any] = [None] * len(calls)
+    for group in _by_node(client, keys) if calls else []:
+        got = code.replies([calls[n] for n in group])
+        raise_transient(got)
+        for position, reply in zip(group, got, strict=True):
+            replies[position] = reply
+    return replies
+
+
 def _read_batch(
     config: BarrierConfig,
     code: RedisCode,
@@ -501,19 +387,14 @@ def _read_batch(
     """The summaries of ``jobs`` (those that vanished left out), and how many waiter
     entries were read of the ``budget`` left: four round trips at most."""
     keys = [JobKeys.for_job(job) for job in jobs]
-    replies: list[Any] = [None] * len(jobs)
-    for group in _by_node(client, keys):
-        got = code.replies([("waiter_read", [keys[n].state, keys[n].reset], []) for n in group])
-        raise_transient(got)
-        for position, reply in zip(group, got, strict=True):
-            replies[position] = reply
+    replies = _per_node(code, client, keys, [read_call(k.state, k.reset) for k in keys])
     done: dict[int, JobSummary] = {}
     snapshots: dict[int, Snapshot] = {}
     for position, reply in enumerate(replies):
         if isinstance(reply, redis.exceptions.NoPermissionError):
             done[position] = _unreadable(config, jobs[position], reply)
         elif isinstance(reply, Exception):
-            problem = f"state unreadable: {' '.join(str(reply).split())[:120]}"
+            problem = f"state unreadable: {one_line(reply)}"
             snapshots[position] = Snapshot(0, ChiefState.empty(), None, [problem])
         else:
             snapshots[position] = parse_snapshot(reply)
@@ -521,8 +402,7 @@ def _read_batch(
     pipe = client.pipeline(transaction=False)
     for position in readable:
         pipe.zcard(keys[position].targets)
-    cards = dict(zip(readable, pipe.execute(raise_on_error=False), strict=True))
-    raise_transient(list(cards.values()))
+    cards = dict(zip(readable, replies_of(pipe), strict=True))
     allotted: dict[int, int] = {}
     for position in readable:
         card = cards[position]
@@ -532,11 +412,8 @@ def _read_batch(
         elif card:
             allotted[position] = min(card, LISTING_WAITERS, max(0, budget - sum(allotted.values())))
     asked = [position for position, most in allotted.items() if most]
-    pipe = client.pipeline(transaction=False)
-    for position in asked:
-        queue_index_read(pipe, keys[position], count=allotted[position])
-    raws = pipe.execute(raise_on_error=False) if asked else []
-    raise_transient(raws)
+    calls = [index_call(keys[p].targets, count=allotted[p]) for p in asked]
+    raws = [as_refused(r) for r in _per_node(code, client, [keys[p] for p in asked], calls)]
     indexes: dict[int, list[tuple[bytes, int]]] = {}
     for position, raw in zip(asked, raws, strict=True):
         problems = snapshots[position].problems
@@ -566,8 +443,8 @@ def _read_batch(
                 f"{LISTING_WAITER_BUDGET:,} waiter reads (its pattern's share) are spent"
             )
         status = job_status(jobs[position], snapshot, found, snapshot.problems)
-        if _vanished(status):
-            continue
+        if status.holds_nothing:
+            continue  # vanished since the scan (reset, expired)
         summary = JobSummary.of(status, now())
         if unread:  # counted from the index, each entry unread
             summary = dataclasses.replace(summary, waiting_workers=min(card, LISTING_WAITERS))
@@ -581,14 +458,5 @@ def _unreadable(config: BarrierConfig, job: str, refusal: BaseException) -> JobS
     explained = translate(
         refusal, dataclasses.replace(config, job=job), action="read the job's status"
     )
-    reason = " ".join(str(explained).split())
-    return JobSummary.unreadable(job, f"not readable by this user: {reason}")
-
-
-def _vanished(status: JobStatus) -> bool:
-    return (
-        status.step is None
-        and status.generation is None
-        and status.heartbeat_age is None
-        and not (status.done or status.waiters or status.problems)
-    )
+    reason = f"not readable by this user: {' '.join(str(explained).split())}"
+    return JobSummary(job, None, None, None, False, None, 0, None, None, (reason,))

@@ -1,12 +1,9 @@
 """Telling a job that is not there: no key of it holds anything, and which jobs are.
 
 ``stepbarrier status``, ``wait`` and ``reset`` say so when a job has no keys
-(a typo in ``--job`` is the usual cause) and name a few jobs found on the
-Redis, the closest to the job's name first ("did you mean"). A short ``SCAN``
-finds the names (``SUGGEST_SCAN_CALLS`` calls of ``SCAN_COUNT`` keys per
-master), never a walk of a large keyspace; a user
-that may not ``SCAN`` (a worker's or a chief's password) learns how to list
-them instead.
+(a typo in ``--job`` is the usual cause) and name a few jobs a short ``SCAN``
+finds (``SUGGEST_SCAN_CALLS`` calls per master), the closest to the job's name
+first ("did you mean"); a user that may not ``SCAN`` learns how to list them.
 
 A job of named barriers only (``stepbarrier arrive``, no chief state) is there
 too: ``reset`` looks for its barrier index and epoch (``has_barrier_keys``),
@@ -17,16 +14,14 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass
-from typing import Any
 
 import redis
-from redis.cluster import RedisCluster
 
 from stepbarrier._config.settings import BarrierConfig
-from stepbarrier._inspect.listing import SCAN_COUNT, job_of_state_key
-from stepbarrier._inspect.status import STATUS_RETRY_SECONDS, JobStatus
-from stepbarrier._protocol.keys import JobKeys
-from stepbarrier._redis.client import RedisClient, with_client
+from stepbarrier._inspect.listing import SCAN_COUNT, scan_jobs
+from stepbarrier._inspect.registry import as_text
+from stepbarrier._inspect.status import JobStatus, operator_read
+from stepbarrier._redis.client import RedisClient
 
 SUGGEST = 5
 """Most job names a message names."""
@@ -45,9 +40,9 @@ class OtherJobs:
     Attributes:
         names: Up to ``SUGGEST`` job names, sorted.
         more: More jobs exist, or the short scan did not see the whole keyspace.
-        may_scan: False if the user may not run ``SCAN`` (``names`` is then empty).
-        close: The names found that are closest to the job's (a typo's likely
-            meaning), best first: at most ``CLOSE``, whether or not among ``names``.
+        may_scan: False if the user may not run ``SCAN``.
+        close: The names found closest to the job's (a typo's likely meaning),
+            best first, whether or not among ``names``.
     """
 
     names: tuple[str, ...] = ()
@@ -58,20 +53,9 @@ class OtherJobs:
 
 def is_missing(status: JobStatus, waiting: int = 0) -> bool:
     """True if no key of the job holds anything: no state, no reset marker, no
-    waiter, no barrier, nothing malformed.
-
-    Args:
-        status: What was read.
-        waiting: Waiters counted apart from ``status`` (a summary's, when the
-            status lists none of them).
-    """
-    return (
-        status.step is None
-        and status.generation is None
-        and status.heartbeat_age is None
-        and status.reset_at is None
-        and not (status.done or status.waiters or waiting or status.problems or status.barriers)
-    )
+    waiter (nor ``waiting``, counted apart from ``status`` by a summary), no
+    barrier, nothing malformed."""
+    return status.holds_nothing and status.reset_at is None and not (waiting or status.barriers)
 
 
 def has_barrier_keys(config: BarrierConfig, client: RedisClient | None = None) -> bool:
@@ -79,11 +63,8 @@ def has_barrier_keys(config: BarrierConfig, client: RedisClient | None = None) -
 
     Every arrival refreshes both with its barrier's TTL, so a job with a barrier
     (open, complete or stale) has them; a reset leaves a new epoch (and its
-    marker). ``TYPE`` of the two keys: O(1), and every role may run it.
-
-    Raises:
-        RedisUnavailable: Redis was unreachable for ``STATUS_RETRY_SECONDS``.
-        RedisRefused: Redis refused the read (authentication, ACL).
+    marker). ``TYPE`` of the two keys: O(1), and every role may run it. Raises
+    as ``operator_read``.
     """
     keys = config.keys
 
@@ -92,62 +73,23 @@ def has_barrier_keys(config: BarrierConfig, client: RedisClient | None = None) -
         pipe.type(keys.barrier_index)
         pipe.type(keys.barrier_epoch)
         kinds = pipe.execute()
-        return any(_text(kind) != "none" for kind in kinds)
+        return any(as_text(kind) != "none" for kind in kinds)
 
-    return with_client(
-        config,
-        client,
-        run,
-        action="read the job's barrier keys",
-        retry_seconds=STATUS_RETRY_SECONDS,
-    )
-
-
-def _text(raw: object) -> str:
-    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+    return operator_read(config, client, run, action="read the job's barrier keys")
 
 
 def other_jobs(config: BarrierConfig, client: RedisClient | None = None) -> OtherJobs:
-    """A few of the jobs on this Redis (not ``config.job``), by a short bounded ``SCAN``.
+    """A few of the jobs on this Redis (not ``config.job``), by a short bounded ``SCAN``;
+    raises as ``operator_read``."""
 
-    Raises:
-        RedisUnavailable: Redis was unreachable for ``STATUS_RETRY_SECONDS``.
-        RedisRefused: Redis refused the connection (authentication, TLS).
-    """
-    return with_client(
-        config,
-        client,
-        lambda active: _scan(config, active),
-        action="list the jobs",
-        retry_seconds=STATUS_RETRY_SECONDS,
-    )
+    def scan(active: RedisClient) -> OtherJobs:
+        try:  # every job name the short scan sees is kept
+            found = scan_jobs(active, ("*",), SUGGEST_SCAN_CALLS * SCAN_COUNT, SUGGEST_SCAN_CALLS)
+        except redis.exceptions.NoPermissionError:
+            return OtherJobs(may_scan=False)
+        names = [name for name in found.lowest(0) if name != config.job]
+        close = difflib.get_close_matches(config.job, names, n=CLOSE, cutoff=CLOSE_CUTOFF)
+        more = not found.complete or len(names) > SUGGEST
+        return OtherJobs(tuple(names[:SUGGEST]), more, close=tuple(close))
 
-
-def _scan(config: BarrierConfig, client: RedisClient) -> OtherJobs:
-    match = JobKeys.for_job("*").state
-    nodes: list[Any] = [None]
-    if isinstance(client, RedisCluster):
-        nodes = list(client.get_primaries())  # type: ignore[no-untyped-call]
-    found: set[str] = set()
-    more = False
-    try:
-        for node in nodes:
-            cursor: Any = "0"
-            for _ in range(SUGGEST_SCAN_CALLS):
-                extra = {} if node is None else {"target_nodes": node}
-                cursor, keys = client.scan(cursor=cursor, match=match, count=SCAN_COUNT, **extra)
-                if isinstance(cursor, dict):
-                    cursor = next(iter(cursor.values()), 0)
-                for key in keys:
-                    job = job_of_state_key(key)
-                    if job is not None and job != config.job:
-                        found.add(job)
-                if int(cursor) == 0:
-                    break
-            else:
-                more = True
-    except redis.exceptions.NoPermissionError:
-        return OtherJobs(may_scan=False)
-    names = sorted(found)
-    close = difflib.get_close_matches(config.job, names, n=CLOSE, cutoff=CLOSE_CUTOFF)
-    return OtherJobs(tuple(names[:SUGGEST]), more or len(names) > SUGGEST, close=tuple(close))
+    return operator_read(config, client, scan, "list the jobs")

@@ -1,32 +1,15 @@
 """Who is slow: each task's reported step, how far behind the chief, stragglers and stuck tasks.
 
 The tasks report their own step into the job's progress hash
-(``stepbarrier._progress.reporter``, docs/protocol.md#progress). This module
-reads it in bounded work and judges each task against the chief
-(docs/who-is-slow.md):
+(``stepbarrier._progress.reporter``, docs/protocol.md#progress); ``read_progress``
+reads it in bounded work, and ``judge_tasks`` judges each task against the
+chief by the rules docs/who-is-slow.md states (and why those thresholds).
 
-- ``behind``: the chief's stored step less the task's (at least 0).
-- a *straggler* is behind by more than a threshold: ``straggler_steps`` if
-  given, else ``max(DEFAULT_STRAGGLER_STEPS, STRAGGLER_FRACTION`` of the
-  chief's step``)``. A report is up to a second old at each end (the task's
-  interval, the chief's heartbeat), so a task that keeps up may look up to
-  about two seconds of steps behind: 100 steps is above that up to 50 steps a
-  second, and 5% of the chief's step is above it for faster jobs once they are
-  40 such seconds in (a fixed number fits no job's every step rate).
-- a task is *stuck* when it is behind the chief, its step has not increased
-  for the stall timeout (by Redis's clock: both times come from the hash's
-  node), and the chief advanced meanwhile: the chief's own report (task 0)
-  increased within the stall timeout, or, when the chief reports none, its
-  heartbeat is within the stall timeout (its training loop hands steps over)
-  and the job is not done. The chief (task 0) is never stuck: a chief that
-  stops is a stale or dead job (``status --check`` exits 9 or 8).
-
-Every worker may write the hash (directly too: it holds ``HSET``), so the read
-is bounded whatever it holds: ``HLEN``, then ``HSTRLEN`` of the fields
-``0`` .. ``span - 1`` (``span``: the hash's size plus 64, at most
-``MAX_TASKS_READ``), then ``HMGET`` of those of at most ``MAX_PROGRESS_VALUE``
-bytes; what does not parse is a problem, and the tasks beyond are counted
-(``tasks_more``), not read.
+Every worker may write the hash, so the read is bounded whatever it holds:
+``HLEN``, then ``HSTRLEN`` of the fields ``0`` .. ``span - 1`` (the hash's size
+plus ``SPAN_MARGIN``, at most ``MAX_TASKS_READ``), then ``HMGET`` of those of at
+most ``MAX_PROGRESS_VALUE`` bytes; what does not parse is a problem, and the
+tasks beyond are counted (``tasks_more``), not read.
 """
 
 from __future__ import annotations
@@ -37,7 +20,7 @@ from typing import Any
 
 import redis
 
-from stepbarrier._inspect.registry import raise_transient
+from stepbarrier._inspect.registry import one_line, replies_of
 from stepbarrier._protocol.keys import JobKeys
 from stepbarrier._protocol.progress import MAX_PROGRESS_TASKS, MAX_PROGRESS_VALUE, parse_progress
 from stepbarrier._redis.client import RedisClient
@@ -47,7 +30,7 @@ MAX_TASKS_READ = 1000
 SPAN_MARGIN = 64
 """Task ids read beyond the hash's size (ids need not be dense)."""
 DEFAULT_STRAGGLER_STEPS = 100
-"""The straggler threshold's floor, in steps (see the module docstring)."""
+"""The straggler threshold's floor, in steps."""
 STRAGGLER_FRACTION = 0.05
 """The straggler threshold's share of the chief's step, when that is more."""
 CHIEF_TASK = 0
@@ -59,14 +42,9 @@ class TaskProgress:
     """One task's reported progress, judged against the chief.
 
     Attributes:
-        task_id: The task (the chief is 0).
-        step: The step the task last reported.
         behind: The chief's stored step less ``step``, at least 0 (``None``
             while the chief has stored no step).
         changed_age_s: Seconds since the task's step last increased (Redis's clock).
-        stuck: Behind the chief, no increase for the stall timeout, while the
-            chief advanced.
-        straggler: Behind by more than the straggler threshold.
     """
 
     task_id: int
@@ -79,12 +57,8 @@ class TaskProgress:
 
 @dataclass(frozen=True)
 class ProgressRead:
-    """What one bounded read of the progress hash found.
-
-    Attributes:
-        entries: Task id -> (step, changed_ms), for the tasks read.
-        more: Tasks in the hash beyond those read (ids past the span, or malformed).
-    """
+    """What one bounded read of the progress hash found: task id -> (step, changed_ms)
+    of the tasks read, and how many ``more`` it holds (past the span, or malformed)."""
 
     entries: dict[int, tuple[int, int]]
     more: int = 0
@@ -117,25 +91,19 @@ def judge_tasks(
     """Each task's progress, by task id, judged against the chief (no I/O).
 
     Args:
-        entries: Task id -> (step, changed_ms), as read.
-        chief_step: The chief's stored step (``None``: none).
+        entries: ``ProgressRead.entries``.
         chief_live: The chief's heartbeat is within the stall timeout and the
             job is not done.
         now_ms: Redis's time (ms) of the node that holds the hash.
-        stall_timeout: Seconds without an increase that make a task stuck.
-        straggler_steps: The straggler threshold (``None``: the default rule).
-        chief_idle_s: How long the chief's training loop had been quiet (beyond its
-            confirmation window) at its last write: the state's ``idle_ms``. Its
-            publisher heartbeats while the loop hangs, so without a task 0 report
-            the chief advanced only if its loop was not quiet for the stall timeout.
+        chief_idle_s: How long the chief's training loop had been quiet at its
+            last write (the state's ``idle_ms``): its publisher heartbeats while
+            the loop hangs.
     """
     threshold = straggler_threshold(chief_step, straggler_steps)
     chief = entries.get(CHIEF_TASK)
-    if chief is None:
-        # the heartbeat, and the loop behind it handing steps over
-        advanced = chief_live and chief_idle_s < stall_timeout
-    else:
-        advanced = chief_live and (now_ms - chief[1]) / 1000 < stall_timeout
+    # the chief's own report, else its heartbeat and the loop behind it handing steps over
+    quiet_s = chief_idle_s if chief is None else (now_ms - chief[1]) / 1000
+    advanced = chief_live and quiet_s < stall_timeout
     tasks = []
     for task_id in sorted(entries):
         step, changed_ms = entries[task_id]
@@ -156,20 +124,15 @@ def judge_tasks(
 
 
 def read_progress(client: RedisClient, keys: JobKeys, problems: list[str]) -> ProgressRead:
-    """The job's progress hash, read in bounded work (see the module docstring).
-
-    Args:
-        client: A client of the job's Redis.
-        keys: The job's keys.
-        problems: What could not be read, or is malformed, is appended here.
+    """The job's progress hash, read in bounded work; what could not be read, or
+    is malformed, is appended to ``problems``.
 
     Raises:
         redis.RedisError: A transient failure (the caller retries it).
     """
     first = client.pipeline(transaction=False)
     first.hlen(keys.progress)
-    (size,) = first.execute(raise_on_error=False)
-    raise_transient([size])
+    (size,) = replies_of(first)
     if isinstance(size, redis.exceptions.NoPermissionError):
         problems.append(
             "tasks not shown: this user may not read the job's progress hash (an older "
@@ -177,7 +140,9 @@ def read_progress(client: RedisClient, keys: JobKeys, problems: list[str]) -> Pr
         )
         return ProgressRead({})
     if isinstance(size, Exception):
-        problems.append(f"the job's progress key is not a hash: tasks not shown ({_line(size)})")
+        problems.append(
+            f"the job's progress key is not a hash: tasks not shown ({one_line(size, 160)})"
+        )
         return ProgressRead({})
     if not size:
         return ProgressRead({})
@@ -190,8 +155,7 @@ def read_progress(client: RedisClient, keys: JobKeys, problems: list[str]) -> Pr
     second = client.pipeline(transaction=False)
     for task in range(span):
         second.hstrlen(keys.progress, str(task))
-    lengths = second.execute(raise_on_error=False)
-    raise_transient(lengths)
+    lengths = replies_of(second)
     names = [task for task, n in enumerate(lengths) if isinstance(n, int) and n > 0]
     oversized = [task for task in names if lengths[task] > MAX_PROGRESS_VALUE]
     readable = [task for task in names if lengths[task] <= MAX_PROGRESS_VALUE]
@@ -199,8 +163,7 @@ def read_progress(client: RedisClient, keys: JobKeys, problems: list[str]) -> Pr
     if readable:
         third = client.pipeline(transaction=False)
         third.hmget(keys.progress, [str(task) for task in readable])
-        (values,) = third.execute(raise_on_error=False)
-        raise_transient([values])
+        (values,) = replies_of(third)
         if isinstance(values, Exception):
             return ProgressRead({}, int(size))  # gone or replaced meanwhile
     entries: dict[int, tuple[int, int]] = {}
@@ -216,7 +179,3 @@ def read_progress(client: RedisClient, keys: JobKeys, problems: list[str]) -> Pr
         shown = ", ".join(str(task) for task in malformed[:10])
         problems.append(f"malformed progress of task(s) {shown}: not shown")
     return ProgressRead(entries, max(0, int(size) - len(entries) - len(malformed)))
-
-
-def _line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:160]

@@ -1,17 +1,11 @@
 """The job's registry of waiting workers, read through its index, never a keyspace SCAN.
 
-The targets sorted set (member: waiter id, score: the step it waits for) is the
-job's index of live waiters: every waiter puts itself back in it on each
-refresh. Each member's registry hash is ``JobKeys.waiter(id)``. Workers write
-both, so everything here is untrusted: a malformed score or entry becomes a
-line in ``problems``, never an exception and never a crash of a view.
-
-The registry is self-reported: any holder of a worker's password may add
-entries, or make them of any size. So it is read in bounded work only: at most
-``MAX_INDEXED`` members (the lowest targets), with ``LIMIT``; of each entry only
-its known fields (``HMGET``, never ``HGETALL``), once ``HLEN`` and ``HSTRLEN``
-showed that it is no larger than an entry the library writes. An oversized
-entry is reported in ``problems``, not read.
+The targets sorted set (member: waiter id, score: its target step) indexes the
+live waiters; each has its entry, the hash ``JobKeys.waiter(id)``. Any holder of
+a worker's password may write both at any size, so they are read in bounded
+work (at most ``MAX_INDEXED`` members with ``LIMIT``; of an entry only its known
+fields, once ``HLEN`` and ``HSTRLEN`` showed it no larger than the library's),
+and what is malformed or oversized is a line in ``problems``, never an exception.
 """
 
 from __future__ import annotations
@@ -19,22 +13,21 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import redis
 
+from stepbarrier._protocol.calls import index_call
 from stepbarrier._protocol.keys import JobKeys
-from stepbarrier._protocol.library import MAX_FIELDS, MAX_VALUE
+from stepbarrier._protocol.library import MAX_ARGUMENT, MAX_FIELDS, MAX_VALUE
 from stepbarrier._protocol.wire import parse_int, preview
 from stepbarrier._redis.client import RedisClient
 from stepbarrier._redis.failures import is_transient
+from stepbarrier._redis.functions import RedisCode
 
 MAX_INDEXED = 10_000
 """Most waiters one status read shows (the first ones by target)."""
-ENTRY_FIELDS = ("task_id", "wait_until_step", "since", "host", "pid")
-"""The fields of a registry entry (``stepbarrier._worker.links.registry_entry``): all
-that is read of one."""
 TEXT_LIMIT = 200
 """Characters of an untrusted text field (a host name) kept for display."""
 SINCE_LIMIT = 1e11
@@ -47,16 +40,9 @@ _SINCE = re.compile(r"[0-9]{1,11}(?:\.[0-9]{1,9})?")
 
 @dataclass(frozen=True)
 class WaiterInfo:
-    """One registered waiting worker.
-
-    Attributes:
-        task_id: Its task id (``None`` if it has none, e.g. a shell script).
-        wait_until_step: The step it waits for.
-        since: Unix time when it started waiting (``None`` if its entry holds
-            no plausible time).
-        host: Its host name, with control characters escaped.
-        pid: Its process id.
-    """
+    """One registered waiting worker, as its entry says (``None``: not held, or not
+    plausible; a shell script has no task id); ``since`` is Unix time, ``host``
+    has its control characters escaped."""
 
     task_id: int | None
     wait_until_step: int
@@ -65,23 +51,29 @@ class WaiterInfo:
     pid: int | None
 
 
+ENTRY_FIELDS = tuple(field.name for field in fields(WaiterInfo))
+"""The fields of a registry entry (``stepbarrier._worker.links.registry_entry``),
+named as ``WaiterInfo``'s: all that is read of one."""
+
+
 def printable(raw: object, limit: int = TEXT_LIMIT) -> str:
     """Untrusted text, cut to ``limit`` characters, with control characters escaped.
 
     A terminal would otherwise obey escape sequences a worker wrote into Redis.
     """
-    if isinstance(raw, bytes):
-        text = raw.decode("utf-8", "replace")
-    elif isinstance(raw, str):
-        text = raw
-    else:
-        text = "" if raw is None else str(raw)
+    text = "" if raw is None else as_text(raw)
     shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit])
     return shown + ("..." if len(text) > limit else "")
 
 
-def _identity(raw: Any) -> Any:
-    return raw
+def as_text(raw: object) -> str:
+    """A Redis reply as text (undecodable bytes replaced)."""
+    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+
+
+def one_line(raw: object, limit: int = 120) -> str:
+    """An error (or any text) on one line, cut to ``limit`` characters."""
+    return " ".join(str(raw).split())[:limit]
 
 
 def raise_transient(replies: list[Any]) -> None:
@@ -96,85 +88,78 @@ def raise_transient(replies: list[Any]) -> None:
             raise reply
 
 
-def queue_index_read(
-    pipe: redis.client.Pipeline, keys: JobKeys, *, start: int = 0, count: int = MAX_INDEXED
-) -> None:
-    """Queue the read of ``count`` index members (lowest target first), with raw scores.
+def replies_of(pipe: Any) -> list[Any]:
+    """The replies of a pipeline, each error in its place, but one that a retry may
+    cure raised (``raise_transient``)."""
+    replies = list(pipe.execute(raise_on_error=False))
+    raise_transient(replies)
+    return replies
 
-    ZRANGEBYSCORE rather than ZRANGE: the ACL's chief user (``reset``) may run it.
-    """
-    pipe.zrangebyscore(
-        keys.targets,
-        "-inf",
-        "+inf",
-        start=start,
-        num=count,
-        withscores=True,
-        score_cast_func=_identity,  # parsed strictly below, not by float()
-    )
+
+def read_index(code: RedisCode, key: str, *, start: int = 0, count: int) -> object:
+    """``count`` members of the sorted set ``key`` from rank ``start`` with raw scores
+    (``index_read``: none over ``MAX_ARGUMENT`` bytes sent, they are counted), for
+    ``parse_index``; an error in its place, but one that a retry may cure raised."""
+    replies = code.replies([index_call(key, start=start, count=count)])
+    raise_transient(replies)
+    return as_refused(replies[0])
+
+
+def as_refused(reply: object) -> object:
+    """A script's ACL refusal as the ``NoPermissionError`` its command would raise."""
+    if isinstance(reply, redis.ResponseError) and "user executing the script can't" in str(reply):
+        return redis.exceptions.NoPermissionError(str(reply))
+    return reply
+
+
+def index_length(raw: object) -> int:
+    """How many members an ``index_read`` reply went over (sent or counted)."""
+    if not isinstance(raw, list) or not raw:
+        return 0
+    return (len(raw) - 1) // 2 + (raw[0] if isinstance(raw[0], int) else 0)
 
 
 def parse_index(
     raw: object, problems: list[str], *, limit: int = MAX_INDEXED
 ) -> list[tuple[bytes, int]]:
-    """``(waiter id, target)`` of each well-formed index member; the rest become problems.
-
-    ``limit``: how many members were asked for (``queue_index_read``'s count):
-    as many read means that there may be more, which is said in ``problems``.
-    """
+    """``(waiter id, target)`` of each well-formed member of an ``index_read`` reply;
+    the rest (and the oversized it counted) become problems. ``limit``: the count
+    asked for: as many read means that there may be more (a problem too)."""
     if isinstance(raw, Exception):
-        problems.append(f"waiter index unreadable: {' '.join(str(raw).split())[:120]}")
+        problems.append(f"waiter index unreadable: {one_line(raw)}")
         return []
-    if not isinstance(raw, list):
+    if not isinstance(raw, list) or not raw:
         return []
     members = []
-    for item in raw:
-        member, score = item
+    for member, score in zip(raw[1::2], raw[2::2], strict=False):
         target = _index_target(score)
         if target is None:
             problems.append(f"waiter index: {preview(member)} has target {preview(score)}")
         else:
-            members.append((_to_bytes(member), target))
-    if len(raw) >= limit:
+            members.append((to_bytes(member), target))
+    if isinstance(raw[0], int) and raw[0]:
+        problems.append(
+            f"waiter index: {raw[0]} oversized member(s) (over {MAX_ARGUMENT} bytes): not read"
+        )
+    if index_length(raw) >= limit:
         problems.append(f"more than {limit} indexed waiters: only the first are shown")
     return members
 
 
 def _index_target(score: object) -> int | None:
     if isinstance(score, float):  # RESP3 replies carry doubles
-        if not (math.isfinite(score) and score.is_integer()):
-            return None
-        return parse_int(int(score), low=1)
+        score = int(score) if math.isfinite(score) and score.is_integer() else None
     return parse_int(score, low=1)
 
 
-def _to_bytes(member: object) -> bytes:
+def to_bytes(member: object) -> bytes:
+    """A member of a sorted set as bytes (a client may decode replies)."""
     return member if isinstance(member, bytes) else str(member).encode("utf-8", "replace")
 
 
 def entry_key(keys: JobKeys, waiter_id: bytes) -> bytes:
     """The registry key of the waiter ``waiter_id`` (bytes: ids are untrusted)."""
     return keys.waiter_prefix.encode() + waiter_id
-
-
-def read_entries(
-    client: RedisClient, keys: JobKeys, index: list[tuple[bytes, int]], problems: list[str]
-) -> list[WaiterInfo]:
-    """The registry entries of the indexed waiters, in two round trips of O(1) commands.
-
-    First the size of each entry (``HLEN``, and ``HSTRLEN`` of each known field),
-    then the known fields of those that are no larger than ``MAX_FIELDS`` fields
-    of at most ``MAX_VALUE`` bytes (``HMGET``): an oversized entry is a problem,
-    and is not read. An entry that is gone has expired (its waiter died or left):
-    it is skipped.
-
-    Raises:
-        redis.exceptions.NoPermissionError: The user may not read the entries.
-    """
-    (found,) = read_entries_of(client, [(keys, index, problems)])
-    if isinstance(found, Exception):
-        raise found
-    return found
 
 
 EntriesRead = list[WaiterInfo] | redis.exceptions.NoPermissionError
@@ -184,10 +169,12 @@ EntriesRead = list[WaiterInfo] | redis.exceptions.NoPermissionError
 def read_entries_of(
     client: RedisClient, jobs: list[tuple[JobKeys, list[tuple[bytes, int]], list[str]]]
 ) -> list[EntriesRead]:
-    """``read_entries`` of several jobs at once: ``(keys, index, problems)`` each.
-
-    The same two round trips for all of them (a listing reads a batch of jobs so);
-    a job whose entries this user may not read gets the refusal in its place.
+    """The entries of the indexed waiters of several jobs (``(keys, index, problems)``
+    each), in two round trips of O(1) commands, whatever they hold: the sizes
+    (``HLEN``, ``HSTRLEN`` of each known field), then the known fields (``HMGET``)
+    of those not oversized. An entry that is gone has expired (its waiter died or
+    left): it is skipped. A job whose entries this user may not read gets the
+    refusal in its place.
     """
     width = 1 + len(ENTRY_FIELDS)
     indexed = [(keys, waiter_id, target) for keys, index, _ in jobs for waiter_id, target in index]
@@ -199,8 +186,7 @@ def read_entries_of(
         pipe.hlen(key)
         for name in ENTRY_FIELDS:
             pipe.hstrlen(key, name)
-    sizes = pipe.execute(raise_on_error=False)
-    raise_transient(sizes)
+    sizes = replies_of(pipe)
     refused: dict[int, redis.exceptions.NoPermissionError] = {}
     readable: list[tuple[int, bytes, int]] = []  # (job number, waiter id, target)
     position = 0
@@ -229,36 +215,27 @@ def read_entries_of(
         pipe = client.pipeline(transaction=False)
         for number, waiter_id, _ in readable:
             pipe.hmget(entry_key(jobs[number][0], waiter_id), ENTRY_FIELDS)
-        replies = pipe.execute(raise_on_error=False)
-        raise_transient(replies)
+        replies = replies_of(pipe)
         for (number, waiter_id, target), raw in zip(readable, replies, strict=True):
             problems = jobs[number][2]
             if isinstance(raw, redis.exceptions.NoPermissionError):
                 refused[number] = raw
-                continue
-            if isinstance(raw, Exception):
+            elif isinstance(raw, Exception):
                 problems.append(
                     f"waiter entry {preview(waiter_id)} unreadable: {type(raw).__name__}"
                 )
-                continue
-            pairs = zip(ENTRY_FIELDS, raw, strict=True)
-            fields = {name: value for name, value in pairs if value is not None}
-            if not fields:  # fields, but none of an entry's
-                problems.append(f"waiter {preview(waiter_id)}: wait_until_step=missing")
-                continue
-            entry = parse_entry(fields, waiter_id, target, problems)
-            if entry is not None:
+            elif entry := parse_entry(
+                dict(zip(ENTRY_FIELDS, raw, strict=True)), waiter_id, target, problems
+            ):
                 waiters[number].append(entry)
     return [refused.get(number, found) for number, found in enumerate(waiters)]
 
 
 def parse_entry(
-    raw: object, waiter_id: bytes, target: int, problems: list[str]
+    fields: dict[str, Any], waiter_id: bytes, target: int, problems: list[str]
 ) -> WaiterInfo | None:
-    """One waiter's registry hash, or ``None`` if it is gone or has no valid target."""
-    if not isinstance(raw, dict) or not raw:
-        return None
-    fields = {printable(k, 40): v for k, v in raw.items()}
+    """One waiter's entry (its known fields, ``None`` if absent), or ``None`` if it has
+    no valid target."""
     name = preview(waiter_id)
     wait_until_step = parse_int(fields.get("wait_until_step"), low=1)
     if wait_until_step is None:
@@ -307,6 +284,6 @@ def indexed_keys(client: RedisClient, keys: JobKeys, *, page: int, limit: int) -
     for start in range(0, limit, page):
         members = client.zrangebyscore(keys.targets, "-inf", "+inf", start=start, num=page)
         for member in members:
-            yield entry_key(keys, _to_bytes(member))
+            yield entry_key(keys, to_bytes(member))
         if len(members) < page:
             return

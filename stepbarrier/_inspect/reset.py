@@ -7,24 +7,23 @@ is stale at once, however many there are (up to ``MAX_RESET_BARRIERS`` that the
 barrier index names are deleted too, to tidy up; the others expire).
 
 Bounded work: whoever may write the job's keys may fill its indexes by hand, so
-no call of a reset is long. The entries go by ``UNLINK`` (a large one's memory
-is freed off Redis's main thread) in batches of ``RESET_BATCH``, before the
-reset function, which is given at most ``RESET_BATCH`` entries and
-``MAX_RESET_BARRIERS`` barriers (the function itself refuses more), and deletes
-the indexes whole, however large.
+no call of a reset is long: the entries go by ``UNLINK`` (a large one's memory
+is freed off Redis's main thread) in batches before the reset function, which
+takes at most ``RESET_BATCH`` entries and ``MAX_RESET_BARRIERS`` barriers (it
+refuses more) and deletes the indexes whole.
 """
 
 from __future__ import annotations
 
-import re
-
 import redis
 
 from stepbarrier._config.settings import BarrierConfig
-from stepbarrier._inspect.registry import indexed_keys
+from stepbarrier._inspect.registry import indexed_keys, to_bytes
+from stepbarrier._inspect.status import BARRIER_MEMBER, operator_read
+from stepbarrier._protocol.calls import reset_job_call
 from stepbarrier._protocol.keys import JobKeys
 from stepbarrier._protocol.library import MAX_RESET_KEYS
-from stepbarrier._redis.client import RedisClient, with_client
+from stepbarrier._redis.client import RedisClient
 from stepbarrier._redis.functions import RedisCode, publish_command
 
 RESET_MARKER_TTL = 24 * 3600
@@ -37,7 +36,6 @@ MAX_RESET_BARRIERS = MAX_RESET_KEYS - RESET_BATCH - 1
 """Most barrier hashes one reset deletes (those the index names first); the
 others are stale by the new epoch, and expire by their TTL. (The one key less:
 the job's progress hash, which the reset deletes too.)"""
-_BARRIER_MEMBER = re.compile(rb"[A-Za-z0-9._-]{1,64}(:[A-Za-z0-9._-]{1,64})?")
 
 
 def reset_job(config: BarrierConfig, client: RedisClient | None = None) -> int:
@@ -59,15 +57,17 @@ def reset_job(config: BarrierConfig, client: RedisClient | None = None) -> int:
         last = batches.pop() if batches else []
         removed = sum(int(active.unlink(*batch)) for batch in batches)
         removed += int(active.exists(*last)) if last else 0
-        fixed = [keys.state, keys.targets, keys.registrations, keys.reset]
-        fixed += [keys.barrier_index, keys.barrier_epoch]
-        args = [keys.channel, RESET_MARKER_TTL, publish_command(config), keys.barrier_channel]
         barriers = reset_barrier_keys(active, keys)  # to tidy up: the new epoch makes all stale
-        extra = [keys.progress, *last, *barriers]  # each task's progress goes too
-        RedisCode(active, config).call("reset_job", [*fixed, *extra], args)
+        call = reset_job_call(
+            keys,
+            marker_ttl=RESET_MARKER_TTL,
+            publish_command=publish_command(config),
+            extra=[keys.progress, *last, *barriers],  # each task's progress goes too
+        )
+        RedisCode(active, config).call(*call)
         return removed
 
-    return with_client(config, client, run, action="reset the job", retry_seconds=5.0)
+    return operator_read(config, client, run, action="reset the job")
 
 
 def reset_barrier_keys(client: RedisClient, keys: JobKeys) -> list[bytes]:
@@ -86,9 +86,8 @@ def reset_barrier_keys(client: RedisClient, keys: JobKeys) -> list[bytes]:
     except redis.ResponseError:
         return []  # not a sorted set: reset deletes it, and there is nothing to follow
     prefix = keys.barrier_prefix.encode()
-    names = (m if isinstance(m, bytes) else str(m).encode() for m in members)
     # only a barrier's name can name a barrier the library made
-    return [prefix + name for name in names if _BARRIER_MEMBER.fullmatch(name)]
+    return [prefix + to_bytes(m) for m in members if BARRIER_MEMBER.fullmatch(to_bytes(m))]
 
 
 def _indexed(client: RedisClient, config: BarrierConfig) -> list[bytes]:

@@ -1,59 +1,33 @@
 """What an operator sees: the chief's state, who waits for what, the open barriers.
 
-``read_status`` only reads (it works with the read-only ``monitor`` user) and
-never fails on malformed content: it reports it in ``JobStatus.problems``.
-Waiters are found through the job's own index (``stepbarrier._inspect.registry``),
-never by scanning the keyspace.
+``read_status`` only reads (the ``monitor`` user is enough) and never fails on
+malformed content: it reports it in ``JobStatus.problems``. Whoever holds a
+worker's (or the chief's) password may write any key by hand, at any size, so
+every read is bounded and an oversized key is reported, not read. A Redis busy
+with a script (BUSY) fails the read (retried, then said as such).
 
-Every key it reads may have been written by hand, with any size, by whoever
-holds a worker's (or the chief's) password. So every read is bounded: the state
-through the library's ``waiter_read`` (which checks sizes before it reads, and
-reads only the state's known fields), the indexes with ``ZCARD`` and ``LIMIT``,
-the waiters' entries as ``registry.read_entries`` does. An oversized key is
-reported in ``problems``, and not read. A Redis busy with a script (BUSY) fails
-the read (retried, then reported as such), never becomes a problem line.
+The barriers. Reading an open barrier whole, as a waiting task reads its own,
+cost Redis about half a second per 100,000 parties in one command: ten planted
+barriers stalled Redis for every team at each ``status`` refresh (issue 34). So
+``read_open_barriers`` uses only commands of constant cost, and the read-only
+``index_read`` (which sends no megabyte member a worker planted in the index).
 
-The barriers. A barrier is a hash that every worker of its job may write
-(``%RW~`` on the barrier keys), with up to ``MAX_PARTIES`` task fields by the
-library's own limits. A waiting task reads its own barrier whole
-(``waiter_read``: its known fields, then ``t0`` .. ``t<parties - 1>``), but an
-operator's read of every open barrier that way cost Redis about half a second
-per 100,000-party barrier, in one command: ten such barriers planted by a
-worker stalled Redis for every team at each ``status`` and each ``watch``
-refresh (issue 34). So ``read_open_barriers`` reads them with commands of
-constant cost, and no Lua:
-
-- ``ZCARD`` of the index, then at most ``MAX_BARRIER_INDEX_READ`` of its
-  members (``ZRANGEBYSCORE`` with ``LIMIT``), of which the ``STATUS_BARRIERS``
-  with the latest arrivals are read;
-- the epoch and each barrier: ``TYPE``, ``HLEN`` and ``HSTRLEN`` of its own
-  fields, then ``HMGET`` of those fields when none is longer than ``MAX_VALUE``;
-- who arrived: ``HSTRLEN`` of task fields (never their values, which a worker
-  may have made of any size), ``TASKS_CHECKED`` in all per read, shared fairly
-  among the open barriers (``fair_shares``). A barrier of more parties than its
-  share is counted from its size (``HLEN`` less its own fields); its missing
-  tasks are listed among those checked, and the others counted
-  (``OpenBarrier.missing_more``).
-
-So a read costs Redis a few hundred short commands and at most
-``TASKS_CHECKED`` ``HSTRLEN``, whatever the keys hold, with only the commands
-every role that reads a status holds.
-
-The waiters are self-reported: each entry is what a process that holds a
-worker's password wrote about itself, so a misbehaving one can add waiters that
-do not exist (at most ``MAX_INDEXED`` are shown, the lowest targets first).
+The chief's liveness of every operator's view (and of ``publish``'s refusal) is
+``stale_limit``/``is_stale`` (``freshness``'s rule) and ``chief_heard`` (the
+stall timeout); no waiter decides by either.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Any, TypeVar
 
 import redis
 
 from stepbarrier._barriers.index import STATUS_BARRIERS, BarrierInfo
+from stepbarrier._config.defaults import DEFAULT_HEARTBEAT
 from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._inspect.progress import (
     TaskProgress,
@@ -65,14 +39,19 @@ from stepbarrier._inspect.registry import (
     MAX_INDEXED,
     SINCE_LIMIT,
     WaiterInfo,
+    as_text,
+    one_line,
     parse_index,
     printable,
-    queue_index_read,
-    raise_transient,
-    read_entries,
+    read_entries_of,
+    read_index,
+    replies_of,
+    to_bytes,
 )
+from stepbarrier._protocol import freshness
 from stepbarrier._protocol.barrier_library import MAX_BARRIER_INDEX
 from stepbarrier._protocol.barrier_record import MAX_PARTIES, epoch_token, split_member
+from stepbarrier._protocol.calls import read_call
 from stepbarrier._protocol.keys import JobKeys
 from stepbarrier._protocol.library import (
     BARRIER_FIELDS,
@@ -81,10 +60,12 @@ from stepbarrier._protocol.library import (
     MAX_TASK_VALUE,
     MAX_VALUE,
 )
-from stepbarrier._protocol.wire import ChiefState, parse_int, parse_state, preview
+from stepbarrier._protocol.wire import ChiefState, parse_int, preview
 from stepbarrier._redis.client import RedisClient, with_client
 from stepbarrier._redis.functions import RedisCode
-from stepbarrier._worker.links import oversized_state_problem
+from stepbarrier._worker.snapshot import parse_snapshot as parse_waiter_read
+
+T = TypeVar("T")
 
 STATUS_RETRY_SECONDS = 5.0
 """How long ``read_status`` retries an unreachable Redis before giving up."""
@@ -100,50 +81,30 @@ NOT_LISTED = (
     "read); read the status as the monitor user"
 )
 """Why a user that may read a job's keys one by one sees no list of them."""
-_BARRIER_MEMBER = re.compile(rb"[A-Za-z0-9._-]{1,64}(:[A-Za-z0-9._-]{1,64})?")
-_TOKEN = EPOCH_FIELDS[0]
+BARRIER_MEMBER = re.compile(rb"[A-Za-z0-9._-]{1,64}(:[A-Za-z0-9._-]{1,64})?")
+"""A barrier index member the library writes: ``<name>`` or ``<name>:<run id>``."""
 
 
 @dataclass(frozen=True)
 class JobStatus:
     """A snapshot of one job.
 
+    The chief's fields are its state's (``wire.ChiefState``, docs/protocol.md),
+    the ages by Redis's clock; ``None``: not stored, or not plausible.
+
     Attributes:
-        job: The job name.
-        step: The chief's stored step (``None`` before any chief wrote one).
-        generation: The chief generation that wrote it.
-        heartbeat_age: Seconds since the chief's last write, by Redis's clock.
-        done: True once the chief closed the job.
         chief: ``host:pid`` of the chief, with control characters escaped.
         reset_at: Unix time of the last reset, if the job was reset since.
-        run_id: The run id the chief stored (``None``: none, or malformed).
-        beat: The state's write counter, as stored (``status --json`` only).
-            No count of writes: it starts from the Redis clock in microseconds
-            when the state is made or replaced, and each write adds one, so
-            only its moving means something (waiters judge liveness by it;
-            docs/protocol.md#observed-writes).
-        vouch: The last writer vouches for the step (out of probation, its loop
-            handed a step over lately).
-        pinned: The step was published by an operator (``stepbarrier publish``).
-        probation: The state is on probation: a chief made it anew without its own
-            begin on record (Redis forgot the state), and it vouches for nothing
-            until that chief has waited the fence (docs/protocol.md#probation).
-        heartbeat_period: The chief's own heartbeat period in seconds, if it
-            stored a plausible one.
-        waiters: Registered waiters, lowest target first (at most ``MAX_INDEXED``,
-            or what ``read_status`` was asked for). Self-reported: each is what
-            a process holding a worker's password wrote about itself.
-        problems: Malformed content found in the job's keys.
-        barriers: Open named barriers (``stepbarrier.Barrier``), latest arrival first
-            (at most ``STATUS_BARRIERS``; each an ``OpenBarrier``: of a barrier of
-            many parties, the missing tasks are named among those checked).
-        tasks: Each task's reported progress, by task id (``ProgressReporter``;
-            at most ``MAX_TASKS_READ``): its step, how far behind the chief,
-            whether it is stuck or a straggler (docs/who-is-slow.md).
-            Self-reported, like the waiters.
+        beat: The state's write counter (``status --json`` only): it starts from
+            the Redis clock in microseconds, so only its moving means something
+            (docs/protocol.md#observed-writes).
+        waiters: Registered waiters, lowest target first (at most ``MAX_INDEXED``).
+            Self-reported, as are ``tasks``: what a process holding a worker's
+            password wrote about itself.
+        barriers: Open named barriers, latest arrival first (at most ``STATUS_BARRIERS``).
+        tasks: Each task's progress, judged against the chief (docs/who-is-slow.md).
         tasks_more: Tasks in the job's progress hash that were not read.
-        straggler_threshold: Steps behind the chief beyond which a task is a
-            straggler, as applied to ``tasks``.
+        straggler_threshold: As applied to ``tasks``.
     """
 
     job: str
@@ -160,7 +121,7 @@ class JobStatus:
     heartbeat_period: float | None = None
     waiters: tuple[WaiterInfo, ...] = ()
     probation: bool = False
-    problems: tuple[str, ...] = field(default=())
+    problems: tuple[str, ...] = ()
     barriers: tuple[BarrierInfo, ...] = ()
     tasks: tuple[TaskProgress, ...] = ()
     tasks_more: int = 0
@@ -168,18 +129,72 @@ class JobStatus:
 
     @property
     def stuck_tasks(self) -> tuple[TaskProgress, ...]:
-        """The tasks that are stuck: behind, no progress for the stall timeout, while
-        the chief advanced."""
+        """The tasks behind, without progress for the stall timeout, while the chief advanced."""
         return tuple(task for task in self.tasks if task.stuck)
+
+    @property
+    def tasks_by_concern(self) -> tuple[TaskProgress, ...]:
+        """The tasks, the stuck first, then the stragglers, then the most behind."""
+        return tuple(
+            sorted(
+                self.tasks,
+                key=lambda t: (not t.stuck, not t.straggler, -(t.behind or 0), t.task_id),
+            )
+        )
+
+    @property
+    def holds_nothing(self) -> bool:
+        """No chief state, no waiter, no task's progress and nothing malformed was read."""
+        return (
+            self.step is None
+            and self.generation is None
+            and self.heartbeat_age is None
+            and not (self.done or self.waiters or self.tasks or self.tasks_more or self.problems)
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dictionary (the CLI's ``status --json``); every number is finite."""
-        data = asdict(self)
-        data["waiters"] = [asdict(w) for w in self.waiters]
-        data["barriers"] = [{**asdict(b), "missing": list(b.missing)} for b in self.barriers]
-        data["problems"] = list(self.problems)
-        data["tasks"] = [asdict(t) for t in self.tasks]
-        return data
+        return json_ready(self)
+
+
+def json_ready(record: Any) -> dict[str, Any]:
+    """A dataclass as a dictionary, its tuples as lists (what ``--json`` prints)."""
+
+    def lists(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {key: lists(item) for key, item in value.items()}
+        if isinstance(value, list | tuple):
+            return [lists(item) for item in value]
+        return value
+
+    data: dict[str, Any] = lists(asdict(record))
+    return data
+
+
+def stale_limit(status: JobStatus, default_heartbeat: float = DEFAULT_HEARTBEAT) -> float | None:
+    """``freshness.stale_limit`` of ``status``'s chief, whose period is the one it
+    stored, else ``default_heartbeat``."""
+    return freshness.stale_limit(**_liveness(status, default_heartbeat))
+
+
+def is_stale(status: JobStatus, default_heartbeat: float = DEFAULT_HEARTBEAT) -> bool:
+    """``freshness.is_stale`` of ``status``'s chief: it may be gone."""
+    return freshness.is_stale(**_liveness(status, default_heartbeat))
+
+
+def _liveness(status: JobStatus, default_heartbeat: float) -> dict[str, Any]:
+    period = status.heartbeat_period
+    return {
+        "done": status.done,
+        "heartbeat_age": status.heartbeat_age,
+        "chief": status.chief,
+        "period": default_heartbeat if period is None else period,
+    }
+
+
+def chief_heard(status: JobStatus, stall_timeout: float) -> bool:
+    """True if a chief heartbeat is no older than ``stall_timeout`` (else the job is dead)."""
+    return status.heartbeat_age is not None and status.heartbeat_age <= stall_timeout
 
 
 def read_status(
@@ -195,44 +210,84 @@ def read_status(
     """Read the job's state and registry, in bounded work whatever the keys hold.
 
     Args:
-        config: The job's settings.
         client: A redis-py client; one is made (and closed) if omitted.
-        waiters: Read the registered waiters (a few commands per waiter); without
-            them ``JobStatus.waiters`` is empty (``stepbarrier._inspect.summary``
-            counts a large job's waiters from the index instead).
-        max_waiters: Most waiters read (the lowest targets): the registry is
-            self-reported, so this bounds what a misbehaving worker can add.
-        barriers: Read the open barriers (at most ``STATUS_BARRIERS``).
-        tasks: Read each task's reported progress (at most ``MAX_TASKS_READ``)
-            and judge it against the chief (``config.stall_timeout``).
-        straggler_steps: Steps behind the chief beyond which a task is a
-            straggler (``None``: ``max(100, 5%`` of the chief's step``)``).
+        waiters: Read the registered waiters (a few commands each); without them
+            ``JobStatus.waiters`` is empty (``summary`` counts a large job's).
+        max_waiters: Most waiters read (the lowest targets).
+        barriers: Read the open barriers.
+        tasks: Read each task's progress and judge it (``config.stall_timeout``).
+        straggler_steps: ``progress.straggler_threshold``'s.
 
     Raises:
         RedisUnavailable: Redis was unreachable for ``STATUS_RETRY_SECONDS``.
         RedisRefused: Redis refused the read (authentication, ACL).
     """
-    return with_client(
-        config,
-        client,
-        lambda active: _read(
-            config, active, waiters, max(0, max_waiters), barriers, tasks, straggler_steps
-        ),
-        action="read the job's status",
-        retry_seconds=STATUS_RETRY_SECONDS,
-    )
+    max_waiters = max(0, max_waiters)
+
+    def read(active: RedisClient) -> JobStatus:
+        keys = config.keys
+        # the state with the clock of the node that holds it (in a cluster, the
+        # slot's owner: another node's clock would skew the heartbeat's age)
+        code = RedisCode(active, config)
+        snapshot = parse_snapshot(code.call(*read_call(keys.state, keys.reset)))
+        problems = snapshot.problems
+        index_raw: object = []
+        if waiters and max_waiters:
+            index_raw = read_index(code, keys.targets, count=max_waiters)
+        if isinstance(index_raw, redis.exceptions.NoPermissionError):
+            # a user that may read the state but not the index still sees the step;
+            # ZCARD (which it may run) tells whether there was anything to show
+            try:
+                listed = int(active.zcard(keys.targets)) != 0
+            except redis.RedisError:
+                listed = True
+            if listed:
+                problems.append(f"waiters not shown: {NOT_LISTED}")
+            index_raw = []
+        index = parse_index(index_raw, problems, limit=max_waiters or MAX_INDEXED)
+        (found,) = read_entries_of(active, [(keys, index, problems)])
+        if isinstance(found, Exception):
+            raise found  # this user may not read the entries
+        open_barriers: tuple[BarrierInfo, ...] = ()
+        if barriers:
+            open_barriers = read_open_barriers(active, keys, snapshot.now_ms, problems, code)
+        status = job_status(config.job, snapshot, found, problems, open_barriers)
+        if not tasks:
+            return status
+        progress = read_progress(active, keys, problems)
+        return replace(
+            status,
+            problems=tuple(problems),
+            tasks=judge_tasks(
+                progress.entries,
+                chief_step=status.step,
+                chief_live=not status.done and chief_heard(status, config.stall_timeout),
+                now_ms=snapshot.now_ms,
+                stall_timeout=config.stall_timeout,
+                straggler_steps=straggler_steps,
+                chief_idle_s=(snapshot.state.idle_ms or 0) / 1000,
+            ),
+            tasks_more=progress.more,
+            straggler_threshold=straggler_threshold(status.step, straggler_steps),
+        )
+
+    return operator_read(config, client, read)
+
+
+def operator_read(
+    config: BarrierConfig,
+    client: RedisClient | None,
+    operation: Callable[[RedisClient], T],
+    action: str = "read the job's status",
+) -> T:
+    """``with_client`` as an operator's reads run it: retried for ``STATUS_RETRY_SECONDS``."""
+    return with_client(config, client, operation, action=action, retry_seconds=STATUS_RETRY_SECONDS)
 
 
 @dataclass(frozen=True)
 class Snapshot:
-    """What ``waiter_read`` returned for a job's state, parsed.
-
-    Attributes:
-        now_ms: Redis's time (ms) of the node that holds the job.
-        state: The chief's state (empty if none, or malformed).
-        reset_ms: Redis time (ms) of the last reset, if any (plausible).
-        problems: Malformed content found in the state and the reset marker.
-    """
+    """What ``waiter_read`` returned for a job's state, parsed: Redis's time (ms) of the
+    node that holds the job, the state, the reset's time and what was malformed."""
 
     now_ms: int
     state: ChiefState
@@ -241,21 +296,14 @@ class Snapshot:
 
 
 def parse_snapshot(reply: Any) -> Snapshot:
-    """A ``waiter_read`` reply on the job's state and reset marker, parsed strictly."""
-    now_raw, reset_raw, kind_raw, *flat = list(reply)
-    now_ms = parse_int(now_raw) or 0
-    kind = kind_raw.decode() if isinstance(kind_raw, bytes) else str(kind_raw)
-    state_raw: object = dict(zip(flat[0::2], flat[1::2], strict=False)) if kind == "hash" else {}
-    problems: list[str] = []
-    if kind == "oversized":
-        problems.append(oversized_state_problem())
-    elif kind not in ("hash", "none"):
-        state_raw = redis.ResponseError(f"the state key holds a {kind}, not a hash")
-    state = parse_state(state_raw)
-    if state.problem:
-        problems.append(state.problem)
-    reset_ms = _reset_ms(reset_raw or None, problems)
-    return Snapshot(now_ms, state, reset_ms, problems)
+    """A ``waiter_read`` reply (the waiters' own parse), with a plausible reset time."""
+    read = parse_waiter_read(reply)
+    problems = [] if read.state.problem is None else [read.state.problem]
+    marker = read.reset_marker or None
+    reset_ms = parse_int(marker, high=int(SINCE_LIMIT * 1000))  # a plausible time, like a since
+    if marker is not None and reset_ms is None:
+        problems.append(f"malformed reset marker: {preview(marker)}")
+    return Snapshot(read.now_ms, read.state, reset_ms, problems)
 
 
 def job_status(
@@ -267,6 +315,7 @@ def job_status(
 ) -> JobStatus:
     """The ``JobStatus`` of what was read of ``job`` (``problems``: all of them)."""
     state = snapshot.state
+    period_ms = state.heartbeat_period_ms
     return JobStatus(
         job=job,
         step=state.step,
@@ -280,94 +329,17 @@ def job_status(
         vouch=state.vouch,
         pinned=state.pinned,
         probation=state.probation != 0,
-        heartbeat_period=_period(state.heartbeat_period_ms),
+        heartbeat_period=(
+            None if period_ms is None or period_ms > MAX_HEARTBEAT_PERIOD_MS else period_ms / 1000
+        ),
         waiters=tuple(sorted(waiters, key=lambda w: (w.wait_until_step, w.task_id or 0))),
         problems=tuple(problems),
         barriers=barriers,
     )
 
 
-def _read(
-    config: BarrierConfig,
-    client: RedisClient,
-    with_waiters: bool = True,
-    max_waiters: int = MAX_INDEXED,
-    with_barriers: bool = True,
-    with_tasks: bool = True,
-    straggler_steps: int | None = None,
-) -> JobStatus:
-    keys = config.keys
-    # the state with the clock of the node that holds it (in a cluster, the
-    # slot's owner: another node's clock would skew the heartbeat's age)
-    snapshot = parse_snapshot(
-        RedisCode(client, config).call("waiter_read", [keys.state, keys.reset], [])
-    )
-    problems = snapshot.problems
-    index_raw: object = []
-    if with_waiters and max_waiters:
-        pipe = client.pipeline(transaction=False)
-        queue_index_read(pipe, keys, count=max_waiters)
-        (index_raw,) = pipe.execute(raise_on_error=False)
-        raise_transient([index_raw])
-    if isinstance(index_raw, redis.exceptions.NoPermissionError):
-        # a user that may read the state but not the index still sees the step;
-        # ZCARD (which it may run) tells whether there was anything to show
-        if _index_size(client, keys.targets) != 0:
-            problems.append(f"waiters not shown: {NOT_LISTED}")
-        index_raw = []
-    index = parse_index(index_raw, problems, limit=max_waiters or MAX_INDEXED)
-    waiters = read_entries(client, keys, index, problems)
-    barriers: tuple[BarrierInfo, ...] = ()
-    if with_barriers:
-        barriers = read_open_barriers(client, keys, snapshot.now_ms, problems)
-    status = job_status(config.job, snapshot, waiters, problems, barriers)
-    if not with_tasks:
-        return status
-    progress = read_progress(client, keys, problems)
-    age = status.heartbeat_age
-    return replace(
-        status,
-        problems=tuple(problems),
-        tasks=judge_tasks(
-            progress.entries,
-            chief_step=status.step,
-            chief_live=not status.done and age is not None and age <= config.stall_timeout,
-            now_ms=snapshot.now_ms,
-            stall_timeout=config.stall_timeout,
-            straggler_steps=straggler_steps,
-            chief_idle_s=(snapshot.state.idle_ms or 0) / 1000,
-        ),
-        tasks_more=progress.more,
-        straggler_threshold=straggler_threshold(status.step, straggler_steps),
-    )
-
-
-def _index_size(client: RedisClient, key: str) -> int | None:
-    """How many members an index has (``None``: it could not be told)."""
-    try:
-        return int(client.zcard(key))
-    except redis.RedisError:
-        return None
-
-
-def _reset_ms(raw: object, problems: list[str]) -> int | None:
-    if isinstance(raw, Exception):
-        problems.append(f"reset marker unreadable: {' '.join(str(raw).split())[:120]}")
-        return None
-    reset_ms = parse_int(raw, high=int(SINCE_LIMIT * 1000))  # a plausible time, like a since
-    if raw is not None and reset_ms is None:
-        problems.append(f"malformed reset marker: {preview(raw)}")
-    return reset_ms
-
-
 def _age(now_ms: int, then_ms: int | None) -> float | None:
     return None if then_ms is None else max(0.0, (now_ms - then_ms) / 1000)
-
-
-def _period(period_ms: int | None) -> float | None:
-    if period_ms is None or period_ms > MAX_HEARTBEAT_PERIOD_MS:
-        return None
-    return period_ms / 1000
 
 
 def fair_shares(wants: Sequence[int], total: int) -> list[int]:
@@ -398,45 +370,34 @@ def fair_shares(wants: Sequence[int], total: int) -> list[int]:
 
 @dataclass(frozen=True)
 class OpenBarrier(BarrierInfo):
-    """An open barrier, as read in bounded work (``BarrierInfo`` and two more fields).
-
-    ``missing`` holds the ids of the missing tasks among the first
-    ``tasks_checked`` (``0 .. tasks_checked - 1``); when that is fewer than the
-    parties, ``arrived`` is counted from the barrier's size, and ``missing_more``
-    is how many tasks beyond those are missing (their ids are not listed).
-
-    Attributes:
-        missing_more: Missing tasks not listed in ``missing`` (0: all are listed).
-        tasks_checked: How many task ids, from 0, were checked one by one.
-    """
+    """An open barrier, as read in bounded work: ``missing`` holds the missing among
+    the first ``tasks_checked`` task ids (checked one by one), ``missing_more``
+    counts the others; past those checked, ``arrived`` is counted from its size."""
 
     missing_more: int = 0
     tasks_checked: int = 0
 
 
 def read_open_barriers(
-    client: RedisClient, keys: JobKeys, now_ms: int, problems: list[str]
+    client: RedisClient, keys: JobKeys, now_ms: int, problems: list[str], code: RedisCode
 ) -> tuple[OpenBarrier, ...]:
-    """The job's open barriers, latest arrival first (at most ``STATUS_BARRIERS``).
+    """The job's open barriers, latest arrival first (at most ``STATUS_BARRIERS``), their
+    ages measured to ``now_ms`` (Redis's time); malformed content goes to ``problems``.
 
-    Args:
-        client: A client of the job's Redis.
-        keys: The job's keys.
-        now_ms: Redis's time (ms), which the ages are measured to.
-        problems: Malformed content found is appended here.
-
-    Raises:
-        redis.RedisError: A transient failure (the caller retries it).
+    Constant cost per command: ``ZCARD`` of the index and at most
+    ``MAX_BARRIER_INDEX_READ`` members; ``TYPE``, ``HLEN`` and ``HSTRLEN`` of their
+    own fields before ``HMGET`` of them; who arrived by ``HSTRLEN`` of task fields
+    (never their values), ``TASKS_CHECKED`` in all, shared by ``fair_shares``.
+    A transient failure raises (the caller retries it).
     """
-    members = _newest_members(client, keys, problems)
+    members = _newest_members(client, code, keys, problems)
     if members is None:
         return ()
     first = client.pipeline(transaction=False)
     _queue_sizes(first, keys.barrier_epoch, EPOCH_FIELDS)
     for member in members:
         _queue_sizes(first, keys.barrier(member), BARRIER_FIELDS)
-    sizes = first.execute(raise_on_error=False)
-    raise_transient(sizes)
+    sizes = replies_of(first)
     epoch_width, width = 2 + len(EPOCH_FIELDS), 2 + len(BARRIER_FIELDS)
     epoch_readable = _epoch_readable(sizes[:epoch_width], problems)
     if epoch_readable is None:
@@ -444,21 +405,18 @@ def read_open_barriers(
     readable: list[tuple[str, int]] = []  # (member, HLEN)
     for position, member in enumerate(members):
         replies = sizes[epoch_width + position * width : epoch_width + (position + 1) * width]
-        if any(isinstance(r, Exception) for r in replies):
-            continue  # not readable by this user, or not a hash: nothing to show
-        if _text(replies[0]) != "hash":
-            continue  # expired since the index was read, or not a hash: nothing to show
+        if any(isinstance(r, Exception) for r in replies) or as_text(replies[0]) != "hash":
+            continue  # not readable by this user, expired, or not a hash: nothing to show
         if replies[1] > MAX_FIELDS + MAX_PARTIES or max(replies[2:]) > MAX_VALUE:
             problems.append(f"barrier {member!r} is oversized: not read")
             continue
         readable.append((member, int(replies[1])))
     second = client.pipeline(transaction=False)
     if epoch_readable:
-        second.hmget(keys.barrier_epoch, [_TOKEN])
+        second.hmget(keys.barrier_epoch, [EPOCH_FIELDS[0]])
     for member, _length in readable:
         second.hmget(keys.barrier(member), list(BARRIER_FIELDS))
-    values = second.execute(raise_on_error=False) if (readable or epoch_readable) else []
-    raise_transient(values)
+    values = replies_of(second) if (readable or epoch_readable) else []
     epoch: str | None = None
     if epoch_readable:
         token = values.pop(0)
@@ -481,8 +439,7 @@ def read_open_barriers(
     for (member, _length, _parties, _fields), share in zip(current, shares, strict=True):
         for task in range(share):
             third.hstrlen(keys.barrier(member), f"t{task}")
-    lengths = third.execute(raise_on_error=False) if any(shares) else []
-    raise_transient(lengths)
+    lengths = replies_of(third) if any(shares) else []
     found = []
     start = 0
     for (member, length, parties, fields), share in zip(current, shares, strict=True):
@@ -499,15 +456,16 @@ def read_open_barriers(
     return tuple(found)
 
 
-def _newest_members(client: RedisClient, keys: JobKeys, problems: list[str]) -> list[str] | None:
+def _newest_members(
+    client: RedisClient, code: RedisCode, keys: JobKeys, problems: list[str]
+) -> list[str] | None:
     """The ``STATUS_BARRIERS`` members of the index with the latest arrivals, well-formed;
     ``None`` if the index cannot be read (said in ``problems``)."""
     pipe = client.pipeline(transaction=False)
     pipe.zcard(keys.barrier_index)
-    (size,) = pipe.execute(raise_on_error=False)
-    raise_transient([size])
+    (size,) = replies_of(pipe)
     if isinstance(size, Exception):
-        problems.append(f"barriers not shown: {' '.join(str(size).split())[:160]}")
+        problems.append(f"barriers not shown: {one_line(size, 160)}")
         return None
     if size > MAX_BARRIER_INDEX_READ:
         problems.append(
@@ -515,20 +473,21 @@ def _newest_members(client: RedisClient, keys: JobKeys, problems: list[str]) -> 
             f"{MAX_BARRIER_INDEX}): barriers not shown (the next arrival drops it)"
         )
         return None
-    index: list[Any] = []
-    if size:
-        try:
-            index = client.zrangebyscore(
-                keys.barrier_index, "-inf", "+inf", start=0, num=size, withscores=True
-            )
-        except redis.exceptions.NoPermissionError:
-            problems.append(f"barriers not shown: {NOT_LISTED}")
-            return None
+    raw = read_index(code, keys.barrier_index, count=size) if size else [0]
+    if isinstance(raw, redis.exceptions.NoPermissionError):
+        problems.append(f"barriers not shown: {NOT_LISTED}")
+        return None
+    if isinstance(raw, Exception):
+        raise raw
+    assert isinstance(raw, list)
+    if raw[0]:
+        problems.append(f"the barrier index: {raw[0]} oversized member(s): not read")
+    index = zip(raw[1::2], raw[2::2], strict=False)
     newest = sorted(index, key=lambda pair: -float(pair[1]))[:STATUS_BARRIERS]
     members = []
     for member, _score in newest:
-        raw = member if isinstance(member, bytes) else str(member).encode()
-        if _BARRIER_MEMBER.fullmatch(raw) is None:
+        raw = to_bytes(member)
+        if BARRIER_MEMBER.fullmatch(raw) is None:
             problems.append(f"malformed barrier name in the index: {printable(raw, 40)!r}")
         else:
             members.append(raw.decode())
@@ -548,10 +507,10 @@ def _epoch_readable(sizes: list[Any], problems: list[str]) -> bool | None:
     it cannot be (this user may not), ``False`` if there is none or it is malformed
     (a problem: every barrier is then stale)."""
     failed = next((r for r in sizes if isinstance(r, Exception)), None)
-    if isinstance(sizes[0], Exception) or (failed is not None and _text(sizes[0]) == "hash"):
-        problems.append(f"barriers not shown: {' '.join(str(failed).split())[:160]}")
+    kind = as_text(sizes[0])
+    if isinstance(sizes[0], Exception) or (failed is not None and kind == "hash"):
+        problems.append(f"barriers not shown: {one_line(failed, 160)}")
         return None
-    kind = _text(sizes[0])
     if kind == "none":
         return False
     if kind != "hash" or sizes[1] > MAX_FIELDS or max(sizes[2:]) > MAX_VALUE:
@@ -594,7 +553,3 @@ def _open(
         missing_more=max(0, parties - arrived - len(missing)),
         tasks_checked=len(checked),
     )
-
-
-def _text(raw: object) -> str:
-    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)

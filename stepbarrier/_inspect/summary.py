@@ -1,10 +1,9 @@
 """A large job's waiters in numbers: how many, the nearest targets, a histogram.
 
-``stepbarrier status`` and ``watch`` list each waiting worker while there are
-few (``LIST_UP_TO``). A job of thousands of workers is summarised instead,
-out of the targets index alone: a few ``ZRANGEBYSCORE`` pages, never a
-keyspace SCAN and never one read per worker, so a refresh costs the same few
-commands whatever the number of waiters (up to ``SUMMARY_LIMIT``).
+``status`` and ``watch`` list each waiter while few (``LIST_UP_TO``), and
+summarise more out of the targets index alone: a few ``ZRANGEBYSCORE`` pages,
+never one read per worker, so a refresh costs the same few commands whatever
+the number of waiters (up to ``SUMMARY_LIMIT``).
 """
 
 from __future__ import annotations
@@ -15,9 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from stepbarrier._config.settings import BarrierConfig
-from stepbarrier._inspect.registry import parse_index, queue_index_read, raise_transient
-from stepbarrier._inspect.status import STATUS_RETRY_SECONDS, JobStatus, read_status
-from stepbarrier._redis.client import RedisClient, with_client
+from stepbarrier._inspect.registry import index_length, parse_index, read_index
+from stepbarrier._inspect.status import JobStatus, operator_read, read_status
+from stepbarrier._redis.client import RedisClient
+from stepbarrier._redis.functions import RedisCode
 
 LIST_UP_TO = 20
 """``status`` and ``watch`` list each waiter up to this many, and summarise beyond."""
@@ -37,12 +37,9 @@ class WaiterSummary:
 
     Attributes:
         waiting: Registered waiters (the index's members with a valid target).
-        reached: Those whose target the chief's stored step has reached (they
-            are released by the chief's next announcement or their next read).
+        reached: Those whose target the chief's stored step has reached.
         nearest: ``(target, waiters)`` for the lowest targets, lowest first.
-        histogram: ``(first step, last step, waiters)`` per bar, covering the
-            lowest to the highest target.
-        complete: False if there were more than ``SUMMARY_LIMIT`` waiters.
+        histogram: ``(first step, last step, waiters)`` per bar, lowest to highest.
     """
 
     waiting: int
@@ -81,46 +78,29 @@ def _histogram(counts: Counter[int], distinct: list[int]) -> tuple[tuple[int, in
 def read_overview(
     config: BarrierConfig, client: RedisClient | None = None, *, straggler_steps: int | None = None
 ) -> tuple[JobStatus, WaiterSummary | None]:
-    """The job's status, its waiters listed if few, else summarised (``summary`` not ``None``).
+    """``read_status``, its waiters listed if at most ``LIST_UP_TO``, else summarised
+    from the index, read in pages (``summary`` not ``None``); raises as it does."""
 
-    A bounded read: the state, then the index in pages; each waiter's entry is
-    read only when there are at most ``LIST_UP_TO``. ``straggler_steps``: as
-    ``read_status`` takes it.
+    def read(active: RedisClient) -> tuple[JobStatus, WaiterSummary | None]:
+        problems: list[str] = []
+        targets: list[int] = []
+        code = RedisCode(active, config)
+        for start in range(0, SUMMARY_LIMIT, PAGE):
+            # BUSY: retried, then said as such (not a malformed index)
+            raw = read_index(code, config.keys.targets, start=start, count=PAGE)
+            targets += [target for _, target in parse_index(raw, problems)]
+            if index_length(raw) < PAGE:
+                break
+        else:
+            problems.append(
+                f"more than {SUMMARY_LIMIT:,} indexed waiters: the summary counts the first"
+            )
+        if len(targets) <= LIST_UP_TO:
+            return read_status(config, active, straggler_steps=straggler_steps), None
+        status = read_status(config, active, waiters=False, straggler_steps=straggler_steps)
+        complete = len(targets) < SUMMARY_LIMIT
+        if problems:  # malformed index members, or more than SUMMARY_LIMIT
+            status = dataclasses.replace(status, problems=(*status.problems, *problems))
+        return status, WaiterSummary.of(targets, status.step, complete=complete)
 
-    Raises:
-        RedisUnavailable: Redis was unreachable for ``STATUS_RETRY_SECONDS``.
-        RedisRefused: Redis refused the read (authentication, ACL).
-    """
-    return with_client(
-        config,
-        client,
-        lambda active: _read(config, active, straggler_steps),
-        action="read the job's status",
-        retry_seconds=STATUS_RETRY_SECONDS,
-    )
-
-
-def _read(
-    config: BarrierConfig, client: RedisClient, straggler_steps: int | None = None
-) -> tuple[JobStatus, WaiterSummary | None]:
-    problems: list[str] = []
-    targets: list[int] = []
-    for start in range(0, SUMMARY_LIMIT, PAGE):
-        pipe = client.pipeline(transaction=False)
-        queue_index_read(pipe, config.keys, start=start, count=PAGE)
-        (raw,) = pipe.execute(raise_on_error=False)
-        raise_transient([raw])  # BUSY: retried, then said as such (not a malformed index)
-        targets += [target for _, target in parse_index(raw, problems)]
-        if not isinstance(raw, list) or len(raw) < PAGE:
-            break
-    else:
-        problems.append(
-            f"more than {SUMMARY_LIMIT:,} indexed waiters: the summary counts the first"
-        )
-    if len(targets) <= LIST_UP_TO:
-        return read_status(config, client, straggler_steps=straggler_steps), None
-    status = read_status(config, client, waiters=False, straggler_steps=straggler_steps)
-    complete = len(targets) < SUMMARY_LIMIT
-    if problems:  # malformed index members, or more than SUMMARY_LIMIT
-        status = dataclasses.replace(status, problems=(*status.problems, *problems))
-    return status, WaiterSummary.of(targets, status.step, complete=complete)
+    return operator_read(config, client, read)

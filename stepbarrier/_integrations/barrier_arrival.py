@@ -1,17 +1,15 @@
-"""One arrival at a named barrier as the TF hooks and Keras callbacks make it.
-
-Both frameworks' start and end barriers do the same thing around
-``Barrier.arrive``: a timeout raises ``BarrierTimeout`` unless the job says
-``STEPBARRIER_ON_TIMEOUT=proceed``, in which case the task logs who is missing
-and goes on. This module holds that rule once, with no framework import.
+"""Start and end barriers as the TF hooks and Keras callbacks make them (no framework
+here): a timeout raises ``BarrierTimeout`` unless the job says
+``STEPBARRIER_ON_TIMEOUT=proceed``; then the task logs who is missing and goes on.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import ClassVar
 
 from stepbarrier._barriers.barrier import Barrier
 from stepbarrier._barriers.finish import finish_job
@@ -22,14 +20,7 @@ from stepbarrier.errors import BarrierTimeout
 
 @dataclass(frozen=True)
 class BarrierSpec:
-    """Which barrier a hook or callback arrives at, validated when it is made.
-
-    Args:
-        parties: The chief and the workers: task ids ``0..parties-1``.
-        name: The barrier's name (one per run).
-        timeout: Seconds before ``BarrierTimeout``; ``None`` uses
-            ``STEPBARRIER_TIMEOUT`` (the stall timeout holds in any case).
-    """
+    """Which barrier a hook or callback arrives at, validated when it is made."""
 
     parties: int
     name: str
@@ -57,14 +48,9 @@ def arrive(
     wait: bool = True,
     then: str = "proceeding",
 ) -> Arrival:
-    """Arrive at ``spec``'s barrier (and wait for every party if ``wait``).
-
-    Raises:
-        BarrierTimeout: The barrier did not complete in time and the job's
-            ``on_timeout`` is ``"raise"``. Under ``"proceed"`` the timeout is
-            logged (``"<reason>; <then> as STEPBARRIER_ON_TIMEOUT=proceed says"``)
-            and returned as an incomplete ``Arrival`` instead.
-    """
+    """Arrive at ``spec``'s barrier (and wait for every party if ``wait``). A timeout
+    raises ``BarrierTimeout``, or under ``on_timeout="proceed"`` is logged ("<reason>;
+    <then> as STEPBARRIER_ON_TIMEOUT=proceed says") and returned as incomplete."""
     try:
         with Barrier(config, spec.name, spec.parties) as barrier:
             return Arrival(barrier.arrive(spec.timeout, wait=wait))
@@ -84,16 +70,9 @@ def arrive_at_end(
     finish: bool,
     final_step: Callable[[], int | None],
 ) -> Arrival:
-    """Arrive at the end barrier; the chief waits and, once complete, finishes the job.
-
-    Args:
-        wait: Whether this task waits for the others; ``None``: only the chief
-            (task 0) does, a worker arrives and goes.
-        finish: Whether the chief marks the job done (``finish_job``) once
-            every party has arrived.
-        final_step: Reads the global step to finish at, after the wait (the
-            workers may have moved it meanwhile); ``None`` when there is none.
-    """
+    """Arrive at the end barrier (``wait`` and ``finish``: ``EndBarrierHook``'s ``wait``
+    and ``finish_job``); once complete the chief finishes the job at ``final_step()``,
+    read after the wait: the workers may have moved it meanwhile."""
     waits = config.task_id == 0 if wait is None else wait
     log.info("Arriving at barrier %r%s.", spec.name, " to wait for all" if waits else "")
     arrival = arrive(config, spec, log, wait=waits)
@@ -111,23 +90,79 @@ def check_task(config: BarrierConfig, spec: BarrierSpec) -> None:
     Barrier(config, spec.name, spec.parties).close()
 
 
-class _BarrierParty(Protocol):
+class _BarrierParty:
+    """A start or end barrier hook or callback; ``config`` ``None`` reads
+    ``BarrierConfig.from_env()`` when the framework first calls it."""
+
+    _log: ClassVar[logging.Logger]
+
     def __init__(
-        self, parties: int, *, config: BarrierConfig | None, timeout: float | None
-    ) -> None: ...
+        self, parties: int, *, name: str, config: BarrierConfig | None, timeout: float | None
+    ) -> None:
+        super().__init__()  # the framework's base class, next in the method order
+        self._spec = BarrierSpec(parties, name, timeout)
+        self.parties = self._spec.parties
+        self.name = self._spec.name
+        self._config = config
+
+    def _configure(self) -> BarrierConfig:
+        if self._config is None:
+            self._config = BarrierConfig.from_env()  # a bad setting fails before training
+        return self._config
 
 
-def around(
-    start_type: type[_BarrierParty],
-    end_type: type[_BarrierParty],
-    config: BarrierConfig,
-    parties: int,
-    start: bool,
-    end: bool,
-    timeout: float | None,
-) -> tuple[list[Any], list[Any]]:
-    """The start barrier to put before a framework's other hooks or callbacks,
-    and the end barrier to put after them (each list empty when not asked for)."""
-    before = [start_type(parties, config=config, timeout=timeout)] if start else []
-    after = [end_type(parties, config=config, timeout=timeout)] if end else []
-    return before, after
+class StartBarrier(_BarrierParty):
+    """Holds the task before its first step until every party has arrived, once."""
+
+    def __init__(
+        self,
+        parties: int,
+        *,
+        name: str = "start",
+        config: BarrierConfig | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        super().__init__(parties, name=name, config=config, timeout=timeout)
+        self.released_at: float | None = None
+
+    def _arrive_once(self) -> None:
+        if self.released_at is None:
+            config = self._configure()
+            self._log.info("Waiting at barrier %r for all %d tasks.", self.name, self.parties)
+            arrive(config, self._spec, self._log, then="starting")
+            self.released_at = time.time()
+
+
+class EndBarrier(_BarrierParty):
+    """Arrives at the end barrier once; the chief waits there for every worker."""
+
+    def __init__(
+        self,
+        parties: int,
+        *,
+        name: str = "end",
+        config: BarrierConfig | None = None,
+        timeout: float | None = None,
+        wait: bool | None = None,
+        finish_job: bool = True,
+    ) -> None:
+        super().__init__(parties, name=name, config=config, timeout=timeout)
+        self._wait = wait
+        self._finish_job = finish_job
+        self._arrived = False
+        self.complete = False
+        self.missing: tuple[int, ...] = ()
+
+    def _arrive_once(self, final_step: Callable[[], int | None]) -> None:
+        if self._arrived:
+            return
+        self._arrived = True
+        arrival = arrive_at_end(
+            self._configure(),
+            self._spec,
+            self._log,
+            wait=self._wait,
+            finish=self._finish_job,
+            final_step=final_step,
+        )
+        self.complete, self.missing = arrival.complete, arrival.missing

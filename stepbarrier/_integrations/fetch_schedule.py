@@ -1,12 +1,5 @@
-"""When the chief's ``GlobalStepPublisherHook`` fetches the global step (no TensorFlow here).
-
-Fetching the step with a run costs a read on the parameter server, so the hook
-fetches it only where a step may matter: with every run while the step,
-extrapolated by its largest recent move per run (``StepLead``), comes within
-reach of a waiting worker's step, and otherwise with one run in
-``FETCH_EVERY`` and at least once in ``FETCH_WITHIN`` seconds of runs
-(``FetchSchedule``). Between fetches the hook hands the last fetched step over
-again: never ahead of the truth.
+"""When the chief's ``GlobalStepPublisherHook`` fetches the global step (no TensorFlow
+here): only where a step may matter, docs/tensorflow-keras.md#how-the-chief-publishes.
 """
 
 from __future__ import annotations
@@ -22,13 +15,9 @@ than this, the step is fetched with every run (its cost is then small anyway).""
 
 
 class StepLead:
-    """How far the global step may move during one run: the largest recent move.
-
-    In asynchronous training the step moves by more than one per chief run (the
-    other workers push it too). The lead is the largest move of the last
-    ``WINDOW`` runs, so a burst is not forgotten at once and a slow-down is
-    learnt within that many runs.
-    """
+    """How far the global step may move during one run: the largest move of the last
+    ``WINDOW`` runs (in asynchronous training other workers push it too), so a burst
+    is not forgotten at once and a slow-down is learnt within that many runs."""
 
     WINDOW = 16
 
@@ -37,8 +26,7 @@ class StepLead:
         self._moves: deque[int] = deque(maxlen=self.WINDOW)
 
     def restart(self, step: int) -> None:
-        """A new session starts at ``step``."""
-        self._previous = step
+        self._previous = step  # a new session's
 
     def observe(self, step: int, runs: int = 1) -> int:
         """Take in a step fetched ``runs`` runs after the last one; return the lead."""
@@ -59,11 +47,8 @@ class StepLead:
 
 
 class FetchSchedule:
-    """Which runs fetch the global step, and the step to hand over between fetches.
-
-    The hook tells it when each run ended and whether that run fetched; it
-    answers, before each run, whether the run should fetch (``due``).
-    """
+    """Which runs fetch the global step (``due``), and the step to hand over between
+    fetches: the last fetched one, never ahead of the truth."""
 
     def __init__(self) -> None:
         self.step: int | None = None
@@ -82,13 +67,8 @@ class FetchSchedule:
         self._run_ended = None
 
     def due(self, lead: StepLead, next_threshold: float) -> bool:
-        """Whether the next run fetches the step.
-
-        Args:
-            lead: The step's recent moves per run.
-            next_threshold: The lowest step a waiting worker waits for (``-1``
-                before the generation's first write, ``inf`` if none).
-        """
+        """Whether the next run fetches the step; ``next_threshold`` is the lowest step
+        a worker waits for (``-1`` before the generation's first write, ``inf``: none)."""
         if self.step is None or lead.observed < 2 or len(self._gaps) < 3:
             return True  # nothing to extrapolate from yet
         cadence = sorted(self._gaps)[len(self._gaps) // 2]  # one pause does not count

@@ -1,30 +1,23 @@
-"""What a named barrier holds in Redis, read back: who arrived, who is missing.
-
-A barrier is one hash under the job's hash tag (see ``stepbarrier._protocol.barrier_library``).
-Each run has its own: the hash's name ends in the run id (``name:run_id``), so
-a barrier of another run id is never this run's. This module only parses and
-names things; reading is ``stepbarrier._barriers.barrier`` (a waiting task) and
-``stepbarrier._barriers.index`` (``stepbarrier status``).
+"""What a named barrier holds in Redis, read back: who arrived, who is missing
+(docs/protocol.md#barriers). Only parsing and naming: reading is
+``stepbarrier._barriers.barrier`` (a waiting task) and ``stepbarrier._barriers.index``
+(``stepbarrier status``).
 """
 
 from __future__ import annotations
 
-import json
 import operator
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from stepbarrier._protocol.wire import NAME, parse_int
+from stepbarrier._protocol.wire import NAME, json_object, parse_int
 from stepbarrier.errors import ConfigurationError
 
 MAX_PARTIES = 10_000
-"""Most tasks one barrier can wait for: one read of the largest barrier and its
-completing arrival each hold Redis for tens of milliseconds, not the 0.2 to 0.6 s
-of 100,000 parties (docs/protocol.md#bounds). Every waiting party reads it (at
-least every 5 s, and at the release), so the total grows with the square of
-the parties: a barrier of thousands of parties costs Redis seconds per second."""
+"""Most tasks one barrier can wait for (why, and what a large barrier costs Redis:
+docs/protocol.md#bounds)."""
 BARRIER_NAME = NAME
 """A barrier's name: like a job name, it becomes part of a key."""
 _TASK_FIELD = re.compile(rb"t(0|[1-9][0-9]{0,8})")
@@ -69,20 +62,18 @@ def split_member(member: str) -> tuple[str, str | None]:
 
 @dataclass(frozen=True)
 class BarrierState:
-    """One barrier as stored.
+    """One barrier as stored (docs/protocol.md#barriers); its times are Redis's (ms).
 
     Attributes:
-        name: The barrier's name.
-        run_id: The run it belongs to (``None``: no run id).
         parties: How many tasks it waits for (ids ``0..parties-1``).
         arrivals: ``(task id, Redis time in ms)`` of each arrival, by task id.
-        created_ms: Redis time of the first arrival.
-        last_ms: Redis time of the latest arrival.
-        completed_ms: Redis time at which the arrivals completed it, as stored
-            (a record only: ``complete`` counts the arrivals themselves).
+        completed_ms: When the arrivals completed it, as stored (a record only:
+            ``complete`` counts the arrivals themselves).
         epoch: The job's barrier epoch token it was begun under (``None``: none
-            stored). A barrier of another epoch than the current one is stale:
-            the next arrival begins it anew.
+            stored); under another epoch than the current one it is stale.
+        counted: A party's O(1) read (``read_call(party=...)``): at most this many
+            task fields are stored, fewer than its parties, and ``arrivals`` hold
+            only its own; ``None``: every arrival was read.
     """
 
     name: str
@@ -93,6 +84,7 @@ class BarrierState:
     last_ms: int | None = None
     completed_ms: int | None = None
     epoch: str | None = None
+    counted: int | None = None
 
     @property
     def complete(self) -> bool:
@@ -116,19 +108,19 @@ class BarrierState:
 
 
 def parse_barrier(
-    member: str, fields: Mapping[bytes, object], *, parties: int | None = None
+    member: str,
+    fields: Mapping[bytes, object],
+    *,
+    parties: int | None = None,
+    counted: bool = False,
 ) -> BarrierState | None:
-    """The barrier stored under ``member`` from its hash fields; ``None`` if malformed.
-
-    Fields are bytes, as redis-py returns them. Task fields outside
-    ``0..parties-1`` and malformed times are ignored.
+    """The barrier stored under ``member`` from its hash fields (bytes); ``None`` if
+    malformed. Task fields outside ``0..parties-1`` and malformed times are ignored.
 
     Args:
         parties: A party's own number of parties: the barrier is read as one of
-            that many tasks (``complete`` once each of ``0..parties-1`` arrived),
-            whatever ``parties`` is stored, which whoever may write the barrier
-            could have set. ``None``: the stored number (``status``, which has
-            no number of its own).
+            that many tasks, whatever ``parties`` is stored, which whoever may write
+            the barrier could have set. ``None``: the stored number (``status``).
     """
     stored = parse_int(fields.get(b"parties"), low=1, high=MAX_PARTIES)
     if stored is None:
@@ -151,6 +143,7 @@ def parse_barrier(
         last_ms=parse_int(fields.get(b"last_ms")),
         completed_ms=parse_int(fields.get(b"completed_ms")),
         epoch=epoch_token(fields.get(b"epoch")),
+        counted=parse_int(fields.get(b"tasks")) if counted else None,
     )
 
 
@@ -188,13 +181,8 @@ def parse_barrier_notice(raw: object) -> str | None:
     """A message of the barrier channel: ``"reset"``, the member name of a barrier
     that just completed, or ``None`` for anything else."""
     text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
-    if not isinstance(text, str) or len(text) > 1024:
-        return None
-    try:
-        data = json.loads(text)
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(data, dict):
+    data = json_object(text if isinstance(text, str) else None, most=1024)
+    if data is None:
         return None
     if data.get("reset") is True:
         return "reset"
@@ -210,8 +198,8 @@ def state_from_read(
     """The barrier from a ``waiter_read`` reply on its hash (``None``: none, or malformed);
     ``parties``: a party's own number of them (see ``parse_barrier``)."""
     kind = reply[2].decode() if isinstance(reply[2], bytes) else str(reply[2])
-    if kind != "hash":
+    if kind not in ("hash", "counted"):
         return None
     flat = reply[3:]
     fields = dict(zip(flat[0::2], flat[1::2], strict=False))
-    return parse_barrier(member, fields, parties=parties)
+    return parse_barrier(member, fields, parties=parties, counted=kind == "counted")

@@ -1,15 +1,17 @@
-"""The library's long calls, built from named arguments in the order their Lua reads them.
+"""Every call of the library, built here from named arguments; no I/O.
 
-``publish_step`` takes 15 arguments and ``barrier_arrive`` 9 and more: matched
-by hand against a comment, a positional list is where a swapped pair hides.
-Each builder here takes keyword arguments only and lays them out as the
-function's ``ARGV`` (its header comment in ``lua/<name>.lua``); no I/O.
+A function's ``ARGV`` is positional (``publish_step`` takes 16 arguments): matched
+by hand against a comment, a positional list is where a swapped pair hides. Each
+builder lays its keyword arguments out as the function's header comment in
+``lua/<name>.lua`` reads them, so this module is the one place that knows the layouts.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any, Literal
+
+from stepbarrier._protocol.keys import JobKeys
 
 Call = tuple[str, Sequence[Any], Sequence[Any]]
 """One call: the code's name in ``library.BODIES``, its keys and its arguments."""
@@ -98,3 +100,68 @@ def barrier_arrive_call(
     for task, at_ms in restore:
         args += [task, at_ms]
     return ("barrier_arrive", [barrier, index, epoch], args)
+
+
+def begin_generation_call(keys: JobKeys, *, run_id: str, floor: int) -> Call:
+    """A chief's begin (``lua/begin_generation.lua``): a generation above ``floor``."""
+    return ("begin_generation", [keys.state, keys.reset], [run_id, floor])
+
+
+def read_call(
+    key: str, reset: str, *, wait: bool = False, party: tuple[int, int] | None = None
+) -> Call:
+    """The read-only call that returns Redis's clock, the reset marker and ``key``'s hash
+    (the state, or a barrier's); ``wait``: a wait's read of the state, of the fields a
+    wait decides by only, without the clock; ``party``: ``(parties, task id)`` of a
+    waiting party, whose read costs O(1) while the arrivals cannot be complete."""
+    args: list[object] = ["wait"] if wait else []
+    return ("waiter_read", [key, reset], ["party", *party] if party else args)
+
+
+def index_call(key: str, *, start: int = 0, count: int) -> Call:
+    """The read-only call that returns ``count`` members of the sorted set ``key`` from
+    rank ``start`` with their scores, those over ``MAX_ARGUMENT`` bytes counted only."""
+    return ("index_read", [key], [start, count])
+
+
+def register_call(
+    keys: JobKeys,
+    waiter_id: str,
+    target: int,
+    entry: dict[str, str],
+    *,
+    registry_ttl: int,
+    key_ttl: int,
+) -> Call:
+    """The call that registers a waiter (again, if its entry expired) or refreshes it."""
+    args: list[Any] = [registry_ttl, key_ttl, waiter_id, target]
+    for name, value in entry.items():
+        args += [name, value]
+    return ("waiter_register", [keys.waiter(waiter_id), keys.targets, keys.registrations], args)
+
+
+def leave_call(keys: JobKeys, waiter_id: str) -> Call:
+    """The call that removes a waiter's registry entry and its target."""
+    return ("waiter_leave", [keys.waiter(waiter_id), keys.targets], [waiter_id])
+
+
+def may_write_call(*keys: str) -> Call:
+    """The call that writes nothing: Redis's ACL check of ``keys`` tells whether the
+    user may write them."""
+    return ("may_write", list(keys), [])
+
+
+def report_progress_call(keys: JobKeys, *, task_id: int, step: int, key_ttl: int) -> Call:
+    """A task's report of its own step into the job's progress hash."""
+    return ("report_progress", [keys.progress], [task_id, step, key_ttl])
+
+
+def reset_job_call(
+    keys: JobKeys, *, marker_ttl: int, publish_command: str, extra: Sequence[str | bytes]
+) -> Call:
+    """``stepbarrier reset``'s call; ``extra``: the waiter entries, barriers and
+    progress hash it deletes besides the job's fixed keys."""
+    fixed = [keys.state, keys.targets, keys.registrations, keys.reset]
+    fixed += [keys.barrier_index, keys.barrier_epoch]
+    args = [keys.channel, marker_ttl, publish_command, keys.barrier_channel]
+    return ("reset_job", [*fixed, *extra], args)

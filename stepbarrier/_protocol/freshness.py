@@ -1,25 +1,9 @@
-"""When a writer vouches for its step: probation and the confirmation window.
+"""When a writer vouches for its step: probation and the confirmation window
+(docs/protocol.md#vouch, #probation), and the operators' chief-liveness rule.
 
-A writer (the chief, or a contributor) decides on its **own monotonic clock**
-whether the step it writes may release a worker, and says so in each write
-(``vouch``); waiters never compare a stored time with their own or Redis's
-clock (docs/protocol.md#vouch). It vouches when both hold:
-
-- it is out of **probation**: a write that found no valid state (Redis
-  restarted empty, the key was evicted or deleted, or the job is new) made
-  the state, and whoever wrote it may be a zombie whose newer successor has
-  not written since Redis forgot it. Any live newer chief writes within one
-  heartbeat and supersedes it, so the state vouches only after
-  ``FENCE`` has passed on the writer's clock since it learned of it;
-- its training loop handed the step over within the **confirmation window**
-  (``confirm_window``): a chief whose session is recovering (a preempted
-  parameter server, a checkpoint restore) keeps writing a step it may never
-  reach again, and stops vouching for it once the window passes.
-
-The final write of a finished job vouches without the window (its step is
-final), and so does the first write of a step the generation has not stored yet
-(its loop did hand it over, however late the write comes): the window is for a
-stale step rewritten heartbeat after heartbeat.
+A writer decides on its **own monotonic clock** whether the step it writes may
+release a worker, and says so in each write (``vouch``); waiters never compare
+a stored time with their own or Redis's clock.
 """
 
 from __future__ import annotations
@@ -43,6 +27,9 @@ chief that begins within it leaves its begin on the state (docs/protocol.md#grac
 STALE_HEARTBEATS = 3.0
 """For operators' views only: a chief unheard for this many heartbeats (at least
 ``MIN_CONFIRM`` seconds, by Redis's clock) is shown as stale."""
+HAND_PUBLISHED = "cli:"
+"""Prefix of the ``chief`` field written by ``stepbarrier publish``: it wrote once
+and left, so it is no running chief that a later ``publish`` would supersede."""
 
 
 def confirm_window(step_time: float | None) -> float:
@@ -73,6 +60,28 @@ def vouches(
 
 
 def stale_after(heartbeat: float) -> float:
-    """Seconds after which an operator's view calls a chief of period ``heartbeat``
-    stale (display only: no waiter decides by it)."""
+    """Seconds after which a chief of period ``heartbeat`` is stale (``stale_limit``)."""
     return max(STALE_HEARTBEATS * heartbeat, MIN_CONFIRM)
+
+
+def stale_limit(
+    *, done: bool, heartbeat_age: float | None, chief: str | None, period: float
+) -> float | None:
+    """The heartbeat age from which a job's chief counts as stale, if the question arises.
+
+    The one chief-liveness rule of every operator's view (``status``, ``watch``,
+    ``jobs``, ``wait``'s progress, ``status --check``) and of ``publish``'s
+    refusal (``STALE_HEARTBEATS``); no waiter decides by it (they judge observed
+    writes). ``None`` when no running chief is in question: the job is done
+    (however recent its last write), no chief wrote a heartbeat, or the step was
+    published by hand (``HAND_PUBLISHED``).
+    """
+    if done or heartbeat_age is None or (chief or "").startswith(HAND_PUBLISHED):
+        return None
+    return stale_after(period)
+
+
+def is_stale(*, done: bool, heartbeat_age: float | None, chief: str | None, period: float) -> bool:
+    """True if the chief is stale by ``stale_limit``: it may be gone."""
+    limit = stale_limit(done=done, heartbeat_age=heartbeat_age, chief=chief, period=period)
+    return limit is not None and heartbeat_age is not None and heartbeat_age >= limit

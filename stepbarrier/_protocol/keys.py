@@ -1,8 +1,7 @@
-"""Names of a job's Redis keys and channel.
+"""Names of a job's Redis keys and channels (docs/design.md#keys documents each one).
 
 All of a job's keys share the hash tag ``{job}``, so in Redis Cluster they live
-in one slot and a Lua script may touch them together. docs/design.md#keys
-documents each one for operators.
+in one slot and a function may touch them together.
 """
 
 from __future__ import annotations
@@ -14,30 +13,8 @@ PREFIX = "stepbarrier"
 
 @dataclass(frozen=True)
 class JobKeys:
-    """The key and channel names of one job.
-
-    Attributes:
-        state: Hash: ``step``, ``generation``, ``done``, ``heartbeat_ms``, ``chief``.
-        targets: Sorted set: waiter id -> the step it waits for (guides the chief).
-        registrations: List the chief blocks on to hear of new waiters at once.
-        reset: String: Redis time (ms) of the last ``reset``; removed by a new chief.
-        waiter_prefix: Prefix of the per-waiter registry hashes.
-        channel: Pub/sub channel carrying step announcements (JSON).
-        barrier_index: Sorted set: every barrier of the job (``name`` or
-            ``name:run_id``) -> Redis time (ms) of its last arrival.
-        barrier_prefix: Prefix of the barrier hashes (``stepbarrier._barriers.barrier``).
-        barrier_channel: Pub/sub channel carrying barrier completions and resets.
-        barrier_epoch: Hash: ``token``, the job's current barrier epoch (a
-            unique Redis time in microseconds), and ``by`` (``arrival`` or
-            ``reset``: what began it). A barrier holds the token current when it
-            was begun; one holding another (or any, once the epoch is gone) is
-            stale and begins anew at the next arrival. Its name lies under the
-            barrier prefix (``@`` is no barrier name's) so that every role's
-            barrier key rights cover it.
-        progress: Hash: task id (decimal) -> ``step:changed_ms``, each training
-            task's own step as it last reported it (``ProgressReporter``), and
-            the Redis time (ms) that step last increased (docs/protocol.md#progress).
-    """
+    """The key and channel names of one job. ``barrier_epoch`` lies under the barrier
+    prefix (``@`` is no barrier name's) so that every role's barrier key rights cover it."""
 
     job: str
     state: str
@@ -77,7 +54,7 @@ class JobKeys:
 
     @property
     def waiter_pattern(self) -> str:
-        """Glob pattern matching every waiter entry of the job (for redis-cli; the
+        """Glob pattern of the job's waiter entries (for ACLs and redis-cli: the
         library finds waiters through the targets index, never by scanning)."""
         return f"{self.waiter_prefix}*"
 

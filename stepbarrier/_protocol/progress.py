@@ -1,17 +1,9 @@
-"""Each training task's own progress in Redis: the ``progress`` hash, its limits and values.
-
-A job's tasks report their own step (``stepbarrier.ProgressReporter``, the TF
-hooks and the Keras callbacks) through the library's ``report_progress``
-(``lua/report_progress.lua``) into one hash per job, ``stepbarrier:{JOB}:progress``:
-field ``<task id>`` (decimal) -> ``<step>:<changed_ms>``, where ``changed_ms``
-is Redis's time (ms) when that task's step last increased. Operators read it
-(``status``, ``watch``, the exporter) to tell who is behind and who is stuck
-(docs/protocol.md#progress).
+"""Each training task's own progress in Redis: the ``progress`` hash's limits and
+values, ``<task id>`` -> ``<step>:<changed_ms>`` (docs/protocol.md#progress).
 
 Every worker may write the hash (directly too: it holds ``HSET``), so readers
 check each value's size before they read it, and treat what does not parse as
-malformed; the function refuses a new task once the hash has
-``MAX_PROGRESS_TASKS`` fields.
+malformed.
 """
 
 from __future__ import annotations
@@ -20,19 +12,13 @@ from stepbarrier._protocol.barrier_record import MAX_PARTIES
 from stepbarrier._protocol.wire import MAX_STEP, parse_int
 
 MAX_TASK_ID = 1_000_000
-"""Highest task id a report may carry: the settings' own bound
-(``stepbarrier._config.tf_config.MAX_TASK_ID``; a unit test keeps them equal)."""
+"""Highest task id a report, and the settings, may carry."""
 MAX_PROGRESS_TASKS = MAX_PARTIES
 """Most tasks (fields) a job's progress hash holds: a report of a new task into a
 full hash is refused (``HLEN``, O(1))."""
 MAX_PROGRESS_VALUE = 33
 """Longest value of a task's field: ``<step>:<changed_ms>``, two numbers of at
 most 16 digits; a longer one is malformed (never read whole)."""
-
-
-def progress_value(step: int, changed_ms: int) -> str:
-    """The stored value of a task's progress (what the Lua function writes)."""
-    return f"{step}:{changed_ms}"
 
 
 def parse_progress(raw: object) -> tuple[int, int] | None:
@@ -60,8 +46,3 @@ def parse_progress(raw: object) -> tuple[int, int] | None:
     if step is None or changed is None:
         return None
     return step, changed
-
-
-def parse_task_id(raw: object) -> int | None:
-    """A progress field's name as a task id (``0`` .. ``MAX_TASK_ID``), or ``None``."""
-    return parse_int(raw, high=MAX_TASK_ID)

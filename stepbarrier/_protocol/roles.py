@@ -1,22 +1,13 @@
 """The Redis ACL rules of stepbarrier's roles, for the jobs whose names match a pattern.
 
 ``ops/redis/users.acl`` is these rules for the jobs ``*``; ``stepbarrier acl``
-prints them for one team's jobs (``team-a-*``), so that a worker host's
-password opens only its own team's keys and channels. No role may run Lua of
-its own (no ``EVAL``, ``EVALSHA``, ``SCRIPT LOAD`` or ``FUNCTION LOAD``): the
-roles call the shipped Functions library (``FCALL``/``FCALL_RO``), whose inner
-commands run as the calling user, so a role also holds those commands and the
-key permissions they need. Each command below is there because an operation
-of the role runs it; ``tests/security`` runs every operation under the rules.
-
-That is also why no rule can withhold a write the library makes: a role that
-writes through a function holds the command itself, and may send it directly,
-with any number of arguments. ACLs grant commands, not their arity, and
-``client-query-buffer-limit`` caps only a client's unparsed input, not how many
-arguments a command has: one ``ZADD``, ``HSET`` or ``RPUSH`` of a million
-members by the chief's or the worker's password holds Redis for seconds.
-``tests/security/test_variadic_writes.py`` keeps both facts true
-(docs/reliability-security.md#threat-model).
+prints them for one team's jobs (``team-a-*``). No role may run Lua of its own:
+the roles call the shipped Functions library, whose inner commands run as the
+calling user, so a role also holds those commands and the key permissions they
+need (each command below is there because an operation of the role runs it;
+``tests/security`` runs every operation under the rules). So no rule can
+withhold a write the library makes, nor bound its number of arguments
+(docs/reliability-security.md#threat-model; ``tests/security/test_variadic_writes.py``).
 """
 
 from __future__ import annotations
@@ -73,20 +64,12 @@ _COMMANDS = {
     # SUBSCRIBE (SSUBSCRIBE) to the barrier channel; EXPIRE of a finished run's
     # barriers. A chief's user may wait too (waiter_register: RPUSH and LTRIM of
     # the registrations, as a worker's). report_progress (the chief reports its
-    # own step as task 0) on the job's progress hash. The range commands
-    # (ZRANGEBYSCORE, ZREMRANGEBY*) cost as much as the range: the library
-    # bounds every range it passes, but the chief's
-    # password could pass any (docs/reliability-security.md#threat-model).
+    # own step as task 0) on the job's progress hash. The range commands: see
+    # docs/reliability-security.md#threat-model.
     "chief": f"{_CONNECT} +fcall {_READS} {_LISTING} +hget +exists +hset +set +expire "
     "+zremrangebyscore +publish +spublish +blpop +zadd +zremrangebyrank +subscribe +ssubscribe "
     "+unlink +zcount +lpop +rpush +ltrim",
-    # Only commands whose cost is bounded by their arguments whatever the
-    # worker wrote itself: no range read or range removal, no HGETALL, UNLINK
-    # rather than DEL (and the shipped redis.conf frees lazily what expires or
-    # is overwritten). Nothing bounds how many arguments one command has
-    # (client-query-buffer-limit caps only unparsed input): HSET, ZADD, RPUSH
-    # and UNLINK, which the library's functions run as the worker, cannot be
-    # withheld, so one of a million members stalls Redis for seconds.
+    # Only commands whose cost is bounded by their arguments (WORKER_BOUNDED).
     # +fcall: waiter_register (EXPIRE, UNLINK, HSET, ZADD, LLEN, RPUSH, LTRIM:
     # a list is trimmed node by node, 0.3 ms for a million entries) and
     # waiter_leave (UNLINK, TYPE, ZREM), which declare only what a waiter
@@ -113,11 +96,9 @@ WORKER_BOUNDED = frozenset(
 )
 """The commands a worker may run (its rules and its barrier selector), each of
 bounded cost whatever the worker wrote before: O(1), O(log N) or O(its
-arguments), or (LTRIM, UNLINK) freeing memory without touching each element on
-Redis's main thread. ``tests/security/test_shared_redis.py`` checks that Redis
-grants exactly these, and refuses the costly ones. O(its arguments) is not
-small: Redis bounds neither how many arguments one command has nor (its ACLs)
-which of these the worker sends directly rather than through the library."""
+arguments), or (LTRIM, UNLINK) freeing memory off Redis's main thread; not
+small for all that (docs/reliability-security.md#threat-model).
+``tests/security/test_shared_redis.py`` checks that Redis grants exactly these."""
 
 _BARRIER_NEWS = "({publish} &{channel})"
 """A worker's ACL selector: the last arrival at a barrier announces it (PUBLISH, or
@@ -186,16 +167,8 @@ def role_rules(role: str, jobs_pattern: str) -> str:
     its own patterns: the worker's writable patterns never match a state or a
     reset marker, and ``team-a-*`` never matches a key of ``team-b-1``. It
     does match ``team-a-b-1``: give teams prefixes that do not start one another.
-
-    Args:
-        role: ``chief``, ``worker`` or ``monitor``.
-        jobs_pattern: A job name, or a glob such as ``team-a-*`` (``*`` for all jobs).
-
-    Returns:
-        The rules that follow ``user NAME on #<hash>`` in users.acl.
-
-    Raises:
-        ConfigurationError: Unknown role, or an invalid pattern.
+    Returns the rules that follow ``user NAME on #<hash>`` in users.acl; raises
+    ``ConfigurationError`` for an unknown role or an invalid pattern.
 
     Example:
         >>> role_rules("monitor", "team-a-*").split()[3]
@@ -228,12 +201,12 @@ def role_rules(role: str, jobs_pattern: str) -> str:
 
 
 def emergency_rules() -> str:
-    """The ACL rules of the emergency role: end runaway code, touch no key or channel."""
+    """The ACL rules of the emergency role (``EMERGENCY_COMMANDS``; no key or channel)."""
     return f"{_RESET} {EMERGENCY_COMMANDS}"
 
 
 def installer_rules() -> str:
-    """The ACL rules of the installer role: manage Functions libraries, touch no key."""
+    """The ACL rules of the installer role (``INSTALLER_COMMANDS``; no key)."""
     return f"{_RESET} {INSTALLER_COMMANDS}"
 
 
@@ -243,10 +216,8 @@ def rules_for(role: str, jobs_pattern: str | None) -> str:
         raise ConfigurationError(
             f"the role must be one of {', '.join(ROLES)}, got {role!r}", variable="role"
         )
-    if role == "emergency":
-        return emergency_rules()
-    if role == "installer":
-        return installer_rules()
+    if role in ADMIN_ROLES:
+        return emergency_rules() if role == "emergency" else installer_rules()
     if jobs_pattern is None:
         raise ConfigurationError(f"the {role} role needs a jobs pattern", variable="jobs")
     return role_rules(role, jobs_pattern)
@@ -260,12 +231,8 @@ def password_hash(password: str) -> str:
 def acl_line(user: str, role: str, jobs_pattern: str | None, password_sha256: str) -> str:
     """One users.acl line: ``user NAME on #<sha256> <rules>``.
 
-    Args:
-        user: The ACL user name.
-        role: One of ``ROLES``.
-        jobs_pattern: The jobs a job role may touch (ignored by the admin roles).
-        password_sha256: The password's SHA-256 in hex (``password_hash()``):
-            Redis stores only the hash, and the line never holds the password.
+    ``password_sha256``: the password's SHA-256 in hex (``password_hash()``): Redis
+    stores only the hash, and the line never holds the password.
 
     Raises:
         ConfigurationError: An invalid user, role, pattern or hash.

@@ -35,20 +35,9 @@ _STORED_NUMBER = re.compile(r"-?[0-9]{1,16}")
 
 @dataclass(frozen=True)
 class StepAnnouncement:
-    """A valid message from the job's channel: a hint that a write happened.
-
-    Attributes:
-        step: The stored step after the write (``None`` for a reset notice).
-        generation: The generation that wrote it.
-        done: The job is finished.
-        reset: A reset notice (a hint only: the reset marker decides).
-        run_id: The writer's run id (``None``: no run id).
-        beat: The generation's write counter after the write (0 if not said).
-        vouch: The writer vouches for the step (docs/protocol.md#vouch).
-        pinned: An operator's pinned step (``stepbarrier publish``).
-        idle_ms: How long ago the writer's training loop handed its last step
-            over, by its own clock (0 in a pause; ``None``: not said).
-    """
+    """A valid message from the job's channel: a hint that a write happened (the
+    state's fields as the write left them, docs/protocol.md#keys; ``step`` ``None``
+    and ``reset`` for a reset notice, a hint only: the reset marker decides)."""
 
     step: int | None
     generation: int | None
@@ -61,35 +50,42 @@ class StepAnnouncement:
     idle_ms: int | None = None
 
 
+STATE_SCHEMA: tuple[tuple[str, str, bool], ...] = (
+    ("generation", "decides", True),
+    ("step", "decides", True),
+    ("beat", "decides", True),
+    ("run_id", "decides", True),
+    ("vouch", "decides", True),
+    ("fence", "decides", True),
+    ("begun", "decides", False),
+    ("probation", "decides", False),
+    ("done", "decides", True),
+    ("pinned", "decides", True),
+    ("reset_seen", "display", False),
+    ("chief", "display", False),
+    ("heartbeat_ms", "display", False),
+    ("done_ms", "display", False),
+    ("heartbeat_period_ms", "display", False),
+    ("idle_ms", "decides", True),
+)
+"""The state hash, the one statement of its fields: ``(field, role, read by a wait)``.
+
+``role`` is docs/protocol.md#keys's: a safety decision reads only the fields
+that ``decides``, the others serve operators; a wait's read (``waiter_read``
+with ``wait``) reads only the fields marked for it. The Lua library's field
+lists (``library.STATE_FIELDS``, ``WAIT_FIELDS``), ``ChiefState`` and
+``parse_state`` follow it, and a test holds the docs' table to it."""
+STATE_FIELDS = tuple(name for name, _role, _waited in STATE_SCHEMA)
+WAIT_FIELDS = tuple(name for name, _role, waited in STATE_SCHEMA if waited)
+
+
 @dataclass(frozen=True)
 class ChiefState:
-    """The chief's stored state, read from the job's ``state`` hash.
-
-    Only ``step``, ``generation``, ``run_id``, ``beat``, ``vouch``, ``done`` and
-    ``pinned`` take part in a waiter's decisions (docs/protocol.md#keys); the
-    times are Redis's clock and serve operators only.
-
-    Attributes:
-        step: The stored step, or ``None`` if there is none (or it is malformed).
-        generation: The chief generation that wrote it.
-        done: True when the chief closed the job.
-        heartbeat_ms: Redis time (ms) of the last write (display only).
-        chief: ``host:pid`` of the last writer.
-        problem: Description of malformed content, if any.
-        run_id: The run id of the chief that wrote it (``None``: no run id).
-        beat: The generation's write counter (0 if absent).
-        vouch: The writer vouches for the step.
-        pinned: An operator's pinned step.
-        heartbeat_period_ms: The chief's own heartbeat period (ms), if stored.
-        done_ms: Redis time (ms) at which the job was marked finished (display only).
-        fence: The newest generation of this state's own run whose begin is on
-            record (0: none). Above ``generation``, a newer chief of the run has
-            begun and not written yet: the state is no final fact any more
-            (another run's begin leaves only ``begun``, which a waiter ignores).
-        probation: The id of the probation the state is on (0: none;
-            docs/protocol.md#probation).
-        idle_ms: How long before its last write the writer's training loop had
-            handed its last step over (its own clock; 0 in a pause).
+    """The chief's stored state, read from the job's ``state`` hash (``STATE_SCHEMA``;
+    docs/protocol.md#keys says what each field means). A field absent or malformed
+    reads as 0 (``beat``, ``fence``, ``probation``) or ``None``; a malformed
+    ``step``, ``generation`` or ``run_id`` makes the whole state none, with its
+    ``problem`` said.
     """
 
     step: int | None
@@ -130,8 +126,7 @@ def _to_text(raw: object) -> str | None:
     return raw if isinstance(raw, str) else None
 
 
-def _is_one(raw: object) -> bool:
-    """True for a stored flag that is set (``"1"``, as bytes or text)."""
+def _is_one(raw: object) -> bool:  # a stored flag that is set
     return raw == b"1" or raw == "1"
 
 
@@ -157,9 +152,7 @@ def parse_int(raw: object, *, low: int = 0, high: int = MAX_STEP) -> int | None:
         if text.startswith("-") and low >= 0:
             return None
         value = int(text)
-    if not low <= value <= high:
-        return None
-    return value
+    return value if low <= value <= high else None
 
 
 def checked_step(value: object, *, what: str, low: int = 1) -> int:
@@ -168,8 +161,7 @@ def checked_step(value: object, *, what: str, low: int = 1) -> int:
     Raises:
         TypeError: ``value`` is not an integer (a ``bool`` is not one: ``True`` is
             no step 1; a float is not one either).
-        ValueError: ``value`` is out of range: no chief can publish a step
-            above ``MAX_STEP`` (2**53 - 2: one more is still exact in Lua's doubles).
+        ValueError: ``value`` is out of range (no chief can publish it).
     """
     if isinstance(value, bool) or not hasattr(value, "__index__"):
         raise TypeError(f"{what} must be an integer, got {type(value).__name__} {value!r}")
@@ -203,40 +195,35 @@ def parse_state(raw: object) -> ChiefState:
     generation = parse_int(fields.get("generation"), low=0)
     heartbeat_ms = parse_int(fields.get("heartbeat_ms"), low=0)
     chief = _to_text(fields.get("chief"))
-    problems = []
-    if step is None:
-        problems.append(f"step={_preview(fields.get('step'))}")
-    if generation is None:
-        problems.append(f"generation={_preview(fields.get('generation'))}")
+    checked = (("step", step), ("generation", generation))
+    problems = [f"{name}={preview(fields.get(name))}" for name, value in checked if value is None]
     if heartbeat_ms is None and "heartbeat_ms" in fields:
-        problems.append(f"heartbeat_ms={_preview(fields.get('heartbeat_ms'))}")
-    problem = "malformed state: " + ", ".join(problems) if problems else None
-    if step is None or generation is None:
-        # a step without its generation cannot be trusted, nor the other way round
-        return ChiefState(None, None, False, heartbeat_ms, chief, problem)
+        problems.append(f"heartbeat_ms={preview(fields.get('heartbeat_ms'))}")
+    # a step without its generation cannot be trusted, nor the other way round
+    trusted = step is not None and generation is not None
     run_raw = fields.get("run_id")
     run_id = parse_run_id(run_raw)
-    if run_raw not in (None, b"", "") and run_id is None:
-        # content we cannot attribute to a run is trusted by no run
-        prefix = problem + ", " if problem else "malformed state: "
-        problem = prefix + f"run_id={_preview(run_raw)}"
+    if trusted and run_raw not in (None, b"", "") and run_id is None:
+        problems.append(f"run_id={preview(run_raw)}")  # trusted by no run
+        trusted = False
+    problem = "malformed state: " + ", ".join(problems) if problems else None
+    if not trusted:
         return ChiefState(None, None, False, heartbeat_ms, chief, problem)
-    done = _is_one(fields.get("done"))
     return ChiefState(
         step,
         generation,
-        done,
+        _is_one(fields.get("done")),
         heartbeat_ms,
         chief,
         problem,
         run_id=run_id,
-        beat=parse_int(fields.get("beat")) or 0,
         vouch=_is_one(fields.get("vouch")),
         pinned=_is_one(fields.get("pinned")),
         heartbeat_period_ms=parse_int(fields.get("heartbeat_period_ms"), low=1),
-        done_ms=parse_int(fields.get("done_ms")),
+        beat=parse_int(fields.get("beat")) or 0,
         fence=parse_int(fields.get("fence")) or 0,
         probation=parse_int(fields.get("probation")) or 0,
+        done_ms=parse_int(fields.get("done_ms")),
         idle_ms=parse_int(fields.get("idle_ms")),
     )
 
@@ -281,50 +268,47 @@ def parse_announcement(raw: object) -> StepAnnouncement | None:
         announced = _announced(raw)
         if announced is not None:
             return announced
-    text = _to_text(raw)
-    if text is None or len(text) > 4096:
-        return None
-    try:
-        data: Any = json.loads(text)
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(data, dict):
+    data = json_object(_to_text(raw), most=4096)
+    if data is None:
         return None
     if data.get("reset") is True:
         return StepAnnouncement(None, None, False, True)
-    step = data.get("step")
-    generation = data.get("generation")
-    done = data.get("done", False)
-    if not (isinstance(step, int) and isinstance(generation, int)):
-        return None  # JSON numbers only: "12" as a string is not our format
-    step_value, generation_value = parse_int(step), parse_int(generation)
-    if step_value is None or generation_value is None or not isinstance(done, bool):
-        return None
+
+    def number(name: str, default: int | None = None) -> int | None:
+        # JSON numbers only: "12" as a string is not our format
+        value = data.get(name, default)
+        return parse_int(value) if isinstance(value, int) else None
+
+    step, generation, beat = number("step"), number("generation"), number("beat", 0)
+    done, vouch, pinned = (data.get(flag, False) for flag in ("done", "vouch", "pinned"))
     run_raw = data.get("run_id", "")
     run_id = parse_run_id(run_raw)
-    if not isinstance(run_raw, str) or (run_raw and run_id is None):
+    if step is None or generation is None or beat is None or not isinstance(run_raw, str):
         return None
-    beat = data.get("beat", 0)
-    vouch, pinned = data.get("vouch", False), data.get("pinned", False)
-    beat_value = parse_int(beat) if isinstance(beat, int) else None
-    if beat_value is None or not isinstance(vouch, bool) or not isinstance(pinned, bool):
+    if (run_raw and run_id is None) or not all(isinstance(f, bool) for f in (done, vouch, pinned)):
         return None
-    idle = data.get("idle")
-    idle_value = parse_int(idle) if isinstance(idle, int) and not isinstance(idle, bool) else None
     return StepAnnouncement(
-        step_value, generation_value, done, False, run_id, beat_value, vouch, pinned, idle_value
+        step, generation, done, False, run_id, beat, vouch, pinned, number("idle")
     )
 
 
-def _preview(raw: object) -> str:
+def json_object(text: str | None, *, most: int) -> dict[str, Any] | None:
+    """``text`` as a JSON object; ``None`` for none, more than ``most`` characters, or
+    anything else."""
+    if text is None or len(text) > most:
+        return None
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def preview(raw: object) -> str:
+    """A short, printable description of untrusted content, for logs."""
     if raw is None:
         return "missing"
     text = _to_text(raw)
     if text is None:
         return "<non-UTF-8 bytes>"
     return repr(text[:40])
-
-
-def preview(raw: object) -> str:
-    """A short, printable description of untrusted content, for logs."""
-    return _preview(raw)

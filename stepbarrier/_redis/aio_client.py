@@ -1,26 +1,11 @@
-"""The asyncio side of the connection: a ``redis.asyncio`` client, retries, and our code.
-
-The same rules as ``stepbarrier._redis.client`` and ``stepbarrier._redis.functions``, on
-``redis.asyncio``: the client's own retries are off and transient errors are
-retried (with the same backoff) within the caller's deadline; everything else
-becomes a clear ``RedisRefused`` at once; the Lua code runs as the Functions
-library (loaded by the client if it may), or as ``EVALSHA`` scripts with
-``use_eval``.
-
-The client is made by the same builder as the blocking side's
-(``stepbarrier._redis.client.build_client`` with ``ASYNC``): a Redis named by
-URL (``redis://``, ``rediss://`` with the TLS settings, ``unix://``), with ACL
-users, a Redis Cluster, or the master that Sentinels name. On a Cluster, as on
-the blocking side, a job's calls go in one plain pipeline to the owner of its
-slot, and its channel is sharded (``SSUBSCRIBE`` on that owner):
-``SlotOwners`` keeps one plain client per master for that.
+"""The asyncio side of the connection: the blocking side's rules on ``redis.asyncio``
+(``build_client``, ``retry_settings``, ``CodeCommands``), and ``SlotOwners``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar, cast
 
@@ -32,22 +17,25 @@ from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 from tenacity import AsyncRetrying
 
 from stepbarrier._config.settings import BarrierConfig
-from stepbarrier._protocol import library as scripts
 from stepbarrier._protocol.calls import Call
 from stepbarrier._redis.client import (
     SOCKET_TIMEOUT,
     ClientKind,
     build_client,
+    healthy_master,
     no_master,
     sentinel_address,
 )
 from stepbarrier._redis.failures import REDIS_ERRORS, translate
 from stepbarrier._redis.functions import (
+    CodeCommands,
     explain_refusal,
-    function_command,
-    is_missing_function,
+    library_loaded,
     library_source,
-    parse_versions,
+    needs_refresh,
+    no_functions,
+    raise_first,
+    raise_if_lost,
 )
 from stepbarrier._redis.retries import retry_settings
 
@@ -58,8 +46,7 @@ AsyncClient = redis.asyncio.Redis | AsyncCluster
 
 
 class _AsyncSentinels(AsyncSentinel):
-    """``redis.asyncio``'s ``Sentinel``, except when every Sentinel refused us (as
-    ``stepbarrier._redis.client._Sentinels``: the first refusal is raised, at once)."""
+    """``stepbarrier._redis.client._Sentinels`` on ``redis.asyncio``."""
 
     async def discover_master(self, service_name: str) -> tuple[str, int]:
         errors: list[tuple[str, rex.RedisError]] = []
@@ -69,10 +56,8 @@ class _AsyncSentinels(AsyncSentinel):
             except (rex.ConnectionError, rex.TimeoutError) as exc:
                 errors.append((sentinel_address(node), exc))
                 continue
-            state = masters.get(service_name)
-            if state and self.check_master_state(state, service_name):
-                self.sentinels[0], self.sentinels[index] = node, self.sentinels[0]
-                return str(state["ip"]), int(state["port"])
+            if (found := healthy_master(self, index, masters, service_name)) is not None:
+                return found
         raise no_master(service_name, errors)
 
 
@@ -83,39 +68,21 @@ ASYNC = ClientKind(
 
 
 def make_async_client(config: BarrierConfig) -> AsyncClient:
-    """A ``redis.asyncio`` client for the job's Redis (no I/O until first used): as
-    ``make_client`` makes the blocking one, from the same settings.
-
-    Raises:
-        ConfigurationError: Sentinels with a ``unix://`` URL.
-    """
+    """A ``redis.asyncio`` client for the job's Redis, as ``make_client`` (no I/O)."""
     client: AsyncClient = build_client(config, ASYNC, socket_timeout=SOCKET_TIMEOUT)
     return client
 
 
 class SlotOwners:
-    """Plain clients of a cluster's masters, one per node, each made on first use.
-
-    A job's keys and its channel live in one slot: its calls go to that slot's
-    owner in a plain pipeline (a cluster pipeline would first ask a node for the
-    keys of each ``FCALL``), and its subscription is made there (``SSUBSCRIBE``).
-    A ``MOVED`` reply, or a lost connection, has the caller ``refresh`` the slot
-    map before it retries.
-
-    Args:
-        cluster: The waiter's cluster client (its slot map and its settings).
-    """
+    """Plain clients of a cluster's masters, one per node, made on first use (a cluster
+    pipeline would first ask a node for the keys of each ``FCALL``)."""
 
     def __init__(self, cluster: AsyncCluster) -> None:
         self.cluster = cluster
         self._clients: dict[str, redis.asyncio.Redis] = {}
 
     async def owner(self, key: str) -> redis.asyncio.Redis:
-        """The plain client of the master that owns ``key``'s slot (one try).
-
-        Raises:
-            redis.RedisError: The slot map could not be read.
-        """
+        """The plain client of ``key``'s slot's master (one try at the slot map)."""
         await self.cluster.initialize()
         node = self.cluster.get_node_from_key(key)
         assert node is not None
@@ -149,12 +116,8 @@ async def call_with_retries(
     clock: Callable[[], float],
     sleep: Callable[[float], Awaitable[None]],
 ) -> T:
-    """``stepbarrier._redis.client.call_with_retries`` for a coroutine.
-
-    Raises:
-        RedisUnavailable: Still unreachable at the deadline.
-        RedisRefused: A non-transient error, at once.
-    """
+    """``stepbarrier._redis.retries.call_with_retries`` for a coroutine (no probe of the
+    server in its messages: it would block the event loop)."""
     try:  # the first try without tenacity's machinery: thousands of waits call this
         return await operation()
     except (*REDIS_ERRORS, OSError) as exc:
@@ -168,21 +131,14 @@ async def call_with_retries(
     try:
         return await AsyncRetrying(sleep=sleep, **settings)(operation)
     except REDIS_ERRORS as exc:
-        # no probe of the server: it would block the event loop
         raise translate(exc, config, action=action, probe=False) from exc
     except OSError as exc:  # a raw socket error (or a timeout) that redis-py did not wrap
         raise translate(rex.ConnectionError(str(exc)), config, action=action, probe=False) from exc
 
 
 async def within(awaitable: Awaitable[T], seconds: float) -> T:
-    """``await awaitable``, for ``seconds`` at most (a bounded call: see
-    ``stepbarrier._redis.bounded``); a future or task is cancelled at the bound
-    unless shielded.
-
-    Raises:
-        redis.TimeoutError: It took longer (transient: the caller retries within
-            its deadline).
-    """
+    """``await awaitable``, for ``seconds`` at most (``stepbarrier._redis.bounded``), else a
+    ``redis.TimeoutError``; a future or task is cancelled at the bound unless shielded."""
     try:
         return await asyncio.wait_for(awaitable, seconds)
     except asyncio.TimeoutError as exc:
@@ -190,9 +146,8 @@ async def within(awaitable: Awaitable[T], seconds: float) -> T:
 
 
 def expiring(future: asyncio.Future[T], seconds: float) -> asyncio.Future[T]:
-    """``future``, failed with ``redis.TimeoutError`` unless it is done within
-    ``seconds``: ``within`` for a future of the caller's own, at the cost of a timer
-    (a wait's read, on the path of every wait)."""
+    """``future``, failed with ``redis.TimeoutError`` unless done within ``seconds``:
+    ``within`` at the cost of a timer only (a wait's read, on every wait's path)."""
     timer = future.get_loop().call_later(seconds, _expire, future, seconds)
     future.add_done_callback(lambda _done: timer.cancel())
     return future
@@ -208,12 +163,8 @@ def _no_reply(seconds: float) -> rex.TimeoutError:
 
 
 class AsyncRedisCode:
-    """Runs stepbarrier's Lua code on a ``redis.asyncio`` client (see ``RedisCode``).
-
-    Args:
-        client: The client.
-        config: The job's settings (``use_eval``, and the URL for messages).
-    """
+    """Runs stepbarrier's Lua code on a ``redis.asyncio`` client, as ``RedisCode`` does
+    (``owners``: a Cluster's, which the calls go to)."""
 
     def __init__(
         self, client: AsyncClient, config: BarrierConfig, owners: SlotOwners | None = None
@@ -222,94 +173,57 @@ class AsyncRedisCode:
         self._config = config
         self._owners = owners
         self._load_lock = asyncio.Lock()
-        self._sources = {
-            name: scripts.HELPERS + body for name, (body, _read_only) in scripts.BODIES.items()
-        }
-        self._shas = {
-            name: hashlib.sha1(source.encode()).hexdigest()
-            for name, source in self._sources.items()
-        }
+        self._code = CodeCommands(config.use_eval)
 
     async def replies(self, calls: Sequence[Call]) -> list[Any]:
-        """Run ``calls`` in one round trip, in order; each reply, or the error in its place.
-
-        Code missing from the server is loaded (if this user may) and the calls
-        run again.
-
-        Raises:
-            RedisRefused: The library is missing and this user may not load it,
-                or the server has no Functions.
-            redis.RedisError: The round trip itself failed (a connection error).
-        """
+        """``RedisCode.replies`` (without its bound: see ``within``)."""
         replies = await self._run(calls)
-        if self._config.use_eval:
-            if any(isinstance(r, rex.NoScriptError) for r in replies):
-                await self._load_scripts(calls)
-                replies = await self._run(calls)
-        elif any(isinstance(r, Exception) and is_missing_function(r) for r in replies):
-            await self._load_or_explain(next(r for r in replies if is_missing_function(r)))
-            replies = await self._run(calls)
-        return replies
+        sources, missing = self._code.lacking(calls, replies)
+        for source in sources:
+            await (await self._target(calls)).script_load(source)
+        if missing is not None:
+            await self._load_or_explain(missing)
+        return await self._run(calls) if sources or missing is not None else replies
 
     async def pipeline(self, calls: Sequence[Call]) -> list[Any]:
-        """Like ``replies``, but raise the first call's error (as ``RedisCode.pipeline``)."""
+        """``RedisCode.pipeline``."""
         replies = await self.replies(calls)
-        for reply in replies:
-            if isinstance(reply, Exception):
-                raise reply
+        raise_first(replies)
         return replies
+
+    async def _target(self, calls: Sequence[Call]) -> Any:
+        # every call of one job touches one slot: straight to its owner
+        return self._client if self._owners is None else await self._owners.owner(calls[0][1][0])
 
     async def _run(self, calls: Sequence[Call]) -> list[Any]:
-        owners = self._owners
-        if owners is None:
-            return await self._send(self._client, calls)
-        # every call of one job touches one slot: straight to its owner (as
-        # RedisCode does on the blocking side)
         try:
-            replies = await self._send(await owners.owner(calls[0][1][0]), calls)
+            pipe = (await self._target(calls)).pipeline(transaction=False)
+            for command in self._code.commands(calls):
+                pipe.execute_command(*command)
+            replies = list(await pipe.execute(raise_on_error=False))
         except (rex.ConnectionError, rex.TimeoutError, rex.ClusterError, OSError):
-            await owners.refresh()  # the retry then reaches the current owner
+            if self._owners is not None:
+                await self._owners.refresh()  # the retry then reaches the current owner
             raise
-        if any(
-            isinstance(r, (rex.ConnectionError, rex.TimeoutError, rex.AskError)) for r in replies
-        ):
-            await owners.refresh()  # AskError: MOVED too
+        if self._owners is not None and needs_refresh(replies):
+            await self._owners.refresh()
         return replies
 
-    async def _send(self, client: Any, calls: Sequence[Call]) -> list[Any]:
-        pipe = client.pipeline(transaction=False)
-        for name, keys, args in calls:
-            if self._config.use_eval:
-                pipe.execute_command("EVALSHA", self._shas[name], len(keys), *keys, *args)
-            else:
-                pipe.execute_command(*function_command(name, keys, args))
-        return list(await pipe.execute(raise_on_error=False))
-
-    async def _load_scripts(self, calls: Sequence[Call]) -> None:
-        for name in sorted({name for name, _keys, _args in calls}):
-            if self._owners is not None:
-                owner = await self._owners.owner(calls[0][1][0])
-                await owner.script_load(self._sources[name])
-            else:
-                await self._client.script_load(self._sources[name])
-
     async def _load_or_explain(self, missing: BaseException) -> None:
-        if "unknown command" in str(missing).lower():
-            raise explain_refusal(self._config, missing, None) from missing
+        if no_functions(missing):
+            raise explain_refusal(self._config, missing) from missing
         async with self._load_lock:
-            try:
-                await self._client.function_load(library_source(), replace=False)
-                return
-            except rex.ResponseError as exc:
-                if "already exists" in str(exc):
-                    return  # another client loaded it meanwhile
-                refusal: BaseException = exc
-            except rex.RedisError as exc:
-                refusal = exc
-        try:
-            versions: list[int] | None = parse_versions(
-                await self._client.function_list(library="stepbarrier_v*")
-            )
-        except rex.RedisError:
-            versions = None
-        raise explain_refusal(self._config, missing, versions) from refusal
+            loaded = await _reply(self._client.function_load(library_source(), replace=False))
+        raise_if_lost(loaded)
+        if library_loaded(loaded):
+            return
+        listed = await _reply(self._client.function_list(library="stepbarrier_v*"))
+        raise explain_refusal(self._config, missing, listed) from loaded
+
+
+async def _reply(command: Awaitable[Any]) -> Any:
+    """``command``'s reply, or the Redis error in its place."""
+    try:
+        return await command
+    except rex.RedisError as exc:
+        return exc

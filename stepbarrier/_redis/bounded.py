@@ -1,19 +1,12 @@
 """Redis calls bounded by their caller, so that a wait ends within its limits.
 
-A paused or hung Redis (stopped by SIGSTOP, a frozen VM, a proxy that lost its
-backend) accepts connections, since the kernel completes the TCP handshake, and
-never answers. A call bounded only by the client's socket timeout (10 s) would
-hold a wait that long past its limits, and a wait looks at its limits only
-between calls. So a wait gives each blocking call the time left to its nearest
-limit (``call_timeout``: at least ``CALL_FLOOR``, the last read at a passed
-limit included), and leaving is best effort within ``LEAVE_WITHIN``.
-
-On the blocking side a bounded call runs on a ``HeldConnection``: a connection
-made apart from the client's pool, from the pool's own settings, whose connect,
-handshake and every reply are bounded by the time its caller gives (never more
-than the client's own socket and connect timeouts). ``HeldConnections`` keeps
-the idle ones for the next call, so a waiter's waits reuse one connection. The
-asyncio side bounds its awaits instead (``stepbarrier._redis.aio_client.within``).
+A paused or hung Redis (SIGSTOP, a frozen VM, a proxy without its backend) accepts
+connections and never answers; a call bounded only by the client's 10 s socket
+timeout would hold a wait that long past its limits. So a wait gives each blocking
+call the time left to its nearest limit (``call_timeout``), on a ``HeldConnection``:
+one made apart from the client's pool, from its settings, whose connect, handshake
+and every reply are bounded by that time. The asyncio side bounds its awaits
+instead (``stepbarrier._redis.aio_client.within``).
 """
 
 from __future__ import annotations
@@ -39,21 +32,13 @@ MAX_IDLE = 8
 
 
 def call_timeout(until: float, now: float) -> float:
-    """Seconds a blocking call may take: the time left to ``until`` (a caller's
-    limit, on its clock), and at least ``CALL_FLOOR``."""
+    """Seconds a blocking call may take: the time left to ``until``, ``CALL_FLOOR`` at least."""
     return max(CALL_FLOOR, until - now)
 
 
 class HeldConnection:
-    """One connection of a client, apart from its pool, every call of it bounded.
-
-    Made from ``pool``'s connection class and settings (TLS, credentials, the
-    database, a Sentinel's master), so it connects as the client does. One
-    thread at a time uses it.
-
-    Args:
-        pool: The client's connection pool (a Redis Cluster's: its node's).
-    """
+    """One connection made apart from a client's ``pool`` (a Cluster's: its node's), with
+    its settings; one thread at a time uses it."""
 
     def __init__(self, pool: Any) -> None:
         self.pool = pool
@@ -69,17 +54,8 @@ class HeldConnection:
         return self._pid == os.getpid() and bool(self._connection.is_connected)
 
     def run(self, commands: Sequence[Sequence[Any]], timeout: float | None) -> list[Any]:
-        """Send ``commands`` in one round trip; their replies, each error reply in its place.
-
-        Args:
-            commands: The commands, each as its arguments (``("FCALL", name, 1, key)``).
-            timeout: Seconds the whole call may take, connecting included (``None``:
-                the client's own timeouts).
-
-        Raises:
-            redis.TimeoutError: No (whole) reply in time; the connection is closed.
-            redis.ConnectionError: The connection failed; it is closed.
-        """
+        """Send ``commands`` in one round trip within ``timeout`` (``None``: the client's own
+        timeouts); their replies, each error reply in its place. A failure closes it."""
         until = self._ready(timeout)
         connection = self._connection
         try:
@@ -97,8 +73,7 @@ class HeldConnection:
             raise
 
     def send(self, command: Sequence[Any], timeout: float | None) -> None:
-        """Send one command without reading its reply (a subscription's), connecting
-        first within ``timeout`` seconds if need be."""
+        """Send one command (a subscription's) without reading its reply, within ``timeout``."""
         self._ready(timeout)
         try:
             self._connection.send_command(*command, check_health=False)
@@ -107,13 +82,8 @@ class HeldConnection:
             raise
 
     def receive(self, timeout: float) -> Any:
-        """The next reply or message, or ``None`` if none began within ``timeout``
-        seconds (a whole one is then read within ``CALL_FLOOR`` more at most).
-
-        Raises:
-            redis.ResponseError: An error reply (read whole: the connection is fine).
-            redis.ConnectionError: The connection is closed or failed (then closed).
-        """
+        """The next reply or message, ``None`` if none began within ``timeout`` (a whole one
+        is then read within ``CALL_FLOOR``); an error reply is raised, a failure closes it."""
         connection = self._connection
         if not self.connected:
             raise rex.ConnectionError("the connection to Redis is closed")
@@ -128,63 +98,61 @@ class HeldConnection:
             raise
 
     def disconnect(self) -> None:
-        """Close the connection (the next call connects again)."""
         if self._pid == os.getpid():
             with contextlib.suppress(Exception):
                 self._connection.disconnect()
 
     def _ready(self, timeout: float | None) -> float | None:
-        """Set this call's bound and connect (again) if need be, within it; returns
-        the ``time.monotonic()`` the call must end by (``None``: no bound of its own).
-
-        A connection that Redis closed meanwhile (a restart, its ``timeout``, a
-        proxy's idle cut), or that has unread data, is made again.
-        """
+        """Set this call's bound and connect (again: ``ensure_fresh``) if need be, within
+        it; returns the ``time.monotonic()`` the call must end by (``None``: no bound)."""
         if self._pid != os.getpid():  # a forked child: the parent's socket is not ours
             self._pid = os.getpid()
             self._connection = self.pool.connection_class(**self.pool.connection_kwargs)
-        seconds = self._reply_limit
-        if timeout is not None:
-            seconds = timeout if seconds is None else min(seconds, timeout)
+        seconds = _least(self._reply_limit, timeout)
         connection = self._connection
         # what a connect reads: its TCP connect, and each reply of its handshake
         # (AUTH, HELLO, CLIENT SETINFO, SELECT)
         connection.socket_timeout = seconds
         if seconds is not None:
-            connect = self._connect_limit
-            connection.socket_connect_timeout = (
-                seconds if connect is None else min(connect, seconds)
-            )
+            connection.socket_connect_timeout = _least(self._connect_limit, seconds)
         until = None if seconds is None else time.monotonic() + seconds
         try:
-            if connection.is_connected:
-                try:
-                    stale = connection.can_read(timeout=0)  # a closed socket reads as ready
-                except (rex.ConnectionError, rex.TimeoutError, OSError):
-                    stale = True
-                if not stale:
-                    return until
-                connection.disconnect()
-            connection.connect()
+            ensure_fresh(connection)
         except BaseException:
             self.disconnect()
             raise
         return until
 
 
+def ensure_fresh(connection: Any) -> None:
+    """Connect ``connection`` (a redis-py one) if need be, and again if Redis closed it
+    meanwhile (a restart, its ``timeout``, a proxy's idle cut) or it has unread data:
+    the write after a long pause must not fail on it. (``connect()`` is also where a
+    Sentinel's connection asks for the master.)"""
+    if connection.is_connected:
+        try:
+            stale = connection.can_read(timeout=0)  # a closed socket reads as ready
+        except (rex.ConnectionError, rex.TimeoutError, OSError):
+            stale = True
+        if not stale:
+            return
+        connection.disconnect()
+    connection.connect()
+
+
+def _least(*limits: float | None) -> float | None:
+    """The shortest of the ``limits`` given (``None``: no limit)."""
+    return min((limit for limit in limits if limit is not None), default=None)
+
+
 def _left(until: float | None) -> float | None:
-    """Seconds left to ``until`` for one read (a little at least: a reply that is
-    already there is still taken)."""
+    """Seconds left to ``until`` for one read (a little at least: a reply there is taken)."""
     return None if until is None else max(0.001, until - time.monotonic())
 
 
 class HeldConnections:
-    """Idle ``HeldConnection`` s of a client, for the next bounded call (thread-safe).
-
-    A caller takes one for a call and gives it back, so calls of one thread after
-    another share one connection, and calls of several threads at once each get
-    their own.
-    """
+    """Idle ``HeldConnection`` s for the next bounded call (thread-safe): a waiter's
+    waits reuse one, threads calling at once each get their own."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

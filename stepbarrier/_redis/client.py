@@ -1,10 +1,9 @@
-"""Redis clients built from a ``BarrierConfig``: from its URL (with TLS), through
-Sentinel, or as a Redis Cluster client; and ``with_client``, which runs one
-operation on a given client or on one made (and closed) for it.
+"""Redis clients built from a ``BarrierConfig`` (its URL with TLS, Sentinel, or a
+Cluster), one operation on a client made for it (``with_client``), and the one
+walk of a keyspace (``scan_keys``).
 
-The clients' own retries are off. How their failures are judged and explained
-is ``stepbarrier._redis.failures``; how the transient ones are retried within the
-caller's deadline is ``stepbarrier._redis.retries``.
+The clients' own retries are off: stepbarrier retries transient errors itself,
+within the caller's deadline (``stepbarrier._redis.retries``).
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeAlias, TypeVar, cast
 from urllib.parse import urlsplit
@@ -27,13 +26,8 @@ from redis.sentinel import MasterNotFoundError, Sentinel
 
 from stepbarrier._config.checks import TLS_INSECURE, lone_userinfo_as_password, url_tls_weakening
 from stepbarrier._config.settings import BarrierConfig
-from stepbarrier._redis.failures import (
-    is_transient,
-    one_line,
-)
-from stepbarrier._redis.retries import (
-    call_with_retries,
-)
+from stepbarrier._redis.failures import is_transient, one_line
+from stepbarrier._redis.retries import call_with_retries
 from stepbarrier.errors import ConfigurationError
 
 T = TypeVar("T")
@@ -52,9 +46,7 @@ CONNECT_TIMEOUT = 3.0
 
 @dataclass(frozen=True)
 class ClientKind:
-    """The redis-py classes of one side: blocking (``SYNC``) or ``redis.asyncio``
-    (``stepbarrier._redis.aio_client.ASYNC``). ``build_client`` makes a client of
-    either from the same settings, so the two sides connect alike."""
+    """The redis-py classes of one side, blocking (``SYNC``) or asyncio (``ASYNC``)."""
 
     redis: Any
     cluster: Any
@@ -65,37 +57,20 @@ class ClientKind:
 def make_client(
     config: BarrierConfig, *, socket_timeout: float | None = SOCKET_TIMEOUT
 ) -> RedisClient:
-    """A redis-py client for the job's Redis: ``config.redis_url``, or the master
-    that ``config.sentinels`` name (``build_client`` on the blocking side).
-
-    With Sentinels the URL still gives the scheme (``rediss://`` means TLS), the
-    username and password, and the database number, as in
-    ``rediss://trainer:secret@ignored/3``; its host and port are ignored, because
-    the Sentinels name the master. ``config.redis_username`` and
-    ``config.redis_password`` win over the URL's. The Sentinels are reached with
-    the same TLS settings and the same username and password as the master: give
-    them the same ACL user (``user`` lines in sentinel.conf) or a ``requirepass``
-    with the same password. Over TLS, the master's certificate must be valid for
-    the address the Sentinels announce (an IP address, unless they run with
-    ``announce-hostnames yes``).
-
-    The client's own retries are switched off: stepbarrier retries transient
-    errors itself, within the caller's deadline.
+    """A redis-py client for the job's Redis: ``config.redis_url``, or the master that
+    ``config.sentinels`` name (docs/operations.md#sentinel).
 
     Raises:
         ConfigurationError: Sentinels with a ``unix://`` URL.
-        TypeError: This redis-py does not take a connection setting (a bug). It
-            is raised here, not at the first command, where it would look like
-            a Redis error and could be retried for ever.
+        TypeError: This redis-py does not take a connection setting (a bug), raised
+            here, not at the first command, where it would be retried as a Redis error.
     """
     client: RedisClient = build_client(config, SYNC, socket_timeout=socket_timeout)
     return client
 
 
 def build_client(config: BarrierConfig, kind: ClientKind, *, socket_timeout: float | None) -> Any:
-    """A client of ``kind`` for the job's Redis (see ``make_client``): direct, a
-    Cluster or the master the Sentinels name; no I/O, except a blocking cluster
-    client's first read of the slot map."""
+    """A client of ``kind`` (see ``make_client``): both sides connect alike."""
     options: dict[str, Any] = {
         "socket_timeout": socket_timeout,
         # a caller with a short reply limit gets no longer a connect
@@ -108,19 +83,12 @@ def build_client(config: BarrierConfig, kind: ClientKind, *, socket_timeout: flo
     }
     if config.sentinels:
         return _master_through_sentinels(config, kind, options)
-    if config.redis_username is not None:
-        options["username"] = config.redis_username
-    if config.redis_password is not None:
-        options["password"] = config.redis_password
+    options.update(_credentials(config.redis_username, config.redis_password))
     if config.redis_url.startswith("rediss://"):
         options.update(_tls_options(config))
     if config.redis_cluster:
-        # The cluster client follows MOVED, ASK and TRYAGAIN itself (its own retry
-        # object, with backoff, re-reading the slot map): a migration or a failover
-        # is never shown to the caller as such. The seed node is only where the
-        # slot map is first read; the client connects to every master it lists.
-        # The blocking one reads the map at once: an unreachable seed is a
-        # ConnectionError here, which the callers retry like any other.
+        # it follows MOVED, ASK and TRYAGAIN itself, with its own retry object; the
+        # blocking one reads the slot map at once (an unreachable seed: a ConnectionError)
         del options["retry"]  # RedisCluster takes its retry object apart from the nodes'
         return kind.cluster.from_url(url_for_client(config), **options)
     client = kind.redis.from_url(url_for_client(config), **options)
@@ -139,17 +107,12 @@ def url_for_client(config: BarrierConfig) -> str:
     if "@" not in parts.netloc:
         return url
     userinfo, host = parts.netloc.rsplit("@", 1)
-    user, has_password, password = userinfo.partition(":")
-    if config.redis_username is not None:
-        user = ""
-    if config.redis_password is not None:
-        has_password, password = "", ""
-    kept = f"{user}{has_password}{password}"
-    netloc = f"{kept}@{host}" if kept else host
+    user, colon, password = userinfo.partition(":")
+    kept = ("" if config.redis_username is not None else user) + (
+        "" if config.redis_password is not None else colon + password
+    )
     # (not urlunsplit: it drops the "//" of an empty netloc, unix:///path -> unix:/path)
-    query = f"?{parts.query}" if parts.query else ""
-    fragment = f"#{parts.fragment}" if parts.fragment else ""
-    return f"{parts.scheme}://{netloc}{parts.path}{query}{fragment}"
+    return url.replace(f"//{parts.netloc}", f"//{kept}@{host}" if kept else f"//{host}", 1)
 
 
 def refresh_topology(client: RedisClient) -> None:
@@ -164,6 +127,49 @@ def refresh_topology(client: RedisClient) -> None:
             client.nodes_manager.initialize()
 
 
+@dataclass
+class ScanTally:
+    """What a ``scan_keys`` walk did: its calls, and ``cut`` if it stopped short."""
+
+    calls: int = 0
+    cut: bool = False
+
+
+def scan_keys(
+    client: RedisClient, match: str, *, count: int, most: int, tally: ScanTally | None = None
+) -> Iterator[bytes | str]:
+    """The keys matching ``match``, by ``SCAN`` of ``count`` keys per call, at most
+    ``most`` calls per master (on a Cluster each master in turn)."""
+    tally = ScanTally() if tally is None else tally
+    nodes: list[Any] = [None]
+    if isinstance(client, RedisCluster):
+        nodes = list(client.get_primaries())  # type: ignore[no-untyped-call]
+    for node in nodes:
+        cursor: Any = "0"
+        for _ in range(most):
+            target = {} if node is None else {"target_nodes": node}
+            cursor, keys = client.scan(cursor=cursor, match=match, count=count, **target)
+            if isinstance(cursor, dict):
+                # a cluster client answers {node name: cursor} for the node it asked
+                cursor = next(iter(cursor.values()), 0)
+            tally.calls += 1
+            yield from keys
+            if int(cursor) == 0:
+                break
+        else:
+            tally.cut = True
+
+
+def slot_client(client: RedisClient, key: str, *, refresh: bool = False) -> redis.Redis:
+    """``client``, or on a Cluster the plain client of ``key``'s slot's owner."""
+    if not isinstance(client, RedisCluster):
+        return client
+    if refresh:
+        client.nodes_manager.initialize()
+    owner = client.get_node_from_key(key)  # type: ignore[no-untyped-call]
+    return client.get_redis_connection(owner)
+
+
 def disconnect_all(client: RedisClient) -> None:
     """Close every connection of ``client``, in use or not (cuts a blocked call short)."""
     if isinstance(client, RedisCluster):
@@ -175,15 +181,9 @@ def disconnect_all(client: RedisClient) -> None:
 
 
 def _tls_options(config: BarrierConfig) -> dict[str, Any]:
-    """The TLS options of a client of ``config``'s ``rediss://`` Redis (sync or asyncio,
-    direct, Cluster or through Sentinel): the certificate and the host name verified.
-
-    Only under ``STEPBARRIER_TLS_INSECURE=1`` may the URL weaken that
-    (``?ssl_cert_reqs=none``, ``?ssl_check_hostname=false``; ``check_url``
-    refuses it otherwise); each client made so is logged as a WARNING. The
-    weakening is applied here too, so that Sentinel clients, which take no
-    URL query, are made alike.
-    """
+    """The TLS options of a ``rediss://`` client: certificate and host name verified,
+    unless the URL weakens that under ``STEPBARRIER_TLS_INSECURE=1`` (a WARNING each
+    time). Not left to the URL, so that Sentinel clients (no URL query) are alike."""
     options: dict[str, Any] = {"ssl_cert_reqs": "required", "ssl_check_hostname": True}
     if config.tls_ca_file:
         options["ssl_ca_certs"] = config.tls_ca_file
@@ -235,13 +235,10 @@ def _master_through_sentinels(
             job=config.job,
         )
     from_url: dict[str, Any] = parse_url(lone_userinfo_as_password(config.redis_url))  # type: ignore[no-untyped-call]
-    access: dict[str, Any] = {}  # for the master and the Sentinels alike
-    username = config.redis_username or from_url.get("username")
-    password = config.redis_password or from_url.get("password")
-    if username is not None:
-        access["username"] = username
-    if password is not None:
-        access["password"] = password
+    access: dict[str, Any] = _credentials(  # for the master and the Sentinels alike
+        config.redis_username or from_url.get("username"),
+        config.redis_password or from_url.get("password"),
+    )
     if config.redis_url.startswith("rediss://"):
         access.update(ssl=True, **_tls_options(config))
     sentinels = kind.sentinels(
@@ -261,6 +258,11 @@ def _master_through_sentinels(
     return client
 
 
+def _credentials(username: str | None, password: str | None) -> dict[str, str]:
+    given = {"username": username, "password": password}
+    return {name: value for name, value in given.items() if value is not None}
+
+
 def _check_settings(pool: Any) -> None:
     # redis-py passes the settings to a connection class only when it first
     # connects, inside an operation that callers retry. Building one (no I/O)
@@ -269,14 +271,7 @@ def _check_settings(pool: Any) -> None:
 
 
 class _Sentinels(Sentinel):
-    """redis-py's ``Sentinel``, except when every Sentinel refused us.
-
-    redis-py folds each Sentinel's error into the text of a ``MasterNotFoundError``,
-    a ``ConnectionError`` that looks transient, so a wrong password would be
-    retried until the deadline. Here, when no Sentinel names the master and every
-    error was a refusal (authentication, a certificate that does not verify), the
-    first refusal is raised instead, and reported at once.
-    """
+    """redis-py's ``Sentinel``, except when every Sentinel refused us (``no_master``)."""
 
     def discover_master(self, service_name: str) -> tuple[str, int]:
         errors: list[tuple[str, rex.RedisError]] = []
@@ -286,11 +281,21 @@ class _Sentinels(Sentinel):
             except (rex.ConnectionError, rex.TimeoutError) as exc:
                 errors.append((sentinel_address(node), exc))
                 continue
-            state = masters.get(service_name)
-            if state and self.check_master_state(state, service_name):  # type: ignore[no-untyped-call]
-                self.sentinels[0], self.sentinels[index] = node, self.sentinels[0]
-                return str(state["ip"]), int(state["port"])
+            if (found := healthy_master(self, index, masters, service_name)) is not None:
+                return found
         raise no_master(service_name, errors)
+
+
+def healthy_master(
+    sentinels: Any, index: int, masters: dict[str, dict[str, Any]], service_name: str
+) -> tuple[str, int] | None:
+    """The healthy master Sentinel ``index`` names, if any (that one is asked first next)."""
+    state = masters.get(service_name)
+    if not (state and sentinels.check_master_state(state, service_name)):
+        return None
+    nodes = sentinels.sentinels
+    nodes[0], nodes[index] = nodes[index], nodes[0]
+    return str(state["ip"]), int(state["port"])
 
 
 def sentinel_address(node: Any) -> str:
@@ -299,9 +304,9 @@ def sentinel_address(node: Any) -> str:
 
 
 def no_master(service_name: str, errors: list[tuple[str, rex.RedisError]]) -> rex.RedisError:
-    """What to raise when no Sentinel named a healthy master (``errors``: the
-    Sentinels that failed): the first refusal if every one refused us, else a
-    ``MasterNotFoundError`` (transient) naming them."""
+    """What to raise when no Sentinel named a healthy master: a ``MasterNotFoundError``
+    (transient) naming the ``errors``, or the first refusal if every one refused us,
+    which redis-py would fold into one, and a wrong password be retried for ever."""
     if errors and not any(is_transient(exc) for _, exc in errors):
         address, refusal = errors[0]
         error = type(refusal)(f"Sentinel {address}: {one_line(refusal)}")
@@ -325,15 +330,8 @@ def with_client(
     action: str,
     retry_seconds: float,
 ) -> T:
-    """Run ``operation`` on ``client``, or on a client made (and closed) for it.
-
-    A made client is made within the retries: a cluster client reads the slot
-    map at once, so a Redis that is down fails there, as a transient error.
-
-    Raises:
-        RedisUnavailable: Redis stayed unreachable for ``retry_seconds``.
-        RedisRefused: Redis refused the operation (authentication, ACL, TLS).
-    """
+    """Run ``operation`` on ``client``, or on one made (and closed) for it within the
+    retries (a cluster client's first read may fail), retried for ``retry_seconds``."""
     made: list[RedisClient] = []
 
     def run() -> T:

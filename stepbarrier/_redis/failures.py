@@ -1,14 +1,7 @@
-"""How a failed Redis call is judged and explained.
-
-Two kinds of failure are told apart here. Transient ones (connection refused or
-reset, timeouts, a server still loading, a replica that just lost its master)
-may be cured by a retry (``stepbarrier._redis.retries`` retries them). Everything else
-(a wrong password, a missing ACL permission, a TLS certificate that does not
-verify, a key of the wrong type) cannot get better by retrying, so ``translate``
-turns it into a clear ``RedisRefused`` at once. A BUSY reply (a script that
-runs past ``busy-reply-threshold``) is retried like an outage, but once the
-retries run out it is said as what it is (``RedisBusy``): Redis is up, and
-answers again when the script ends or an administrator ends it.
+"""How a failed Redis call is judged and explained: transient (a retry may cure it:
+``is_transient``) or not, and ``translate`` into a clear ``RedisUnavailable`` or
+``RedisRefused`` (a BUSY reply, retried like an outage, ends as ``RedisBusy``: Redis is
+up, and answers again once the script ends).
 """
 
 from __future__ import annotations
@@ -18,6 +11,7 @@ import socket
 import ssl
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from urllib.parse import urlsplit
 
 from redis import exceptions as rex
@@ -25,40 +19,27 @@ from redis import exceptions as rex
 from stepbarrier._config.checks import url_username
 from stepbarrier._config.defaults import DEFAULT_REDIS_URL
 from stepbarrier._config.settings import BarrierConfig
-from stepbarrier.errors import RedisRefused, RedisUnavailable, StepBarrierError
+from stepbarrier.errors import RedisRefused, RedisUnavailable, RefusalKind, StepBarrierError
 
 REDIS_ERRORS = (rex.RedisError, rex.RedisClusterException)
 """What redis-py raises (its cluster client's own exception is no RedisError)."""
 
 
 class RedisBusy(RedisUnavailable):
-    """Redis answered BUSY after retries: a script (an ``EVAL`` script or a
-    function) has run past ``busy-reply-threshold`` and holds its one thread.
-
-    A ``RedisUnavailable`` (a retry may cure it, and code that rides out an
-    outage rides this out too), told apart so that it is said as what it is:
-    Redis is up, and answers again once the script ends, or once an
-    administrator ends it (``FUNCTION KILL``, ``SCRIPT KILL``).
-    """
+    """Redis answered BUSY after retries: a ``RedisUnavailable``, so code that rides out
+    an outage rides this out too."""
 
 
 def is_busy(exc: BaseException) -> bool:
-    """True if ``exc`` is Redis's BUSY reply: a script runs past ``busy-reply-threshold``.
-
-    Not BUSYKEY nor BUSYGROUP, which are other errors that start alike.
-    """
-    cause = _cluster_cause(exc)
-    if cause is not None:
-        return is_busy(cause)
+    """True for Redis's BUSY reply (not BUSYKEY nor BUSYGROUP, other errors alike)."""
+    exc = _cause(exc)
     text = str(exc)
     return isinstance(exc, rex.ResponseError) and (text == "BUSY" or text.startswith("BUSY "))
 
 
 def is_transient(exc: BaseException) -> bool:
     """True for failures that a retry may cure."""
-    cause = _cluster_cause(exc)
-    if cause is not None:
-        return is_transient(cause)
+    exc = _cause(exc)
     if isinstance(exc, (rex.AskError, rex.SlotNotCoveredError, rex.ClusterError)):
         # a slot on the move (MOVED is an AskError; TRYAGAIN ends as ClusterError
         # "TTL exhausted" once redis-py's own retries ran out), or not yet covered
@@ -70,7 +51,7 @@ def is_transient(exc: BaseException) -> bool:
     # (a TLS mismatch is not judged here: that takes a probe of the server, too
     # slow for a retry's predicate; ``translate`` names it once a failure is final)
     if (
-        UNKNOWN_HOST_IS_FINAL
+        UNKNOWN_HOST_IS_FINAL.get()
         and isinstance(exc, (rex.ConnectionError, rex.TimeoutError))
         and unknown_host(exc)
     ):
@@ -83,33 +64,27 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, (rex.ConnectionError, rex.TimeoutError, ConnectionError))
 
 
-def _cluster_cause(exc: BaseException) -> BaseException | None:
+def _cause(exc: BaseException) -> BaseException:
     # a cluster client that reached no node folds the last node's error into
     # "Redis Cluster cannot be connected": judge and report that error instead
     if isinstance(exc, rex.RedisClusterException) and isinstance(
         exc.__cause__, (rex.RedisError, OSError)
     ):
         return exc.__cause__
-    return None
+    return exc
 
 
 def _is_tls_failure(exc: BaseException) -> bool:
-    seen: BaseException | None = exc
-    for _ in range(5):
-        if seen is None:
-            return False
-        if isinstance(seen, ssl.SSLError) or "CERTIFICATE_VERIFY_FAILED" in str(seen):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
+    return any(
+        isinstance(seen, ssl.SSLError) or "CERTIFICATE_VERIFY_FAILED" in str(seen)
+        for seen in _chain(exc)
+    )
 
 
-UNKNOWN_HOST_IS_FINAL = False
-"""Whether a host name that does not resolve fails at once instead of being retried
-within the caller's deadline. The ``stepbarrier`` command sets it (a typo in a
-URL should not cost a shell user the retries); the library leaves it off, for a
-worker may start before its Redis's DNS name exists (a Kubernetes Service, a
-headless one until its pod is ready), and its wait's deadline still holds."""
+UNKNOWN_HOST_IS_FINAL: ContextVar[bool] = ContextVar("unknown_host_is_final", default=False)
+"""Whether a host name that does not resolve fails at once, not retried: the CLI's
+interactive commands set it (a typo should not cost the retries); the library does
+not, for a worker may start before its Redis's DNS name exists (a Kubernetes Service)."""
 _UNKNOWN_HOST_ERRNOS = frozenset(
     code
     for code in (getattr(socket, "EAI_NONAME", None), getattr(socket, "EAI_NODATA", None))
@@ -146,31 +121,28 @@ def unknown_host(exc: BaseException) -> bool:
 def tls_mismatch(
     exc: BaseException, address: tuple[str, int] | None = None, *, tls: bool | None = None
 ) -> str | None:
-    """``"tls-to-plain"`` or ``"plain-to-tls"`` if ``exc`` shows TLS on one side only.
+    """``"tls-to-plain"`` or ``"plain-to-tls"`` if ``exc`` shows TLS on one side only
+    (``tls``: whether the client spoke it; ``None``: judge both ways).
 
-    ``tls``: whether the client spoke TLS (``rediss://``); ``None`` (unknown)
-    judges both ways. A TLS client at a plain server waits for a handshake that
-    never comes: its handshake times out. A plain client at a TLS-only server is
-    reset as soon as it speaks, like a client of a server going down; so the
-    address is asked for a TLS handshake (once per ``_TLS_PROBE_CACHE`` seconds,
-    within ``_TLS_PROBE_SECONDS``), and only a server that completes one counts.
-    A TLS client reset by a TLS server is no mismatch: a reset of a healthy TLS
-    connection (a load balancer, an output-buffer limit) must stay a retry.
-    Probes block: only ``translate`` calls this, once a failure is final.
+    A TLS client at a plain server sees its handshake time out; a plain client at a
+    TLS-only server is reset as soon as it speaks, like one of a server going down, so
+    the address is probed (blocking: only ``translate`` calls this, once a failure is
+    final) and only a server that answers the probe counts. A TLS client reset by a TLS
+    server is no mismatch: that reset (a load balancer, a buffer limit) stays a retry.
     """
     chain = _chain(exc)
     if tls is not False and any(_HANDSHAKE_TIMEOUT in str(seen) for seen in chain):
         # a TLS server that is paused or overloaded times the handshake out too:
         # only a server that answers a plain PING is plain Redis
         address = _address_of(chain) or address
-        if address is not None and _probed(address, _speaks_plain_redis):
+        if address is not None and _probed(address, speaks_plain_redis):
             return "tls-to-plain"
         return None
     match = _PLAIN_RESET.search(str(exc))
     if tls is True or match is None or not isinstance(exc, rex.ConnectionError):
         return None
     address = (match.group(1), int(match.group(2)))
-    return "plain-to-tls" if _probed(address, _speaks_tls) else None
+    return "plain-to-tls" if _probed(address, speaks_tls) else None
 
 
 _ADDRESS = re.compile(r"(?:connecting to|reading from|writing to) ([^\s:]+):(\d+)")
@@ -195,10 +167,10 @@ def _probed(address: tuple[str, int], probe: Callable[[str, int], bool]) -> bool
     return probed[1]
 
 
-def _speaks_plain_redis(host: str, port: int) -> bool:
+def speaks_plain_redis(host: str, port: int, timeout: float = _TLS_PROBE_SECONDS) -> bool:
+    """True if a plain-text ``PING`` gets a Redis reply (not nothing, nor a reset)."""
     try:
-        with socket.create_connection((host, port), timeout=_TLS_PROBE_SECONDS) as raw:
-            raw.settimeout(_TLS_PROBE_SECONDS)
+        with socket.create_connection((host, port), timeout=timeout) as raw:
             raw.sendall(b"PING\r\n")
             answer = raw.recv(64)
     except OSError:
@@ -207,13 +179,14 @@ def _speaks_plain_redis(host: str, port: int) -> bool:
     return answer[:1] in (b"+", b"-")
 
 
-def _speaks_tls(host: str, port: int) -> bool:
+def speaks_tls(host: str, port: int, timeout: float = _TLS_PROBE_SECONDS) -> bool:
+    """True if a TLS handshake succeeds (nothing else is sent)."""
     context = ssl.create_default_context()
     context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE  # a probe only: nothing is sent but a handshake
+    context.verify_mode = ssl.CERT_NONE  # a probe of the protocol only
     try:
         with (
-            socket.create_connection((host, port), timeout=_TLS_PROBE_SECONDS) as raw,
+            socket.create_connection((host, port), timeout=timeout) as raw,
             context.wrap_socket(raw, server_hostname=host),
         ):
             return True
@@ -224,26 +197,23 @@ def _speaks_tls(host: str, port: int) -> bool:
 def translate(
     exc: BaseException, config: BarrierConfig, *, action: str, probe: bool = True
 ) -> StepBarrierError:
-    """The stepbarrier error that explains ``exc`` (a redis-py error) to a user.
+    """The stepbarrier error that explains ``exc`` (a redis-py error) to a user; anything
+    else is a bug, not a Redis problem, and becomes a ``StepBarrierError`` saying so."""
+    exc = _cause(exc)
 
-    Anything that is neither a redis-py nor an OS error is a bug, not a Redis
-    problem: it becomes a plain ``StepBarrierError`` that says so.
-    """
-    cause = _cluster_cause(exc)
-    if cause is not None:
-        return translate(cause, config, action=action, probe=probe)
-    where = describe_redis(config)
-    user = config.redis_username or url_username(config.redis_url) or "default"
+    def refused(kind: RefusalKind, message: str) -> RedisRefused:
+        return RedisRefused(message, kind=kind, job=config.job)
+
+    where, user = describe_redis(config), redis_user(config)
     detail = one_line(exc)
     if isinstance(exc, StepBarrierError):
         return exc
     if isinstance(exc, rex.RedisClusterException):
-        return RedisRefused(
+        return refused(
+            "response",
             f"{where} cannot be used as a Redis Cluster while trying to {action}: {detail}. "
             "Check that STEPBARRIER_REDIS_URL names a node of a cluster (or unset "
             "STEPBARRIER_REDIS_CLUSTER), and that the user may run CLUSTER SLOTS and COMMAND",
-            kind="response",
-            job=config.job,
         )
     if not isinstance(exc, (rex.RedisError, OSError)):
         return StepBarrierError(
@@ -256,44 +226,36 @@ def translate(
     ):
         sentinels = " (the Sentinels get the same user and password)" if config.sentinels else ""
         if config.redis_password is None and _asks_for_a_password(exc):
-            return RedisRefused(
+            return refused(
+                "authentication",
                 f"{where} requires a password and none was configured (authentication "
                 f"needed while trying to {action}): give it with --password-file PATH or "
                 "STEPBARRIER_REDIS_PASSWORD_FILE (or STEPBARRIER_REDIS_PASSWORD), and "
                 f"the user with --username or STEPBARRIER_REDIS_USERNAME{sentinels}",
-                kind="authentication",
-                job=config.job,
             )
-        if "invalid username-password pair" in str(exc):
-            return RedisRefused(
-                f"{where} refused authentication as user {user!r} while trying to "
-                f"{action}: wrong password, or no such user, or the user is disabled. "
-                "Check STEPBARRIER_REDIS_USERNAME and STEPBARRIER_REDIS_PASSWORD(_FILE)"
-                + (sentinels + "." if sentinels else "."),
-                kind="authentication",
-                job=config.job,
-            )
-        return RedisRefused(
+        reason = (
+            "wrong password, or no such user, or the user is disabled"
+            if "invalid username-password pair" in str(exc)
+            else detail
+        )
+        return refused(
+            "authentication",
             f"{where} refused authentication as user {user!r} while trying to "
-            f"{action}: {detail}. Check STEPBARRIER_REDIS_USERNAME and "
-            "STEPBARRIER_REDIS_PASSWORD(_FILE)"
-            + (" (the Sentinels get the same user and password)." if config.sentinels else "."),
-            kind="authentication",
-            job=config.job,
+            f"{action}: {reason}. Check STEPBARRIER_REDIS_USERNAME and "
+            f"STEPBARRIER_REDIS_PASSWORD(_FILE){sentinels}.",
         )
     text = str(exc)
     # inside a script, Redis words an ACL refusal as "ERR The user executing the
     # script can't run this command or subcommand" (or "... access ... keys")
     in_script = "user executing the script can't" in text
     if isinstance(exc, rex.NoPermissionError) or text.startswith("NOPERM") or in_script:
-        return RedisRefused(
+        return refused(
+            "permission",
             f"user {user!r} may not {action} on {where}: {detail}. Its ACL does not "
             "allow this (see ops/redis/users.acl for the roles).",
-            kind="permission",
-            job=config.job,
         )
     if isinstance(exc, rex.ConnectionError) and _is_tls_failure(exc):
-        if "CERTIFICATE_VERIFY_FAILED" in _chain_text(exc):
+        if any("CERTIFICATE_VERIFY_FAILED" in f"{seen!r} {seen}" for seen in _chain(exc)):
             names = (
                 "that it names the address the Sentinels announce"
                 if config.sentinels
@@ -308,20 +270,16 @@ def translate(
                 "If the server requires client certificates, set STEPBARRIER_TLS_CERT_FILE "
                 "and STEPBARRIER_TLS_KEY_FILE; check STEPBARRIER_TLS_CA_FILE too."
             )
-        return RedisRefused(
-            f"TLS to {where} failed while trying to {action}: {detail}. {hint}",
-            kind="tls",
-            job=config.job,
-        )
+        return refused("tls", f"TLS to {where} failed while trying to {action}: {detail}. {hint}")
     if isinstance(exc, (rex.ConnectionError, rex.TimeoutError)) and unknown_host(exc):
-        host = _url_host(config.redis_url) or "?"
+        host = (_url_address(config.redis_url) or ("?",))[0]
         message = (
             f"the host name {host!r} is unknown (it does not resolve) while trying to "
             f"{action} on {where}: check the host in STEPBARRIER_REDIS_URL or --redis-url"
         )
-        if not UNKNOWN_HOST_IS_FINAL:
+        if not UNKNOWN_HOST_IS_FINAL.get():
             return RedisUnavailable(message, job=config.job)  # retried until the deadline
-        return RedisRefused(message, kind="response", job=config.job)
+        return refused("response", message)
     mismatch = (
         tls_mismatch(
             exc, _url_address(config.redis_url), tls=config.redis_url.startswith("rediss://")
@@ -330,21 +288,8 @@ def translate(
         else None
     )
     if mismatch is not None:
-        if mismatch == "tls-to-plain":
-            hint = (
-                "the URL asks for TLS (rediss://) but the server never completed a TLS "
-                "handshake: it serves plain Redis on that port. Use redis:// (or enable "
-                "TLS on the server)"
-            )
-        else:
-            hint = (
-                "the URL asks for plain Redis (redis://) but the server speaks only TLS on "
-                "that port. Use rediss:// with STEPBARRIER_TLS_CA_FILE"
-            )
-        return RedisRefused(
-            f"TLS mismatch with {where} while trying to {action}: {hint}",
-            kind="tls",
-            job=config.job,
+        return refused(
+            "tls", f"TLS mismatch with {where} while trying to {action}: {_MISMATCH[mismatch]}"
         )
     if is_busy(exc):
         return RedisBusy(
@@ -364,14 +309,18 @@ def translate(
                 "STEPBARRIER_REDIS_URL or --redis-url to your Redis"
             )
         return RedisUnavailable(
-            f"{where} is unreachable (while trying to {action}): {detail}{hint}",
-            job=config.job,
+            f"{where} is unreachable (while trying to {action}): {detail}{hint}", job=config.job
         )
-    return RedisRefused(
-        f"{where} answered with an error while trying to {action}: {detail}",
-        kind="response",
-        job=config.job,
-    )
+    return refused("response", f"{where} answered with an error while trying to {action}: {detail}")
+
+
+_MISMATCH = {
+    "tls-to-plain": "the URL asks for TLS (rediss://) but the server never completed a TLS "
+    "handshake: it serves plain Redis on that port. Use redis:// (or enable TLS on the server)",
+    "plain-to-tls": "the URL asks for plain Redis (redis://) but the server speaks only TLS on "
+    "that port. Use rediss:// with STEPBARRIER_TLS_CA_FILE",
+}
+"""What a user is told of each ``tls_mismatch``."""
 
 
 def describe_redis(config: BarrierConfig) -> str:
@@ -382,6 +331,11 @@ def describe_redis(config: BarrierConfig) -> str:
         return f"Redis at {config.safe_url}"
     nodes = ",".join(f"{host}:{port}" for host, port in config.sentinels)
     return f"Redis master {config.sentinel_service!r} of Sentinels {nodes}"
+
+
+def redis_user(config: BarrierConfig) -> str:
+    """The ACL user the client logs in as."""
+    return config.redis_username or url_username(config.redis_url) or "default"
 
 
 def _asks_for_a_password(exc: BaseException) -> bool:
@@ -398,13 +352,6 @@ def _refused(exc: BaseException) -> bool:
     )
 
 
-def _url_host(url: str) -> str | None:
-    try:
-        return urlsplit(url).hostname or None
-    except ValueError:
-        return None
-
-
 def _url_address(url: str) -> tuple[str, int] | None:
     try:
         parts = urlsplit(url)
@@ -416,14 +363,3 @@ def _url_address(url: str) -> tuple[str, int] | None:
 def one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split()).rstrip(".") or type(exc).__name__
     return text[:300]
-
-
-def _chain_text(exc: BaseException) -> str:
-    parts = []
-    seen: BaseException | None = exc
-    for _ in range(5):
-        if seen is None:
-            break
-        parts.append(f"{seen!r} {seen}")
-        seen = seen.__cause__ or seen.__context__
-    return " ".join(parts)

@@ -1,23 +1,6 @@
-"""Our Lua code in Redis: a versioned Functions library, or EVAL scripts by opt-in.
-
-No role of a shared Redis needs ``EVAL`` (which would let any holder of a
-worker's password run a loop that blocks Redis for every job): the code is
-loaded once as the Redis Functions library ``stepbarrier_v<LIBRARY_VERSION>``
-and called with ``FCALL``/``FCALL_RO``. A new version of the code is a new
-library name, so clients of two stepbarrier versions can share one Redis while
-it is upgraded.
-
-Loading it is an administrator's job (``stepbarrier functions install``). A
-client that finds the library missing loads it itself when its user may
-(``FUNCTION LOAD``: a private Redis, the tests, the demo), and otherwise raises
-``RedisRefused`` naming the command to run. Servers without Functions (Redis
-6, some managed services) work with ``STEPBARRIER_USE_EVAL=1``, at the price of
-granting ``+eval``/``+evalsha`` to the roles.
-
-Every function refuses more arguments than the library's limits allow
-(``stepbarrier._protocol.library``: bounded calls); the one call the library
-may make longer, an arrival that records many lost arrivals again, is sent as
-several (``split_arrival``) and answered as one.
+"""Our Lua code in Redis: the versioned Functions library ``stepbarrier_v<N>``, or
+EVAL scripts by opt-in (``STEPBARRIER_USE_EVAL=1``); why no role runs ``EVAL``, and
+who loads the library: docs/reliability-security.md#no-role-runs-code-of-its-own.
 """
 
 from __future__ import annotations
@@ -25,26 +8,25 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from redis import exceptions as rex
 from redis.cluster import RedisCluster
-from redis.commands.core import Script
 
 from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._protocol import library as scripts
 from stepbarrier._protocol.barrier_library import arrival_reply, split_arrival
 from stepbarrier._protocol.calls import Call
-from stepbarrier._redis.bounded import HeldConnection, HeldConnections
-from stepbarrier._redis.client import RedisClient, refresh_topology
+from stepbarrier._redis.bounded import HeldConnection, HeldConnections, ensure_fresh
+from stepbarrier._redis.client import RedisClient, refresh_topology, slot_client
+from stepbarrier._redis.failures import is_transient
 from stepbarrier.errors import RedisRefused
 
 LIBRARY_VERSION = 3
 """Version of the Functions library; raise it whenever ``scripts.BODIES`` change
 (a test compares ``LIBRARY_SHA256`` with the code)."""
 LIBRARY_NAME = f"stepbarrier_v{LIBRARY_VERSION}"
-"""Name of the library in Redis (``FUNCTION LIST LIBRARYNAME stepbarrier``)."""
 LOAD_FLOOR = 0.1
 """Seconds a bounded call's loading of missing code (and its calls' second try)
 is given at least, once Redis has answered that the code is missing."""
@@ -83,14 +65,8 @@ def library_sha256() -> str:
 
 
 def install_functions(client: RedisClient, *, replace: bool = True) -> str:
-    """Load (or with ``replace``, upgrade in place) this version's library.
-
-    Idempotent. Older versions' libraries stay for older clients. A cluster
-    client loads it on every master (redis-py sends ``FUNCTION LOAD`` to all).
-
-    Returns:
-        The library's name.
-    """
+    """Load (``replace``: upgrade in place) this version's library, on every master of a
+    cluster (redis-py sends ``FUNCTION LOAD`` to all); its name. Older versions stay."""
     client.function_load(library_source(), replace=replace)
     return LIBRARY_NAME
 
@@ -98,38 +74,34 @@ def install_functions(client: RedisClient, *, replace: bool = True) -> str:
 def loaded_versions(client: RedisClient) -> list[int] | None:
     """Versions of stepbarrier libraries loaded on the server (``None``: cannot tell)."""
     try:
-        listed: Any = client.function_list(library="stepbarrier_v*")
+        return parse_versions(client.function_list(library="stepbarrier_v*"))
     except rex.RedisError:
         return None
-    # a cluster answers per master: a version counts only if every master has it
-    return parse_versions(listed)
 
 
 def parse_versions(listed: Any) -> list[int]:
-    """The versions in a ``FUNCTION LIST`` reply (a cluster's: those every master has)."""
+    """The versions in a ``FUNCTION LIST`` reply (a cluster answers per master: a
+    version counts only if every master has it)."""
     per_node = list(listed.values()) if isinstance(listed, dict) else [listed]
     found = [_versions(entries) for entries in per_node]
     return sorted(set.intersection(*found)) if found else []
 
 
 def _versions(entries: Any) -> set[int]:
-    versions = set()
-    for entry in entries if isinstance(entries, list) else []:
-        name = _library_name(entry)
-        if name and name.startswith("stepbarrier_v") and name[13:].isdigit():
-            versions.add(int(name[13:]))
-    return versions
+    listed = [_version(entry) for entry in entries] if isinstance(entries, list) else []
+    return {version for version in listed if version is not None}
 
 
-def _library_name(entry: Any) -> str | None:
-    if isinstance(entry, dict):
-        raw = entry.get(b"library_name", entry.get("library_name"))
-    elif isinstance(entry, list):  # RESP2: a flat list of names and values
-        pairs = dict(zip(entry[0::2], entry[1::2], strict=False))
-        raw = pairs.get(b"library_name", pairs.get("library_name"))
-    else:
+def _version(entry: Any) -> int | None:
+    if isinstance(entry, list):  # RESP2: a flat list of names and values
+        entry = dict(zip(entry[0::2], entry[1::2], strict=False))
+    if not isinstance(entry, dict):
         return None
-    return raw.decode() if isinstance(raw, bytes) else raw if isinstance(raw, str) else None
+    raw = entry.get(b"library_name", entry.get("library_name"))
+    name = raw.decode() if isinstance(raw, bytes) else raw
+    if isinstance(name, str) and name.startswith("stepbarrier_v") and name[13:].isdigit():
+        return int(name[13:])
+    return None
 
 
 def is_missing_function(exc: BaseException) -> bool:
@@ -140,26 +112,72 @@ def is_missing_function(exc: BaseException) -> bool:
     )
 
 
+class CodeCommands:
+    """How stepbarrier's code is called (``FCALL``, or with ``use_eval`` an ``EVALSHA``
+    of the helpers and the body), and what its replies ask for (no I/O): the part
+    ``RedisCode`` and ``AsyncRedisCode`` share."""
+
+    def __init__(self, use_eval: bool) -> None:
+        self.use_eval = use_eval
+        self.sources = {
+            name: scripts.HELPERS + body for name, (body, _ro) in scripts.BODIES.items()
+        }
+        self._shas = {
+            name: hashlib.sha1(text.encode()).hexdigest() for name, text in self.sources.items()
+        }
+
+    def commands(self, calls: Sequence[Call]) -> list[tuple[Any, ...]]:
+        if not self.use_eval:
+            return [function_command(name, keys, args) for name, keys, args in calls]
+        return [
+            ("EVALSHA", self._shas[name], len(keys), *keys, *args) for name, keys, args in calls
+        ]
+
+    def lacking(
+        self, calls: Sequence[Call], replies: Sequence[Any]
+    ) -> tuple[list[str], BaseException | None]:
+        """What ``replies`` say the server lacks: the sources of scripts to load
+        (``use_eval``), or the reply that says the library (or ``FCALL``) is missing."""
+        if self.use_eval:
+            named = zip(calls, replies, strict=True)
+            names = {call[0] for call, reply in named if isinstance(reply, rex.NoScriptError)}
+            return [self.sources[name] for name in sorted(names)], None
+        missing = (r for r in replies if isinstance(r, Exception) and is_missing_function(r))
+        return [], next(missing, None)
+
+
+def raise_first(replies: Sequence[Any]) -> None:
+    """Raise the first error among ``replies``, if any."""
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+
+
+def needs_refresh(replies: Sequence[Any]) -> bool:
+    """True if a reply says a cluster's slot map is worth reading again (``MOVED`` too)."""
+    moved = (rex.ConnectionError, rex.TimeoutError, rex.AskError)
+    return any(isinstance(reply, moved) for reply in replies)
+
+
+def no_functions(missing: BaseException) -> bool:
+    """True if ``missing`` says the server has no Functions at all (``FCALL`` unknown)."""
+    return "unknown command" in str(missing).lower()
+
+
 class RedisCode:
     """Runs stepbarrier's Lua code on one client, as functions or as scripts.
 
     Args:
-        client: The redis-py client to run it on.
-        config: The job's settings (``use_eval``, and the URL for messages).
-        own_connection: Hold one connection of ``client``'s pool for every
-            single ``call`` (not on a Redis Cluster, nor with ``use_eval``), and
-            send on it directly: for code that one thread alone runs (the
-            chief's writer thread), whose releasing write then goes out without
-            redis-py's pool and client machinery in between. ``close`` gives
-            it back. What redis-py does when a connection goes back to its
-            pool (re-authenticating with a streaming credential provider,
-            maintenance notifications) does not happen to it, and the client's
-            ``Retry`` is not used (stepbarrier's clients make no retries).
+        own_connection: Hold one connection of ``client``'s pool for every single
+            ``call`` (not on a Cluster, nor with ``use_eval``) and send on it directly,
+            for code one thread alone runs (the chief's writer): its releasing write
+            goes out without redis-py's pool and client machinery in between. What
+            redis-py does when a connection goes back to its pool (re-authenticating
+            with a streaming credential provider, maintenance notifications) does not
+            happen to it; ``close`` gives it back.
 
-    A call given a ``timeout`` (a wait's calls: ``call``, ``replies``,
-    ``pipeline``) ends within it, against a Redis that hangs too: it runs on a
-    ``HeldConnection`` whose connect and replies are bounded by it, and loading
-    missing code is part of it (thread-safe; ``close`` closes the idle ones).
+    A call given a ``timeout`` ends within it, loading missing code included, on a
+    ``HeldConnection`` (``stepbarrier._redis.bounded``).
     """
 
     def __init__(
@@ -167,31 +185,17 @@ class RedisCode:
     ) -> None:
         self._client = client
         self._config = config
-        self._scripts: dict[str, Script] = {}
+        self._code = CodeCommands(config.use_eval)
         self._lock = threading.Lock()
         self._own = own_connection and not config.use_eval and not isinstance(client, RedisCluster)
         self._connection: Any = None  # a redis-py Connection (untyped)
         self._held = HeldConnections()  # for the calls given a timeout
-        if config.use_eval:
-            for name, (body, _read_only) in scripts.BODIES.items():
-                self._scripts[name] = client.register_script(scripts.HELPERS + body)
 
     def call(
         self, name: str, keys: Sequence[Any], args: Sequence[Any], *, timeout: float | None = None
     ) -> Any:
-        """Run one piece of code (one try; the caller retries transient errors).
-
-        Args:
-            name: The code's name (``scripts.BODIES``).
-            keys: Its keys.
-            args: Its arguments.
-            timeout: Seconds the call may take at most, connecting and loading
-                the code included (``None``: the client's own timeouts).
-
-        Raises:
-            RedisRefused: As ``pipeline``.
-            redis.RedisError: What the call raised (``TimeoutError`` past ``timeout``).
-        """
+        """Run ``scripts.BODIES[name]`` once (the caller retries), within ``timeout``
+        if given; raises as ``pipeline`` (``TimeoutError`` past ``timeout``)."""
         if (
             timeout is not None
             or self._config.use_eval
@@ -218,7 +222,7 @@ class RedisCode:
             assert not isinstance(self._client, RedisCluster)
             connection = self._connection = self._client.connection_pool.get_connection()
         try:
-            _ready(connection)
+            ensure_fresh(connection)
             connection.send_command(*command)
             return connection.read_response()
         except rex.ReadOnlyError:
@@ -233,8 +237,7 @@ class RedisCode:
             raise
 
     def close(self) -> None:
-        """Give the connection held for ``own_connection`` back to the pool, and close
-        the idle connections of the calls given a timeout."""
+        """Give back the ``own_connection`` one, and close the bounded calls' idle ones."""
         connection, self._connection = self._connection, None
         if connection is not None and not isinstance(self._client, RedisCluster):
             self._client.connection_pool.release(connection)
@@ -243,192 +246,118 @@ class RedisCode:
     def pipeline(self, calls: Sequence[Call], *, timeout: float | None = None) -> list[Any]:
         """Run several pieces in one round trip, in order (not as a transaction).
 
-        Args:
-            calls: The calls.
-            timeout: Seconds the round trip may take at most (see ``call``).
-
         Raises:
             RedisRefused: The library is missing and this user may not load it,
                 or the server has no Functions.
-            redis.RedisError: Whatever else a call raised (the first error).
+            redis.RedisError: The first error a call raised.
         """
         replies = self.replies(calls, timeout=timeout)
-        for reply in replies:
-            if isinstance(reply, Exception):
-                raise reply
+        raise_first(replies)
         return replies
 
     def replies(self, calls: Sequence[Call], *, timeout: float | None = None) -> list[Any]:
-        """Like ``pipeline``, but each call's error is returned in its reply's place.
-
-        A call longer than its function takes (an arrival restoring more than
-        ``MAX_RESTORED`` arrivals) goes as several, in order, in the same round
-        trip, and has one reply (``arrival_reply``).
-
-        Raises:
-            RedisRefused: The library is missing and this user may not load it,
-                or the server has no Functions.
-            redis.RedisError: The round trip itself failed (a connection error, or
-                no reply within ``timeout``).
-        """
+        """Like ``pipeline``, but each call's error is returned in its reply's place (the
+        round trip's own failure is raised). A call longer than its function takes (an
+        arrival restoring more than ``MAX_RESTORED``) goes as several, in order, in the
+        same round trip, and has one reply (``arrival_reply``)."""
         sent, parts = _as_sent(calls)
-        return _as_called(self._replies(sent, timeout), parts)
-
-    def _replies(self, calls: Sequence[Call], timeout: float | None) -> list[Any]:
-        if timeout is not None:
-            pool = self._pool_of(calls)
-            if pool is not None:
-                return self._bounded(pool, calls, timeout)
-        replies = self._run(calls)
-        if not self._config.use_eval and any(
-            isinstance(r, Exception) and is_missing_function(r) for r in replies
-        ):
-            self._load_or_explain(next(r for r in replies if isinstance(r, Exception)))
-            replies = self._run(calls)
-        return replies
-
-    def _run(self, calls: Sequence[Call]) -> list[Any]:
+        # (calls without keys on a Cluster have no owner: its client routes them itself)
+        owner = None if timeout is None else self._owner(sent)
         try:
-            replies = self._send(calls)
-        except (rex.ConnectionError, rex.TimeoutError, rex.ClusterError, OSError):
-            refresh_topology(self._client)  # the retry then reaches the current owner
-            raise
-        moved = (rex.ConnectionError, rex.TimeoutError, rex.AskError)  # AskError: MOVED too
-        if any(isinstance(r, moved) for r in replies):
-            refresh_topology(self._client)
-        return replies
-
-    # -- calls given a timeout ----------------------------------------------------------
-
-    def _pool_of(self, calls: Sequence[Call]) -> Any:
-        """The pool whose settings a bounded round trip of ``calls`` connects with: the
-        client's, or on a Cluster its slot owner's (``None``: calls without keys,
-        which a cluster client routes itself)."""
-        if not isinstance(self._client, RedisCluster):
-            return self._client.connection_pool
-        if not calls[0][1]:
-            return None
-        owner = self._client.get_node_from_key(calls[0][1][0])  # type: ignore[no-untyped-call]
-        return self._client.get_redis_connection(owner).connection_pool
-
-    def _bounded(self, pool: Any, calls: Sequence[Call], timeout: float) -> list[Any]:
-        """``replies`` within ``timeout`` seconds, on a held connection of ``pool``."""
-        until = time.monotonic() + timeout
-        held = self._held.take(pool)
-        try:
-            replies = held.run(self._commands(calls), timeout)
-            if self._config.use_eval:
-                named = zip(calls, replies, strict=True)
-                unknown = {call[0] for call, reply in named if _no_script(reply)}
-                if unknown:
-                    loads = [("SCRIPT", "LOAD", self._scripts[n].script) for n in sorted(unknown)]
-                    self._raise_first(held.run(loads, _left(until)))
-                    replies = held.run(self._commands(calls), _left(until))
+            if owner is None:
+                replies = self._run(sent)
+                if self._load(sent, replies, None, 0.0):
+                    replies = self._run(sent)
             else:
-                absent = [r for r in replies if isinstance(r, Exception) and is_missing_function(r)]
-                if absent:
-                    self._load_bounded(held, absent[0], until)
-                    replies = held.run(self._commands(calls), _left(until))
-            if any(isinstance(r, rex.ReadOnlyError) for r in replies):
-                held.disconnect()  # a replica now (a failover behind one name): reconnect
-        except (rex.ConnectionError, rex.TimeoutError, OSError):
+                assert timeout is not None
+                replies = self._bounded(owner.connection_pool, sent, timeout)
+        except (rex.ConnectionError, rex.TimeoutError, rex.ClusterError, OSError):
             refresh_topology(self._client)  # (a cluster's) the retry then reaches the owner
             raise
+        if needs_refresh(replies):
+            refresh_topology(self._client)
+        return _as_called(replies, parts)
+
+    def _run(self, calls: Sequence[Call]) -> list[Any]:
+        # Every call of one job touches one slot: on a Cluster they go straight to
+        # its owner in a plain pipeline. A cluster pipeline would first ask a node
+        # for the keys of each FCALL (COMMAND GETKEYS, twice), two round trips per
+        # call; a MOVED reply comes back as an error, and the caller's retry goes
+        # to the owner of the slot map read again.
+        pipe = (self._owner(calls) or self._client).pipeline(transaction=False)
+        for command in self._code.commands(calls):
+            pipe.execute_command(*command)
+        return list(pipe.execute(raise_on_error=False))
+
+    def _owner(self, calls: Sequence[Call]) -> Any:
+        if not calls[0][1]:
+            return None if isinstance(self._client, RedisCluster) else self._client
+        return slot_client(self._client, calls[0][1][0])
+
+    def _bounded(self, pool: Any, calls: Sequence[Call], timeout: float) -> list[Any]:
+        """``calls``' replies within ``timeout`` seconds, on a held connection of ``pool``."""
+        until = time.monotonic() + timeout
+        held = self._held.take(pool)
+        commands = self._code.commands(calls)
+        try:
+            replies = held.run(commands, timeout)
+            if self._load(calls, replies, held, until):
+                replies = held.run(commands, _left(until))
+            if any(isinstance(r, rex.ReadOnlyError) for r in replies):
+                held.disconnect()  # a replica now (a failover behind one name): reconnect
         finally:
             if held.connected:
                 self._held.give(held)
-        if any(
-            isinstance(r, (rex.ConnectionError, rex.TimeoutError, rex.AskError)) for r in replies
-        ):
-            refresh_topology(self._client)
         return replies
 
-    def _commands(self, calls: Sequence[Call]) -> list[tuple[Any, ...]]:
-        if not self._config.use_eval:
-            return [function_command(name, keys, args) for name, keys, args in calls]
-        return [
-            ("EVALSHA", self._scripts[name].sha, len(keys), *keys, *args)
-            for name, keys, args in calls
-        ]
-
-    def _load_bounded(self, held: HeldConnection, missing: BaseException, until: float) -> None:
-        """Load the library on ``held`` (within the call's time), or explain why not."""
-        if "unknown command" in str(missing).lower():
-            raise self._explain(missing, missing) from missing  # no Functions at all
-        if isinstance(self._client, RedisCluster):
-            self._load_or_explain(missing)  # on every master, with the cluster's client
-            return
-        (loaded,) = held.run([("FUNCTION", "LOAD", library_source())], _left(until))
-        if not isinstance(loaded, Exception) or "already exists" in str(loaded):
-            return  # (another client loaded it meanwhile)
-        try:
-            (listed,) = held.run(
-                [("FUNCTION", "LIST", "LIBRARYNAME", "stepbarrier_v*")], _left(until)
-            )
-            versions = None if isinstance(listed, Exception) else parse_versions(listed)
-        except rex.RedisError:
-            versions = None
-        raise explain_refusal(self._config, missing, versions) from loaded
-
-    @staticmethod
-    def _raise_first(replies: list[Any]) -> None:
-        for reply in replies:
-            if isinstance(reply, Exception):
-                raise reply
-
-    # -- calls on the client's pool -----------------------------------------------------
-
-    def _send(self, calls: Sequence[Call]) -> list[Any]:
-        pipe: Any
-        if isinstance(self._client, RedisCluster) and calls[0][1]:
-            # Every call of one job touches one slot: send them straight to its
-            # owner in a plain pipeline. A cluster pipeline would first ask a node
-            # for the keys of each FCALL (COMMAND GETKEYS, twice), two round trips
-            # per call; a MOVED reply comes back as an error, and the caller's
-            # retry goes to the owner of the slot map read again above.
-            owner = self._client.get_node_from_key(calls[0][1][0])  # type: ignore[no-untyped-call]
-            pipe = self._client.get_redis_connection(owner).pipeline(transaction=False)
-        else:
-            pipe = self._client.pipeline(transaction=False)
-        for name, keys, args in calls:
-            if self._config.use_eval:
-                self._scripts[name](keys=list(keys), args=list(args), client=pipe)
+    def _load(
+        self, calls: Sequence[Call], replies: list[Any], held: HeldConnection | None, until: float
+    ) -> bool:
+        """Load the code ``replies`` say is missing (on ``held`` within ``until``, if
+        given), or explain why it cannot be; True if the calls are to run again."""
+        sources, missing = self._code.lacking(calls, replies)
+        for source in sources:
+            if held is None:
+                self._client.script_load(source)
             else:
-                pipe.execute_command(*function_command(name, keys, args))
-        return list(pipe.execute(raise_on_error=False))
+                raise_first(held.run([("SCRIPT", "LOAD", source)], _left(until)))
+        if missing is not None:
+            if held is None or isinstance(self._client, RedisCluster):
+                self._load_or_explain(missing)  # a cluster's client loads it on every master
+            else:
+                self._load_library(missing, lambda command: held.run([command], _left(until))[0])
+        return bool(sources) or missing is not None
 
     def _load_or_explain(self, missing: BaseException) -> None:
-        if "unknown command" in str(missing).lower():
-            raise self._explain(missing, missing) from missing  # no Functions at all
-        with self._lock:
-            try:
-                install_functions(self._client, replace=False)
-                return
-            except rex.ResponseError as exc:
-                if "already exists" in str(exc):
-                    return  # another client loaded it meanwhile
-                refusal: BaseException = exc
-            except rex.RedisError as exc:
-                refusal = exc
-        raise self._explain(missing, refusal) from refusal
+        with self._lock:  # one thread loads it; the others then find it there
+            self._load_library(missing, self._reply)
 
-    def _explain(self, missing: BaseException, refusal: BaseException) -> RedisRefused:
-        versions = None
-        if "unknown command" not in str(missing).lower():
-            versions = loaded_versions(self._client)
-        return explain_refusal(self._config, missing, versions)
+    def _reply(self, command: tuple[Any, ...]) -> Any:
+        try:
+            return self._client.execute_command(*command)  # type: ignore[no-untyped-call]
+        except rex.RedisError as exc:
+            return exc
+
+    def _load_library(self, missing: BaseException, run: Callable[[tuple[Any, ...]], Any]) -> None:
+        """Load the library with ``run`` (one command: its reply, an error reply in its
+        place), or explain why it cannot be (``RedisRefused``)."""
+        if no_functions(missing):
+            raise explain_refusal(self._config, missing) from missing
+        loaded = run(("FUNCTION LOAD", library_source()))
+        raise_if_lost(loaded)
+        if library_loaded(loaded):
+            return
+        try:
+            listed = run(("FUNCTION LIST", "LIBRARYNAME", "stepbarrier_v*"))
+        except rex.RedisError as exc:
+            listed = exc
+        raise explain_refusal(self._config, missing, listed) from loaded
 
 
 def _as_sent(calls: Sequence[Call]) -> tuple[list[Call], list[int]]:
-    """``calls`` as sent (an arrival restoring more than its function takes is split),
-    and how many were sent for each."""
-    sent: list[Call] = []
-    parts: list[int] = []
-    for call in calls:
-        split = split_arrival(call) if call[0] == "barrier_arrive" else [call]
-        sent += split
-        parts.append(len(split))
-    return sent, parts
+    """``calls`` as sent (a too long arrival split), and how many were sent for each."""
+    split = [split_arrival(call) if call[0] == "barrier_arrive" else [call] for call in calls]
+    return [part for parts in split for part in parts], [len(parts) for parts in split]
 
 
 def _as_called(replies: list[Any], parts: list[int]) -> list[Any]:
@@ -443,31 +372,10 @@ def _as_called(replies: list[Any], parts: list[int]) -> list[Any]:
     return joined
 
 
-def _no_script(reply: object) -> bool:
-    return isinstance(reply, rex.NoScriptError)
-
-
 def _left(until: float) -> float:
     """Seconds left of a bounded call: the rest of its round trips (loading missing
     code, then the calls again) get that, and a little at least (Redis answered)."""
     return max(LOAD_FLOOR, until - time.monotonic())
-
-
-def _ready(connection: Any) -> None:
-    """What redis-py's pool checks before it hands a connection out: one that Redis
-    dropped meanwhile (a restart, its ``timeout``, a proxy's idle cut) is made
-    again, so that the write after a long pause does not fail on it.
-
-    ``connect()`` is also where a Sentinel's connection asks for the master
-    (``send_command`` would reconnect to the address it had).
-    """
-    try:
-        connection.connect()
-        if connection.can_read():  # a closed socket reads as ready (EOF)
-            raise rex.ConnectionError("the connection has unread data")
-    except (rex.ConnectionError, rex.TimeoutError, OSError):
-        connection.disconnect()
-        connection.connect()
 
 
 def function_command(name: str, keys: Sequence[Any], args: Sequence[Any]) -> tuple[Any, ...]:
@@ -476,18 +384,31 @@ def function_command(name: str, keys: Sequence[Any], args: Sequence[Any]) -> tup
     return (command, function_name(name), len(keys), *keys, *args)
 
 
-def explain_refusal(
-    config: BarrierConfig, missing: BaseException, versions: list[int] | None
-) -> RedisRefused:
-    """Why the code cannot run: no Functions at all, or a library this user may not load.
+def library_loaded(reply: Any) -> bool:
+    """True if ``FUNCTION LOAD``'s reply says the library is there (maybe loaded by another)."""
+    return not isinstance(reply, Exception) or "already exists" in str(reply)
 
-    Args:
-        config: The job's settings (for the URL and the job).
-        missing: The error that said the function (or ``FCALL``) is not there.
-        versions: The stepbarrier library versions on the server (``None``: unknown).
-    """
+
+def raise_if_lost(reply: Any) -> None:
+    """Raise ``reply`` if it is a failure of the connection or a transient one (a Redis
+    restarted while the library was being loaded, a replica not yet synced answering
+    READONLY, BUSY, LOADING): the caller retries it, or says what it is; it is no
+    refusal to load the library."""
+    if isinstance(reply, (rex.ConnectionError, rex.TimeoutError)) or (
+        isinstance(reply, rex.RedisError) and is_transient(reply)
+    ):
+        raise reply
+
+
+def explain_refusal(
+    config: BarrierConfig, missing: BaseException, listed: Any = None
+) -> RedisRefused:
+    """Why the code cannot run: no Functions at all, or a library this user may not load
+    (``missing``: the error that said so; ``listed``: the ``FUNCTION LIST`` reply of
+    stepbarrier's libraries, ``None`` or an error if unknown)."""
     where = f"Redis at {config.safe_url}"
-    if "unknown command" in str(missing).lower():
+    versions = None if listed is None or isinstance(listed, Exception) else parse_versions(listed)
+    if no_functions(missing):
         message = (
             f"{where} has no Redis Functions (Redis 7 or later needed). On a server "
             "without them set STEPBARRIER_USE_EVAL=1: the roles then need +eval and "
@@ -510,11 +431,8 @@ def explain_refusal(
 
 
 def is_out_of_memory(reply: object) -> bool:
-    """True for Redis's refusal of a write when it is full (``maxmemory``, ``noeviction``).
-
-    A waiter's registration is only guidance for the chief: a full Redis must
-    not fail a wait whose read (which needs no memory) succeeded.
-    """
+    """True for Redis's refusal of a write when it is full (``maxmemory``): a waiter's
+    registration, mere guidance for the chief, fails so without failing its wait."""
     return isinstance(reply, rex.OutOfMemoryError) or (
         isinstance(reply, rex.ResponseError) and str(reply).startswith("OOM")
     )

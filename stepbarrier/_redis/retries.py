@@ -1,7 +1,5 @@
-"""Retrying transient Redis failures with backoff, never past the caller's deadline.
-
-What counts as transient is ``stepbarrier._redis.failures.is_transient``; a
-failure that is not is raised at once, translated into a ``StepBarrierError``.
+"""Retrying transient Redis failures (``is_transient``) with backoff, never past the
+caller's deadline; any other is raised at once, translated (``translate``).
 """
 
 from __future__ import annotations
@@ -12,13 +10,7 @@ from types import SimpleNamespace
 from typing import Any, TypeVar, cast
 
 from redis import exceptions as rex
-from tenacity import (
-    RetryCallState,
-    Retrying,
-    retry_if_exception,
-    wait_exponential,
-    wait_random,
-)
+from tenacity import RetryCallState, Retrying, retry_if_exception, wait_exponential, wait_random
 from tenacity.wait import wait_base
 
 from stepbarrier._config.settings import BarrierConfig
@@ -36,49 +28,23 @@ log = logging.getLogger("stepbarrier._redis.client")
 T = TypeVar("T")
 
 BACKOFF_INITIAL = 0.05
-"""First retry delay in seconds; it doubles up to ``BACKOFF_MAX``, with jitter."""
+"""First retry delay in seconds; it doubles up to ``BACKOFF_MAX``."""
 BACKOFF_MAX = 2.0
-"""Longest delay between two retries, in seconds."""
 BACKOFF_JITTER = 0.25
 """Up to this many seconds of random delay added to each retry, so clients spread out."""
 
 
 def backoff() -> wait_base:
-    """Exponential backoff with jitter: 50 ms doubling up to 2 s, plus up to 250 ms."""
+    """Exponential backoff with jitter (``BACKOFF_*``)."""
     return wait_exponential(multiplier=BACKOFF_INITIAL, max=BACKOFF_MAX) + wait_random(
         0, BACKOFF_JITTER
     )
 
 
 def backoff_attempt(number: int) -> RetryCallState:
-    """What ``backoff()`` needs to give the delay before try ``number + 1`` by hand.
-
-    tenacity's wait strategies read only ``attempt_number`` from its call state.
-    """
+    """What ``backoff()`` reads (only ``attempt_number``) for the delay before try
+    ``number + 1``, given by hand."""
     return cast(RetryCallState, SimpleNamespace(attempt_number=number))
-
-
-def _stop_at(
-    deadline: float | None, clock: Callable[[], float]
-) -> Callable[[RetryCallState], bool]:
-    def stop(state: RetryCallState) -> bool:
-        return deadline is not None and clock() >= deadline
-
-    return stop
-
-
-def _wait_until(
-    deadline: float | None, clock: Callable[[], float]
-) -> Callable[[RetryCallState], float]:
-    # Never sleep past the deadline, and never give up before it: the last try
-    # starts at the deadline (Redis may be back by then).
-    strategy = backoff()
-
-    def wait(state: RetryCallState) -> float:
-        delay = strategy(state)
-        return delay if deadline is None else max(0.0, min(delay, deadline - clock()))
-
-    return wait
 
 
 def call_with_retries(
@@ -94,14 +60,9 @@ def call_with_retries(
     """Run ``operation``, retrying transient Redis errors until ``deadline``.
 
     Args:
-        operation: The Redis work to do; it is run again after a transient error.
-        config: For error messages (job, masked URL, user).
         action: What the operation does, for messages ("read the job's state").
-        deadline: ``clock()`` value at which the last try starts (sleeps are cut
-            short to reach it); ``None`` retries for as long as the errors are
-            transient.
-        clock: Monotonic clock.
-        sleep: Sleeps between tries (injectable for tests).
+        deadline: ``clock()`` value at which the last try starts; ``None`` retries
+            for as long as the errors are transient.
         quiet: Log the retries at DEBUG, not as WARNINGs: the caller says
             once what an outage means to it.
 
@@ -140,11 +101,8 @@ def retry_settings(
     clock: Callable[[], float],
     quiet: bool = False,
 ) -> dict[str, Any]:
-    """tenacity's settings for ``call_with_retries`` (and its asyncio twin), all but ``sleep``.
-
-    Transient errors are retried with backoff until ``deadline``, where the last
-    try starts; the first one is raised (``reraise``) for the caller to translate.
-    """
+    """tenacity's settings for ``call_with_retries`` (and its asyncio twin) but ``sleep``:
+    the last error is raised (``reraise``) for the caller to translate."""
 
     def note(state: RetryCallState) -> None:
         if state.attempt_number in (1, 10) or state.attempt_number % 50 == 0:
@@ -157,10 +115,18 @@ def retry_settings(
                 action,
             )
 
+    strategy = backoff()
+
+    def wait(state: RetryCallState) -> float:
+        # never sleep past the deadline, and never give up before it: the last try
+        # starts at the deadline (Redis may be back by then)
+        delay = strategy(state)
+        return delay if deadline is None else max(0.0, min(delay, deadline - clock()))
+
     return {
         "retry": retry_if_exception(is_transient),
-        "wait": _wait_until(deadline, clock),
-        "stop": _stop_at(deadline, clock),
+        "wait": wait,
+        "stop": lambda _state: deadline is not None and clock() >= deadline,
         "before_sleep": note,
         "reraise": True,
     }

@@ -1,14 +1,5 @@
-"""A confirmed subscription to a job's channel, plain or sharded (Redis Cluster).
-
-On a standalone Redis (or through Sentinel) the job's announcements travel on
-an ordinary channel (``SUBSCRIBE``/``PUBLISH``). On a Redis Cluster they are
-sharded (``SSUBSCRIBE``/``SPUBLISH``): the channel lives in the job's slot, so
-an announcement costs one shard, not a broadcast to every node. When the slot
-moves to another node, the old owner ends the subscription with an unrequested
-``sunsubscribe``; redis-py does not subscribe again by itself, so this module
-reports it as ``SubscriptionLost`` and the waiter subscribes again on the new
-owner, then reads the state (nothing sent in between is lost: the stored state
-is the truth).
+"""A confirmed subscription to a job's channel, plain or sharded on a Redis Cluster,
+where a slot's move ends it as ``SubscriptionLost`` (docs/operations.md#redis-cluster).
 """
 
 from __future__ import annotations
@@ -23,7 +14,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from stepbarrier._redis.bounded import HeldConnection
-from stepbarrier._redis.client import CONNECT_TIMEOUT, RedisClient
+from stepbarrier._redis.client import CONNECT_TIMEOUT, RedisClient, slot_client
 
 
 class SubscriptionLost(redis.ConnectionError):
@@ -31,17 +22,8 @@ class SubscriptionLost(redis.ConnectionError):
 
 
 class Subscription:
-    """One confirmed subscription; ``get_message`` yields the payloads.
-
-    It has a connection of its own (a ``HeldConnection``, made from the client's
-    settings), so that opening it is bounded by its caller's time, the connect
-    and its handshake included, against a Redis that hangs as well.
-
-    Args:
-        connection: Its connection, subscribed and confirmed.
-        channel: The channel's name.
-        sharded: ``SSUBSCRIBE`` rather than ``SUBSCRIBE``.
-    """
+    """One confirmed subscription (``open``), on a ``HeldConnection`` of its own: opening
+    it is bounded by its caller's time, against a Redis that hangs as well."""
 
     def __init__(self, connection: HeldConnection, channel: str, *, sharded: bool) -> None:
         self._connection = connection
@@ -57,30 +39,10 @@ class Subscription:
         refresh_topology: bool = False,
         timeout: float | None = None,
     ) -> Subscription:
-        """Subscribe and wait for Redis's confirmation (one try).
-
-        Args:
-            client: The job's client; a ``RedisCluster`` subscribes on the node
-                that owns ``channel``'s slot.
-            channel: The channel.
-            refresh_topology: Re-read the cluster's slot map first (after a
-                subscription was lost to a slot migration or a failover).
-            timeout: Seconds it may take at most, connecting included (``None``:
-                the client's own timeouts); the confirmation is awaited for
-                ``CONNECT_TIMEOUT`` at most.
-
-        Raises:
-            redis.TimeoutError: No confirmation in time.
-            redis.RedisError: The subscription failed.
-        """
+        """Subscribe and wait for the confirmation (one try, ``CONNECT_TIMEOUT`` at most),
+        on a Cluster on the slot's owner (``refresh_topology``: re-read the slot map)."""
         sharded = isinstance(client, RedisCluster)
-        if isinstance(client, RedisCluster):
-            if refresh_topology:
-                client.nodes_manager.initialize()
-            node = client.get_node_from_key(channel)  # type: ignore[no-untyped-call]
-            pool = client.get_redis_connection(node).connection_pool
-        else:
-            pool = client.connection_pool
+        pool = slot_client(client, channel, refresh=refresh_topology).connection_pool
         started = time.monotonic()
         connection = HeldConnection(pool)
         try:
@@ -102,8 +64,8 @@ class Subscription:
         """The next announcement's payload, or ``None`` if none came in ``timeout``.
 
         Raises:
-            SubscriptionLost: The server ended the subscription.
-            redis.ConnectionError: The connection broke (a ``MOVED`` reply counts).
+            SubscriptionLost: The server ended the subscription (or replied ``MOVED``).
+            redis.ConnectionError: The connection broke.
         """
         try:
             message = self._connection.receive(timeout)
@@ -119,11 +81,7 @@ class Subscription:
         return None
 
     def drain(self) -> bool:
-        """Discard what arrived while no wait listened (one read of what is buffered).
-
-        Returns:
-            False if the subscription has ended or its connection broke.
-        """
+        """Discard what arrived while no wait listened; False if it ended or broke."""
         try:
             while (message := self._connection.receive(0)) is not None:
                 if _kind(message) in ("unsubscribe", "sunsubscribe"):
@@ -139,16 +97,8 @@ class Subscription:
 
 
 class KeptSubscription:
-    """The last wait's subscription, kept open for the waiter's next wait.
-
-    A released wait does not close its subscription (that is off the release's
-    path); the next wait takes it over if it is younger than ``max_age``, and
-    closes it otherwise. Waits of one waiter may end in several threads.
-
-    Args:
-        clock: Monotonic clock.
-        max_age: Seconds after which a kept subscription is not taken over.
-    """
+    """The last wait's subscription, kept open (off the release's path) for the next
+    wait, which takes it over if younger than ``max_age`` seconds (thread-safe)."""
 
     def __init__(self, clock: Callable[[], float], max_age: float) -> None:
         self._lock = threading.Lock()
@@ -158,7 +108,7 @@ class KeptSubscription:
         self._idle_since = 0.0
 
     def take(self) -> Subscription | None:
-        """The kept subscription if it is younger than ``max_age`` (then no longer kept)."""
+        """The kept subscription if it is young enough (then no longer kept)."""
         with self._lock:
             idle, self._idle = self._idle, None
             fresh = self._clock() - self._idle_since < self._max_age
@@ -168,7 +118,6 @@ class KeptSubscription:
         return idle
 
     def keep(self, subscription: Subscription) -> None:
-        """Keep ``subscription`` for the next wait."""
         with self._lock:
             old, self._idle = self._idle, subscription
             self._idle_since = self._clock()
@@ -176,7 +125,6 @@ class KeptSubscription:
             old.close()
 
     def close(self) -> None:
-        """Close the kept subscription, if any."""
         with self._lock:
             idle, self._idle = self._idle, None
         if idle is not None:
@@ -184,7 +132,7 @@ class KeptSubscription:
 
 
 def _kind(message: Any) -> str:
-    """A pub/sub message's type (``"message"``, ``"subscribe"``...); ``""`` for any other reply."""
+    # a pub/sub message's type ("message", "subscribe"...); "" for any other reply
     if not isinstance(message, list) or not message:
         return ""
     raw = message[0]

@@ -1,14 +1,9 @@
 """Following training: every multiple of ``every`` the chief's step reaches, in order.
 
-An evaluator or a checkpoint exporter acts at steps 1000, 2000, 3000, ... of the
-chief. Polling (TensorFlow's ``checkpoints_iterator``) can miss one when the
-chief moves past two between polls; ``follow`` cannot: it waits for the next
-multiple with ``wait`` (no polling: the chief's announcement wakes it), and when
-the step it sees has passed several multiples at once, it yields each of them,
-in order, with the step it saw.
-
-The plan (``FollowPlan``) decides without I/O; ``StepWaiter.follow`` and
-``AsyncStepWaiter.follow`` drive it with their own ``wait``.
+Polling (TensorFlow's ``checkpoints_iterator``) can miss a multiple when the chief
+moves past two between polls; following waits for the next multiple and yields each
+multiple the step it saw has passed. ``FollowPlan`` decides without I/O;
+``StepWaiter.follow`` and ``AsyncStepWaiter.follow`` drive it.
 """
 
 from __future__ import annotations
@@ -35,21 +30,8 @@ class Crossed:
 
 
 class FollowPlan:
-    """Which step to wait for next, and which multiples a released wait crossed.
-
-    Args:
-        every: The interval (a positive whole number of steps).
-        start: The first multiple to yield is the first at or above ``start``
-            (at least ``every``); ``None``: the first above the step the chief
-            has reached when the following begins: the step the first wait's
-            first read finds (a multiple above it that the wait crossed is
-            yielded).
-
-    Raises:
-        TypeError: ``every`` or ``start`` is not an integer.
-        ValueError: ``every`` is below 1, or ``start`` below 0, or either above
-            ``MAX_STEP``.
-    """
+    """Which step to wait for next, and which multiples a released wait crossed
+    (``every`` and ``start`` as ``StepWaiter.follow`` takes them, checked as steps)."""
 
     def __init__(self, every: int, start: int | None) -> None:
         self.every = checked_step(every, what="every")
@@ -61,10 +43,10 @@ class FollowPlan:
         self.skip_at_once = start is None
 
     def released(self, step: int, before: int | None) -> list[Crossed]:
-        """The multiples that a wait for ``target``, released at ``step``, crossed, and
-        the next target set after them. ``before``: the step its first read found
-        (``None``: none); the first wait's multiples at or below it were reached
-        before the following began, and are not yielded without a ``start``."""
+        """The multiples that a wait for ``target``, released at ``step``, crossed (the
+        next target set after them). ``before``: the step its first read found; the
+        first wait's multiples at or below it came before the following began, and are
+        not yielded without a ``start``."""
         first = self.target
         if self.skip_at_once and before is not None and before >= first:
             first = (before // self.every + 1) * self.every

@@ -1,137 +1,257 @@
-"""A waiter's links to its job in Redis: its subscription and its registry entry.
-
-``StepWaiter`` decides; this module only talks to Redis, one try per call (the
-waiter retries within its deadlines). ``register_and_read`` is a waiter's one command per
-fallback interval: it registers the waiter (again, if its entry expired or
-Redis restarted empty) and returns the stored state with Redis's clock.
-"""
+"""A threaded wait's links to its job in Redis: its channel (``ChannelWait``, the I/O
+loop a step wait and a named barrier's share, deciding nothing), and a step wait's
+registry entry (``WaiterLink``)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import secrets
 import socket
+import threading
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, Generic, TypeVar
+
+import redis
 
 from stepbarrier._config.settings import BarrierConfig
+from stepbarrier._protocol import calls
 from stepbarrier._protocol.calls import Call
 from stepbarrier._protocol.keys import JobKeys
-from stepbarrier._redis.client import RedisClient
+from stepbarrier._redis.bounded import call_timeout
+from stepbarrier._redis.client import SOCKET_TIMEOUT, RedisClient, make_client
 from stepbarrier._redis.functions import RedisCode, is_out_of_memory
+from stepbarrier._redis.retries import call_with_retries
 from stepbarrier._redis.subscription import Subscription
-from stepbarrier._worker.snapshot import Snapshot, oversized_state_problem, parse_snapshot
+from stepbarrier._worker.snapshot import Snapshot, parse_snapshot
+from stepbarrier._worker.timing import READ, READ_SOURCE, LastChance, Receive, WaitTiming
+from stepbarrier.errors import RedisUnavailable
 
 log = logging.getLogger("stepbarrier._worker.waiter")
 
-__all__ = [
-    "REGISTRY_TTL",
-    "Snapshot",
-    "WaiterLink",
-    "leave_call",
-    "new_waiter_id",
-    "oversized_state_problem",
-    "parse_snapshot",
-    "read_call",
-    "register_call",
-    "registry_entry",
-    "warn_unregistered",
-]
+L = TypeVar("L", bound="LazyClient")
+R = TypeVar("R")
+T = TypeVar("T")
 
 REGISTRY_TTL = 30
 """Seconds a waiter's registry entry outlives its last refresh (so dead ones go)."""
 
 
-class WaiterLink:
-    """One wait's subscription and registry entry.
-
-    Args:
-        connect: Returns the waiter's redis-py client (made on first use: a
-            cluster client reads the slot map at once, and Redis may be down).
-        config: The job's settings.
-        target: The step waited for.
-        since: Unix time the wait began (shown by ``stepbarrier status``).
-        code: Returns the code runner to call on (the waiter's, shared by its
-            waits, made on first use); one of this link's own if omitted.
-        call_timeout: Returns the seconds the next call may take (the time
-            left to the wait's nearest limit); ``None``: the client's timeouts.
-        waiter_id: The id to register under: one a waiter's earlier wait left
-            (its entry, if still there, is written over: no new entry, and
-            no wake of the chief unless the target is new to the index); a
-            new one if omitted.
-    """
+class LazyClient:
+    """A waiter's client and code runner, made on first use (a cluster client reads
+    the slot map at once, and Redis may be down); ``close`` closes them (the client
+    only if it was made here)."""
 
     def __init__(
         self,
-        connect: Callable[[], RedisClient],
         config: BarrierConfig,
-        target: int,
-        since: float,
-        *,
-        code: Callable[[], RedisCode] | None = None,
-        call_timeout: Callable[[], float] | None = None,
-        waiter_id: str | None = None,
-    ):
-        self._connect = connect
-        self._config = config
-        self._keys = config.keys
-        self.id = new_waiter_id(config) if waiter_id is None else waiter_id
-        self.target = target
-        self.registered = False
-        self.answered = True
-        """False once a call failed (Redis unreachable, or no reply in time), until
-        one succeeds."""
-        self._code_source = code
+        client: RedisClient | None,
+        socket_timeout: float = SOCKET_TIMEOUT,
+    ) -> None:
+        self.config = config
+        self._owns_client = client is None
+        self._client = client
+        self._socket_timeout = socket_timeout
         self._code_of: RedisCode | None = None
-        self._call_timeout = call_timeout
-        self._entry = registry_entry(config, target, since)
-        # the round trip of every read of the wait, made once
-        self._calls = [
-            register_call(config, self.id, target, self._entry, self._keys),
-            read_call(self._keys, wait=True),
-        ]
+        self._client_lock = threading.Lock()
 
-    @property
+    def _connected(self) -> RedisClient:
+        with self._client_lock:
+            if self._client is None:
+                self._client = make_client(self.config, socket_timeout=self._socket_timeout)
+            return self._client
+
     def _code(self) -> RedisCode:
-        if self._code_source is not None:
-            return self._code_source()
-        if self._code_of is None:
-            self._code_of = RedisCode(self._connect(), self._config)
-        return self._code_of
+        """The code runner (its bounded calls keep their idle connection for the next)."""
+        client = self._connected()
+        with self._client_lock:
+            if self._code_of is None:
+                self._code_of = RedisCode(client, self.config)
+            return self._code_of
 
-    def _timeout(self) -> float | None:
-        return None if self._call_timeout is None else self._call_timeout()
+    def close(self) -> None:
+        with self._client_lock:
+            client, self._client = self._client, None
+            code, self._code_of = self._code_of, None
+        if code is not None:
+            code.close()
+        if self._owns_client and client is not None:
+            client.close()
+        elif client is not None:
+            with self._client_lock:  # the caller's client stays this one's to use
+                self._client = self._client or client
 
-    def subscribe(self, *, refresh_topology: bool = False) -> Subscription:
-        """A subscription to the job's channel, confirmed by Redis before it returns."""
+    def __enter__(self: L) -> L:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class ChannelWait(Generic[R]):
+    """The I/O of one threaded wait on ``channel``, as its rules (``timing``) say.
+
+    A subclass reads (``_read``) and judges a message (``_on_message``), each
+    returning what releases the wait (``R``) or ``None``. Every call is retried
+    until the wait's nearest limit, each try bounded by the time left to it
+    (``CALL_FLOOR`` at least): the wait ends within its limits against a Redis that
+    hangs too. ``sleep`` sleeps between retries, and while Redis is lost.
+    """
+
+    survivable: tuple[type[Exception], ...] = (RedisUnavailable,)
+    """What the last chance's read may fail with, the wait going on to its end."""
+    quiet = False
+    """Log retries at DEBUG: the wait says once what an outage means to it."""
+
+    def __init__(
+        self,
+        config: BarrierConfig,
+        timing: WaitTiming,
+        channel: str,
+        connect: Callable[[], RedisClient],
+        sleep: Callable[[float], None],
+    ) -> None:
+        self.config = config
+        self.timing = timing
+        self.clock = timing.clock
+        self.channel = channel
+        self.connect = connect
+        self.sleep = sleep
+        self.pubsub: Subscription | None = None
+        self.subscriptions = 0
+        self.answered = True  # False from a failed call (or no reply in time) to a success
+        self.calls_until = timing.started  # when the current call's retries end
+
+    def _read(self) -> R | None:
+        raise NotImplementedError
+
+    def _on_message(self, message: Any) -> R | None:
+        raise NotImplementedError
+
+    def _read_source(self) -> R | None:
+        return None  # (only a step wait has an outside witness)
+
+    def _listen(self, released: R | None) -> R:
+        """Act as the rules say until something releases the wait."""
+        timing = self.timing
+        while released is None:
+            action = timing.next_action(self.clock())
+            if isinstance(action, Receive):
+                released = self._receive(action.timeout)
+            elif action is READ:
+                released = self._read()
+            elif action is READ_SOURCE:
+                released = self._read_source()
+            elif isinstance(action, LastChance):
+                released = timing.after_last_chance(action.limit, self._last_chance())
+            else:  # RESUBSCRIBE
+                released = self._reconnect()
+        return released
+
+    def _receive(self, timeout: float) -> R | None:
+        pubsub = self.pubsub
+        if pubsub is None:  # Redis is lost until the rules retry it
+            self.sleep(timeout)
+            return None
         try:
-            subscription = Subscription.open(
-                self._connect(),
-                self._keys.channel,
-                refresh_topology=refresh_topology,
-                timeout=self._timeout(),
+            message = pubsub.get_message(timeout=timeout)
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            # SubscriptionLost too: in a cluster, the job's slot moved
+            log.info("job %s: subscription lost (%s); reconnecting", self.config.job, exc)
+            return self._reconnect()
+        return None if message is None else self._on_message(message)
+
+    def _subscribe(self) -> Subscription:
+        # after a lost subscription, a cluster's slot map is read again: the
+        # job's slot may have moved, or its master failed over
+        refresh = self.subscriptions > 0
+        return self._retry(
+            lambda: Subscription.open(
+                self.connect(), self.channel, refresh_topology=refresh, timeout=self._call_timeout()
+            ),
+            f"subscribe to {self.channel}",
+        )
+
+    def _reconnect(self) -> R | None:
+        """Subscribe, read the confirmation, then read (in that order)."""
+        self._close_pubsub()
+        self.pubsub = self._subscribe()
+        self.subscriptions += 1
+        self.timing.subscribed()
+        return self._read()
+
+    def _last_chance(self) -> R | None:
+        try:
+            return self._read()  # (past the limit: bounded by CALL_FLOOR)
+        except self.survivable:
+            return None
+
+    def _retry_deadline(self) -> float:
+        return self.timing.retry_deadline()
+
+    def _retry_sleep(self, seconds: float) -> None:
+        self.sleep(seconds)
+
+    def _retry(self, operation: Callable[[], T], action: str) -> T:
+        """``operation()``, retried until the wait's nearest limit."""
+        self.calls_until = deadline = self._retry_deadline()
+        try:
+            result = call_with_retries(
+                operation,
+                self.config,
+                action=action,
+                deadline=deadline,
+                clock=self.clock,
+                sleep=self._retry_sleep,
+                quiet=self.quiet,
             )
         except Exception:
             self.answered = False
             raise
         self.answered = True
-        return subscription
+        return result
+
+    def _call_timeout(self) -> float:
+        """Seconds the call about to be made may take (``CALL_FLOOR`` at least)."""
+        return call_timeout(self.calls_until, self.clock())
+
+    def _close_pubsub(self) -> None:
+        pubsub, self.pubsub = self.pubsub, None
+        if pubsub is not None:
+            pubsub.close()
+
+
+class WaiterLink:
+    """One step wait's entry in the job's registry, registered by each read.
+
+    ``code`` returns the waiter's code runner, ``call_timeout`` the seconds the next
+    call may take; ``waiter_id``: an id a waiter's earlier wait left (its entry, if
+    still there, is written over: no wake of the chief unless the target is new to the
+    index), a new one if omitted.
+    """
+
+    def __init__(
+        self,
+        code: Callable[[], RedisCode],
+        config: BarrierConfig,
+        target: int,
+        since: float,
+        call_timeout: Callable[[], float],
+        waiter_id: str | None = None,
+    ):
+        self._code = code
+        self._config = config
+        self._keys = keys = config.keys
+        self.id = new_waiter_id(config) if waiter_id is None else waiter_id
+        self.registered = False
+        self._call_timeout = call_timeout
+        self._calls = [register_call(config, keys, self.id, target, since), wait_read_call(keys)]
 
     def register_and_read(self) -> Snapshot:
-        """Register (or refresh the entry), then read the state: one round trip.
-
-        Two calls in one pipeline, in this order: the registering one declares
-        only what a waiter writes, the reading one (``FCALL_RO``) what it only
-        reads, so the worker role needs no write permission on the state.
-        """
-        try:
-            registered, reply = self._code.replies(self._calls, timeout=self._timeout())
-        except Exception:
-            self.answered = False
-            raise
-        self.answered = True
+        """Register (or refresh the entry), then read the state: one round trip."""
+        registered, reply = self._code().replies(self._calls, timeout=self._call_timeout())
         if isinstance(reply, Exception):
             raise reply
         if isinstance(registered, Exception):
@@ -142,20 +262,10 @@ class WaiterLink:
         self.registered = True
         return parse_snapshot(reply)
 
-    def leave(self, timeout: float | None = None) -> None:
-        """Remove the registry entry and its target (one try within ``timeout``
-        seconds, else the link's call timeout; raises on failure)."""
+    def leave(self, timeout: float) -> None:
+        """Remove the registry entry and its target (one try; raises on failure)."""
         if self.registered:
-            self._code.call(
-                *leave_call(self._keys, self.id),
-                timeout=self._timeout() if timeout is None else timeout,
-            )
-
-    def close(self) -> None:
-        """Close this link's own code runner's connections (not a shared one's)."""
-        code, self._code_of = self._code_of, None
-        if code is not None:
-            code.close()
+            self._code().call(*calls.leave_call(self._keys, self.id), timeout=timeout)
 
 
 _unregistered_warned: set[str] = set()
@@ -181,52 +291,34 @@ def new_waiter_id(config: BarrierConfig) -> str:
     return f"{task}-{secrets.token_hex(4)}"
 
 
-_process: tuple[int, str] = (0, "")
-"""``(pid, host name)`` of this process (read again after a fork)."""
-
-
-def _host_and_pid() -> tuple[str, str]:
-    global _process
-    pid = os.getpid()
-    if _process[0] != pid:
-        _process = (pid, socket.gethostname()[:200])
-    return _process[1], str(pid)
+@functools.lru_cache(maxsize=1)
+def _host_name(pid: int) -> str:  # (read again in a forked process)
+    return socket.gethostname()[:200]
 
 
 def registry_entry(config: BarrierConfig, target: int, since: float) -> dict[str, str]:
     """The registry entry of a wait (what ``stepbarrier status`` shows)."""
-    host, pid = _host_and_pid()
+    pid = os.getpid()
     return {
         "task_id": "" if config.task_id is None else str(config.task_id),
         "wait_until_step": str(target),
         "since": f"{since:.3f}",
-        "host": host,
-        "pid": pid,
+        "host": _host_name(pid),
+        "pid": str(pid),
     }
 
 
 def register_call(
-    config: BarrierConfig,
-    waiter_id: str,
-    target: int,
-    entry: dict[str, str],
-    keys: JobKeys | None = None,
+    config: BarrierConfig, keys: JobKeys, waiter_id: str, target: int, since: float
 ) -> Call:
-    """The call that registers a waiter (again, if its entry expired) or refreshes it
-    (``keys``: ``config.keys``, if the caller has them at hand)."""
-    keys = config.keys if keys is None else keys
-    args: list[Any] = [REGISTRY_TTL, config.key_ttl, waiter_id, target]
-    for name, value in entry.items():
-        args += [name, value]
-    return ("waiter_register", [keys.waiter(waiter_id), keys.targets, keys.registrations], args)
+    """A wait's registration (or its refresh): its registry entry and its target."""
+    entry = registry_entry(config, target, since)
+    return calls.register_call(
+        keys, waiter_id, target, entry, registry_ttl=REGISTRY_TTL, key_ttl=config.key_ttl
+    )
 
 
-def read_call(keys: JobKeys, *, wait: bool = False) -> Call:
-    """The read-only call that returns Redis's clock, the reset marker and the state
-    (``wait``: a wait's read, of the fields a wait decides by only, without the clock)."""
-    return ("waiter_read", [keys.state, keys.reset], ["wait"] if wait else [])
-
-
-def leave_call(keys: JobKeys, waiter_id: str) -> Call:
-    """The call that removes a waiter's registry entry and its target."""
-    return ("waiter_leave", [keys.waiter(waiter_id), keys.targets], [waiter_id])
+def wait_read_call(keys: JobKeys) -> Call:
+    """A wait's read of the state: an ``FCALL_RO``, so that the worker role needs no write
+    permission on it."""
+    return calls.read_call(keys.state, keys.reset, wait=True)

@@ -1,9 +1,5 @@
-"""What a waiter's read of its job found (``waiter_read``), parsed without any I/O.
-
-The wait's decisions (``stepbarrier._worker.wait_state``) judge a ``Snapshot``;
-the drivers (``StepWaiter``, ``AsyncStepWaiter``) make it from a reply. Nothing
-here imports redis-py.
-"""
+"""What a waiter's read of its job found (``waiter_read``), parsed without any I/O: the
+drivers make a ``Snapshot`` from a reply, ``WaitRules`` judges it."""
 
 from __future__ import annotations
 
@@ -33,22 +29,6 @@ class Snapshot:
     full: bool = False
 
 
-def _marker(raw: object) -> str | None:
-    if raw is None or raw is False:
-        return None
-    if isinstance(raw, bytes):
-        return raw.decode("utf-8", "replace")
-    return str(raw)
-
-
-def oversized_state_problem() -> str:
-    """What ``waiter_read`` found when it refused to read the state (kind ``oversized``)."""
-    return (
-        f"state key is oversized (more than {MAX_FIELDS} fields, or a field longer than "
-        f"{MAX_VALUE} bytes): not read, treated as no state"
-    )
-
-
 def parse_snapshot(reply: Any) -> Snapshot:
     """What the ``waiter_read`` call returned, parsed without trusting it."""
     reply = list(reply)
@@ -58,12 +38,17 @@ def parse_snapshot(reply: Any) -> Snapshot:
         state = parse_state(dict(zip(flat[0::2], flat[1::2], strict=False)))
     elif kind == "none":
         state = ChiefState.empty()
-    elif kind == "oversized":
-        state = ChiefState.empty(oversized_state_problem())
+    elif kind == "oversized":  # waiter_read refused to read it
+        state = ChiefState.empty(
+            f"state key is oversized (more than {MAX_FIELDS} fields, or a field longer than "
+            f"{MAX_VALUE} bytes): not read, treated as no state"
+        )
     else:
         state = ChiefState.empty(f"state key holds a {kind}, not a hash")
-    return Snapshot(
-        now_ms=parse_int(reply[0]) or 0,
-        reset_marker=_marker(reply[1]),
-        state=state,
-    )
+    return Snapshot(now_ms=parse_int(reply[0]) or 0, reset_marker=_marker(reply[1]), state=state)
+
+
+def _marker(raw: object) -> str | None:
+    if raw is None or raw is False:
+        return None
+    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)

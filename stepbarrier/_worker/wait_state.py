@@ -1,24 +1,8 @@
 """What one wait decides, without any I/O: shared by the threaded and the asyncio waiter.
 
-``StepWaiter`` (``stepbarrier._worker.waiter``) and ``AsyncStepWaiter``
-(``stepbarrier.aio``) each drive a wait: they subscribe, read the stored state,
-receive announcements and keep time. What each of those means is decided here,
-once, by the rules of docs/protocol.md:
-
-- **Observed writes.** The wait keeps the newest write (``(generation, beat)``)
-  it knows happened *while it watched*: an announcement of its run received
-  on its confirmed subscription, or a read whose write differs from the
-  previous read's. The first read alone proves nothing (a dead chief's last
-  state looks the same). Liveness and the stall timeout are judged from these
-  observations on the wait's own monotonic clock; no stored time is compared
-  with any clock.
-- **Release** (never early): a write of the wait's own run, of the newest
-  generation it has seen, with a step at or above the target, that the writer
-  vouches for, observed live; or a finished (or operator-pinned) state that is
-  either observed live or carries the wait's own, non-empty run id.
-- **Abort** only for real: a reset marker other than the one the wait first
-  read, or a trusted finished state below the target. A reset notice on the
-  channel is a hint: it makes the wait read, and the marker decides.
+``StepWaiter`` and ``AsyncStepWaiter`` drive a wait (subscribe, read, receive, keep
+time); what each of those means is decided here, once, by docs/protocol.md#waiters:
+no stored time is compared with any clock.
 """
 
 from __future__ import annotations
@@ -44,26 +28,27 @@ from stepbarrier.errors import BarrierAborted, BarrierTimeout, RedisUnavailable
 Mark = tuple[int, int]
 """Which write a state or announcement is: ``(generation, beat)``, in order."""
 
+REDIS_RETRY_EVERY = 5.0
+"""Seconds between tries to reach a lost Redis while a wait with an outside witness
+waits on the witness alone."""
+
 
 def wait_target(until_step: object) -> int:
-    """``until_step`` as a wait's target: an integer up to ``MAX_STEP`` (``<= 0``: no wait).
-
-    Raises:
-        TypeError: not an integer (``True`` is not step 1, nor is ``2.0``).
-        ValueError: above ``MAX_STEP``, which no chief can publish: such a wait
-            would never end while its chief lives.
-    """
-    if isinstance(until_step, bool) or not hasattr(until_step, "__index__"):
-        raise TypeError(
-            f"until_step must be an integer, got {type(until_step).__name__} {until_step!r}"
-        )
-    target = operator.index(until_step)
+    """``until_step`` as a wait's target: an integer (not ``True``, nor ``2.0``) up to
+    ``MAX_STEP`` (a wait above it would never end); ``<= 0``: no wait."""
+    target = _integer(until_step, "until_step must be an integer")
     if target > MAX_STEP:
         raise ValueError(
             f"until_step must be at most {MAX_STEP_TEXT} ({MAX_STEP}), the largest step a "
             f"chief can publish, got {target}"
         )
     return target
+
+
+def _integer(value: object, must: str) -> int:
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"{must}, got {type(value).__name__} {value!r}")
+    return operator.index(value)
 
 
 class ReadNow:
@@ -77,22 +62,46 @@ _UNSET = object()
 
 
 class WaitRules(WaitTiming):
-    """The decisions of one wait for ``target`` (its timing: ``WaitTiming``).
+    """The decisions of one wait for ``target`` (``>= 1``); its timing is a ``WaitTiming``,
+    its lines go to ``log`` (the driver's logger).
 
-    Args:
-        config: The job's settings.
-        target: The step waited for (``>= 1``).
-        timeout: Overall limit in seconds, or ``None``.
-        clock: Monotonic clock.
-        log: Where the wait's lines go (the driver's logger).
-        outside: The name of a second witness of the step the driver also
-            reads (``StepSource.name``, e.g. the TensorFlow session's global
-            step), or ``None``. With one, the wait is at least as patient as
-            that witness alone: the stall timeout holds only once a write of
-            this run's chief was seen and while Redis answers.
-        outside_every: Seconds between reads of the outside witness: while no
-            write of the chief was seen, and once one was.
+    ``outside``: the name of a second witness of the step the driver also reads
+    (``StepSource.name``; docs/protocol.md#source), or ``None``; ``outside_every``:
+    seconds between its reads, while no write of the chief was seen and once one was.
     """
+
+    # Every wait a step releases reads these: in slots they are cheap to read (an
+    # object with more than 30 attributes in its dict has them looked up by name).
+    __slots__ = (
+        "chief_seen",
+        "config",
+        "final_mark",
+        "final_since",
+        "first_step",
+        "generation",
+        "holding",
+        "last_progress",
+        "last_step",
+        "live_mark",
+        "log",
+        "loop_alive",
+        "no_chief_at",
+        "other_run",
+        "outside",
+        "outside_every",
+        "outside_step",
+        "progress_line_at",
+        "read_mark",
+        "read_step",
+        "reads_without_message",
+        "redis_full",
+        "released_by",
+        "reset_marker",
+        "run_id",
+        "snapshots",
+        "target",
+        "warned",
+    )
 
     def __init__(
         self,
@@ -112,17 +121,16 @@ class WaitRules(WaitTiming):
             fallback_interval=config.fallback_interval,
         )
         self.config = config
+        self.run_id = config.run_id
         self.outside = outside
         self.outside_every = outside_every
         if outside is not None:
             self.source_at = self.started  # at once: before Redis is touched
-        self.outside_step: int | None = None  # the witness's last step read
-        self.redis_lost = False  # the driver cannot reach Redis (it waits on the witness)
+        self.outside_step: int | None = None
         self.target = target
         self.log = log
         self.last_step: int | None = None
         self.generation = 0
-        self.heartbeat_age: float | None = None
         self.reset_marker: object = _UNSET  # the marker the first read found
         self.read_mark: Mark | None = None  # the write the last read found
         self.live_mark: Mark | None = None  # the newest write observed while watching
@@ -134,116 +142,100 @@ class WaitRules(WaitTiming):
         self.progress_line_at = self.started + PROGRESS_EVERY
         self.no_chief_at = self.started + config.no_chief_warning
         self.next_progress = min(self.progress_line_at, self.no_chief_at)
-        # (a progress line, or the warning that no chief was seen)
         self.last_progress = self.started
         self.warned: set[str] = set()
-        self.released_by: str | None = None  # what released the wait, once it was
+        self.released_by: str | None = None
         self.snapshots = 0  # reads of the stored state judged
-        # the step of this run that the wait's first read found (``None``: none, or
-        # not this run's): the chief had reached it before the wait began
-        self.first_step: int | None = None
+        self.first_step: int | None = None  # this run's step the first read found
         # a finished or pinned state this wait did not see written, and since when
         # it has read it unchanged (docs/protocol.md#grace)
         self.final_mark: Mark | None = None
         self.final_since = self.started
         self.redis_full = False  # Redis refused this wait's registration: out of memory
-        # when (on this wait's clock) the chief's training loop last handed a step
-        # over, by what its writes said (None: none said it)
+        # when the chief's training loop last handed a step over, by its writes
         self.loop_alive: float | None = None
+        if log.isEnabledFor(logging.INFO):
+            log.info("job %s: waiting for step %d (task %s)", config.job, target, config.task_id)
 
     @property
     def reached(self) -> bool:
         """True once the wait has read Redis at least once."""
         return self.reset_marker is not _UNSET
 
-    def begin(self) -> None:
-        """Say that the wait begins."""
-        if self.log.isEnabledFor(logging.INFO):
-            self.log.info(
-                "job %s: waiting for step %d (task %s)",
-                self.config.job,
-                self.target,
-                self.config.task_id,
-            )
-
     # -- what a message and a read mean ---------------------------------------------
 
     def on_announcement(
         self, announcement: StepAnnouncement | None, raw: object
     ) -> int | ReadNow | None:
-        """The step that releases the wait, ``READ_NOW``, or ``None`` to go on waiting.
-
-        An announcement is the chief's script telling of a write it just made,
-        received on the wait's confirmed subscription: a write observed live.
-
-        Raises:
-            BarrierAborted: The job finished short of the target.
-        """
+        """The step that releases the wait, ``READ_NOW``, or ``None`` to go on waiting (an
+        announcement is a write observed live); raises ``BarrierAborted`` (a finish
+        short of the target)."""
         self.reads_without_message = 0
         if announcement is None:
-            self.log.warning(
-                "job %s: ignored a malformed message on %s: %s",
-                self.config.job,
-                self.config.keys.channel,
-                preview(raw),
+            channel = self.config.keys.channel
+            self._say(
+                logging.WARNING, "ignored a malformed message on %s: %s", channel, preview(raw)
             )
             return None
         if announcement.reset:
             return READ_NOW  # a hint: the reset marker decides
-        assert announcement.step is not None and announcement.generation is not None
-        if announcement.run_id != self.config.run_id:
-            return None  # another run's chief: it neither releases nor aborts us
-        if announcement.generation < self.generation:
-            return None  # an older chief's write, overtaken by what we read
-        mark = (announcement.generation, announcement.beat)
-        self._observed(mark, idle_ms=announcement.idle_ms)
-        if announcement.generation > self.generation:
-            # a chief generation this wait has not read yet: the state (and a
-            # reset marker this wait may have missed the announcement of) decide.
-            # No lower generation counts from now on: if Redis loses the state
-            # before the read, a zombie's write that remakes it is older than
-            # what this wait heard (found by the model: zombie-after-finish)
-            self.generation = announcement.generation
+        step, generation = announcement.step, announcement.generation
+        assert step is not None and generation is not None
+        if announcement.run_id != self.run_id or generation < self.generation:
+            # another run's chief (it neither releases nor aborts us), or an older
+            # chief's write, overtaken by what we read
+            return None
+        mark = (generation, announcement.beat)
+        now = self.clock()
+        self._observed(mark, now, announcement.idle_ms)
+        if generation > self.generation:
+            # a generation not read yet: the state and reset marker decide, and no
+            # lower generation counts from now on (the model's zombie-after-finish)
+            self.generation = generation
             return READ_NOW
-        step = announcement.step
-        if self.read_mark is None or mark >= self.read_mark:
-            self._seen_step(step)  # not an older write announced late
-        if (
-            step >= self.target
-            and announcement.vouch
-            and not (announcement.done or announcement.pinned)
-        ):
+        read_mark = self.read_mark
+        if read_mark is None or mark >= read_mark:  # not an older write announced late
+            if step != self.last_step:
+                self.last_progress = now
+            self.last_step = step
+        done, pinned = announcement.done, announcement.pinned
+        if step >= self.target and announcement.vouch and not (done or pinned):
             # (_judge's release of a live, vouched step: the release of most waits)
-            return self.released(step, by="an announcement")
-        return self._judge(
-            announcement.step,
-            vouch=announcement.vouch,
-            done=announcement.done,
-            pinned=announcement.pinned,
-            live=True,
-            by="an announcement",
-        )
+            return self.released(step, "an announcement")
+        return self._judge(step, announcement, live=True, by="an announcement")
+
+    def take_in(self, announcement: StepAnnouncement | None, at: float) -> None:
+        """Take in, as ``on_announcement`` does but never a release or an abort, an
+        announcement heard at ``clock()`` time ``at`` that ``AsyncStepWaiter``'s shared
+        subscription judged not to concern this wait (inline in ``on_announcement``:
+        every wake runs it)."""
+        self.reads_without_message = 0
+        if announcement is None or announcement.step is None or announcement.generation is None:
+            return
+        if announcement.run_id != self.run_id or announcement.generation < self.generation:
+            return
+        mark = (announcement.generation, announcement.beat)
+        self._observed(mark, at, announcement.idle_ms)
+        if announcement.generation == self.generation and (
+            self.read_mark is None or mark >= self.read_mark
+        ):
+            if announcement.step != self.last_step and at > self.last_progress:
+                self.last_progress = at
+            self.last_step = announcement.step
 
     def on_snapshot(self, snapshot: Snapshot, after: StepAnnouncement | None = None) -> int | None:
-        """Judge a read of the stored state (the truth): the releasing step, or ``None``.
-
-        Args:
-            snapshot: What the read found.
-            after: The announcement the read was made for (a write observed
-                live), if any.
-
-        Raises:
-            BarrierAborted: The job was reset since the wait's first read, or
-                finished short of the target.
+        """Judge a read of the stored state (the truth): the releasing step, or ``None``;
+        ``after``: the announcement (a write observed live) it was read for. Raises
+        ``BarrierAborted`` (a reset since the first read, or a finish short of the target).
         """
         self.snapshots += 1
         if (
             after is not None
             and after.generation is not None
-            and after.run_id == self.config.run_id
+            and after.run_id == self.run_id
             and after.generation >= self.generation
         ):
-            self._observed((after.generation, after.beat), idle_ms=after.idle_ms)
+            self._observed((after.generation, after.beat), self.clock(), after.idle_ms)
             # no older generation counts once a newer one was heard (asyncio
             # reads for it without the announcement's own judgement)
             self.generation = max(self.generation, after.generation)
@@ -255,7 +247,7 @@ class WaitRules(WaitTiming):
             raise self.aborted("reset")  # whatever a chief wrote since
         state = snapshot.state
         if state.problem:
-            self.log.warning("job %s: %s; waiting for a valid step", self.config.job, state.problem)
+            self._say(logging.WARNING, "%s; waiting for a valid step", state.problem)
         mark = state.mark
         if mark is None or state.step is None:
             self.holding = "no chief state is stored"
@@ -265,35 +257,26 @@ class WaitRules(WaitTiming):
         if state.generation is not None and state.generation < self.generation:
             return None  # e.g. a failover lost the newest write; the chief rewrites it
         if self.read_mark is not None and mark > self.read_mark:
-            self._observed(mark, idle_ms=state.idle_ms)  # a write happened between two reads
+            self._observed(mark, self.clock(), state.idle_ms)  # a write happened between two reads
         self.read_mark = mark
         self.generation = mark[0]
         if self.snapshots == 1:
             self.first_step = state.step
-        self._seen_step(state.step)
+        if state.step != self.last_step:
+            self.last_progress = self.clock()
+        self.last_step = state.step
         live = self.live_mark is not None and mark >= self.live_mark
+        settled = self._settled(state, mark)
         released = self._judge(
-            state.step,
-            vouch=state.vouch,
-            done=state.done,
-            pinned=state.pinned,
-            live=live,
-            by="a read of the state",
-            settled=self._settled(state, mark),
+            state.step, state, live=live, by="a read of the state", settled=settled
         )
         if released is None:
             self._check_subscription(state.step)
         return released
 
     def _settled(self, state: ChiefState, mark: Mark) -> bool:
-        """True once a finished or pinned state has stood unchanged for ``GRACE``.
-
-        Without a run id, such a state the wait did not see written may be an
-        earlier run's under the same job name. A rerun's chief that begins
-        records its begin on the state (``begun``), and its first write replaces
-        it; so a state read unchanged for ``GRACE``, with no newer begin on record,
-        is trusted as the job's final fact (docs/protocol.md#grace).
-        """
+        """True once a finished or pinned state has stood unchanged for ``GRACE`` with no
+        newer begin on record (docs/protocol.md#grace)."""
         if not (state.done or state.pinned) or state.fence > mark[0]:
             self.final_mark = None
             return False
@@ -308,46 +291,40 @@ class WaitRules(WaitTiming):
 
     def read_done(self) -> None:
         super().read_done()
+        if self.redis_lost:
+            # the stall timeout holds again, counted from now: while Redis was
+            # lost, no chief could be seen
+            self.redis_lost = False
+            self.last_alive = max(self.last_alive, self.clock())
+            self._say(logging.INFO, "Redis answers again")
         if self.final_mark is not None and self.final_since + GRACE > self.clock():
             self.read_at = min(self.read_at, self.final_since + GRACE)
 
     def _judge(
         self,
         step: int,
+        write: ChiefState | StepAnnouncement,
         *,
-        vouch: bool,
-        done: bool,
-        pinned: bool,
         live: bool,
         by: str,
         settled: bool = False,
     ) -> int | None:
-        """Release, abort or go on, by docs/protocol.md#release."""
-        # a final fact (a finished job, an operator's pinned step) stands without
-        # a live writer when it names this wait's own run, or once it has stood
-        # unchanged for the grace with no newer chief begun on it: without a run
-        # id it may be an earlier run's under the same job name
-        final_trusted = live or settled or self.config.run_id is not None
+        """Release, abort or go on at ``step`` by what ``write`` says, by
+        docs/protocol.md#release."""
+        vouch, done, pinned = write.vouch, write.done, write.pinned
+        final_trusted = live or settled or self.run_id is not None
         if step >= self.target:
             if pinned and not done:
-                # an operator pinned the step (docs/protocol.md#operator-publish): a
-                # final fact like a finish, so without a run id only a wait that saw
-                # it happen trusts it (an earlier run's pin must not release a rerun)
                 if final_trusted:
                     return self.released(step, by=f"{by} (a step pinned by an operator)")
-                self.holding = (
-                    f"an operator pinned step {step}, but this wait did not see it happen, "
-                    "has no run id to tell it is this run's, and " + self._grace_situation()
-                )
+                self.holding = self._unseen(f"an operator pinned step {step}")
                 self._warn_final(step)
                 return None
             if done:
                 if final_trusted and vouch:
                     return self.released(step, by=by)
                 self.holding = (
-                    f"the job's state says finished at step {step}, but this wait did not "
-                    "see it happen, has no run id to tell it is this run's, and "
-                    + self._grace_situation()
+                    self._unseen(f"the job's state says finished at step {step}")
                     if not final_trusted
                     else "the finished job's last write came while its chief was on probation"
                 )
@@ -374,78 +351,53 @@ class WaitRules(WaitTiming):
         self.holding = None
         return None
 
-    def _grace_situation(self) -> str:
-        if self.final_mark is None:
-            return "a newer chief has begun on it (it has not written yet)"
-        return f"gives a new chief {GRACE:g} s to begin before trusting it"
+    def _unseen(self, fact: str) -> str:
+        grace = (
+            "a newer chief has begun on it (it has not written yet)"
+            if self.final_mark is None
+            else f"gives a new chief {GRACE:g} s to begin before trusting it"
+        )
+        return (
+            f"{fact}, but this wait did not see it happen, has no run id to tell it is "
+            f"this run's, and {grace}"
+        )
 
     def _warn_final(self, step: int) -> None:
         if self.final_mark is not None:
             return  # within the grace: trusted or not in a few seconds
-        if self.config.run_id is None and not self.chief_seen:
-            self._warn_once(
-                "old-done",
+        if self.run_id is None and not self.chief_seen:
+            self._say(
                 logging.WARNING,
-                "job %s: found a job finished at step %s that this worker did not see "
+                "found a job finished at step %s that this worker did not see "
                 "finish, and a newer chief has begun on it without writing yet; without a "
                 "run id it may be an earlier run's, so it neither releases nor aborts this "
                 "wait, which waits for the new chief. Give each run its own run id "
                 "(STEPBARRIER_RUN_ID, or the launcher's), or clear it with `stepbarrier reset`",
-                self.config.job,
                 step,
+                topic="old-done",
             )
 
     def trusts(self, state: ChiefState) -> bool:
         """False for state this wait must ignore: another run's."""
-        run_id = self.config.run_id
-        if state.run_id != run_id:
-            self.other_run = state.run_id or "(none)"
-            self.holding = f"the stored state belongs to run {self.other_run}"
-            self._warn_once(
-                "run",
-                logging.INFO,
-                "job %s: the stored state belongs to run %s, not to this worker's run %s; "
-                "waiting for this run's chief",
-                self.config.job,
-                state.run_id or "(none)",
-                run_id or "(none)",
-            )
-            return False
-        return True
-
-    def on_passing_announcement(self, announcement: StepAnnouncement | None, at: float) -> None:
-        """Take in an announcement judged elsewhere not to concern this wait (a step
-        below its target; ``AsyncStepWaiter`` shares one subscription among many
-        waits and wakes only those an announcement concerns): the subscription
-        is alive, and a write of this run was observed at ``clock()`` time ``at``.
-        Never a release or an abort.
-        """
-        self.reads_without_message = 0
-        if announcement is None or announcement.step is None or announcement.generation is None:
-            return
-        if announcement.run_id != self.config.run_id or announcement.generation < self.generation:
-            return
-        mark = (announcement.generation, announcement.beat)
-        self._observed(mark, at, idle_ms=announcement.idle_ms)
-        if announcement.generation == self.generation and (
-            self.read_mark is None or mark >= self.read_mark
-        ):
-            self._seen_step(announcement.step, at)  # not an older write announced late
+        if state.run_id == self.run_id:
+            return True
+        self.other_run = state.run_id or "(none)"
+        self.holding = f"the stored state belongs to run {self.other_run}"
+        self._say(
+            logging.INFO,
+            "the stored state belongs to run %s, not to this worker's run %s; "
+            "waiting for this run's chief",
+            self.other_run,
+            self.run_id or "(none)",
+            topic="run",
+        )
+        return False
 
     def on_outside_step(self, step: int, hint: str = "") -> int | None:
-        """Judge a read of the outside witness (``outside``): the releasing step, or ``None``.
-
-        The witness is trusted as it stands (TensorFlow's own hook trusts the
-        session's global step): a step at or above the target releases. A step
-        that moved shows that training goes on, which counts as life for the
-        stall timeout. ``hint`` is said once, in a WARNING, when the witness
-        released a wait that never saw a write of its chief.
-        """
-        if isinstance(step, bool) or not hasattr(step, "__index__"):
-            raise TypeError(
-                f"{self.outside} must be an integer step, got {type(step).__name__} {step!r}"
-            )
-        step = operator.index(step)
+        """Judge a read of the outside witness, trusted as it stands: the releasing step,
+        or ``None`` (docs/protocol.md#source). ``hint`` is said once, in a WARNING, when
+        it released a wait that never saw a write of its chief."""
+        step = _integer(step, f"{self.outside} must be an integer step")
         now = self.clock()
         # the slow pace only while Redis can wake the wait: with Redis lost the
         # witness is the only one left, read as TensorFlow's own hook reads it
@@ -459,30 +411,41 @@ class WaitRules(WaitTiming):
         self.outside_step = step
         if step < self.target:
             return None
-        if self._no_chief_in_redis():
-            self._warn_once(
-                "outside",
-                logging.WARNING,
-                "job %s: %s reached step %d before any write of this job's chief was seen on %s%s",
-                self.config.job,
-                self.outside,
-                step,
-                self.config.safe_url,
-                f"; {hint}" if hint else "",
-            )
-        return self.released(step, by=str(self.outside))
-
-    def _no_chief_in_redis(self) -> bool:
-        """True if Redis answered this wait and shows no sign that a chief publishes
-        (no state of this job at all): only then is "add a publisher" the advice.
-        A witness that released the wait before Redis was asked, a Redis that
-        refused, or a state found (another run's, or this run's) says nothing so."""
-        return (
+        if (  # Redis answered with no state of this job at all: "add a publisher"
             not self.chief_seen
             and self.reached
             and not self.redis_lost
             and self.read_mark is None
             and self.other_run is None
+        ):
+            self._say(
+                logging.WARNING,
+                "%s reached step %d before any write of this job's chief was seen on %s%s",
+                self.outside,
+                step,
+                self.config.safe_url,
+                f"; {hint}" if hint else "",
+                topic="outside",
+            )
+        return self.released(step, by=str(self.outside))
+
+    def on_redis_lost(self, exc: Exception, *, refused: bool) -> None:
+        """Redis is lost, or refuses: the outside witness alone, and Redis tried again
+        every ``REDIS_RETRY_EVERY`` seconds (never after a refusal: that needs an operator)."""
+        now = self.clock()
+        self.read_at = math.inf if refused else now + REDIS_RETRY_EVERY
+        self.resubscribe = False
+        if self.redis_lost:
+            return
+        self.redis_lost = True
+        # the witness alone now: at its own pace, not the pace Redis allowed
+        self.source_at = min(self.source_at, now + self.outside_every[0])
+        self._say(
+            logging.WARNING,
+            "%s; waiting on %s alone%s",
+            exc,
+            self.outside,
+            "" if refused else f", and trying Redis again every {REDIS_RETRY_EVERY:g} s",
         )
 
     def subscribed(self) -> None:
@@ -491,15 +454,12 @@ class WaitRules(WaitTiming):
         self.read_step = None
         self.resubscribe = False
 
-    def _observed(self, mark: Mark, at: float | None = None, *, idle_ms: int | None = None) -> None:
-        """A write ``mark`` of this run happened while the wait watched; its
-        writer's training loop had handed a step over ``idle_ms`` before it."""
-        now = self.clock()
-        when = now if at is None else at
+    def _observed(self, mark: Mark, when: float, idle_ms: int | None) -> None:
+        """A write ``mark`` of this run, whose writer's loop had handed a step over
+        ``idle_ms`` before it, was seen at ``clock()`` time ``when``."""
         if idle_ms is not None:
-            # a duration on the writer's clock, laid back from when this wait saw
-            # the write: no clock is compared with another
-            # (not before the wait began: its stall timeout is its own to serve)
+            # a duration on the writer's clock laid back from when this wait saw the
+            # write (no clock compared with another), not before the wait began
             handed = when - idle_ms / 1000
             if handed < self.started:
                 handed = self.started
@@ -510,18 +470,14 @@ class WaitRules(WaitTiming):
         self.chief_seen = True
         if when >= self.last_alive:
             self.last_alive = when
-        age = now - self.last_alive
-        self.heartbeat_age = age if age > 0.0 else 0.0
 
-    def _warn_once(self, topic: str, level: int, message: str, *args: object) -> None:
-        if topic not in self.warned:
+    def _say(self, level: int, message: str, *args: object, topic: str = "") -> None:
+        """Log ``message`` about the job (once per wait, with a ``topic``)."""
+        if topic:
+            if topic in self.warned:
+                return
             self.warned.add(topic)
-            self.log.log(level, message, *args)
-
-    def _seen_step(self, step: int, at: float | None = None) -> None:
-        if step != self.last_step:
-            self.last_progress = self.clock() if at is None else max(self.last_progress, at)
-        self.last_step = step
+        self.log.log(level, "job %s: " + message, self.config.job, *args, stacklevel=2)
 
     def _check_subscription(self, step: int) -> None:
         # The chief announces every write. If reads keep finding a step that
@@ -531,21 +487,15 @@ class WaitRules(WaitTiming):
             self.reads_without_message += 1
         self.read_step = step
         if self.reads_without_message >= 2:
-            self.log.info(
-                "job %s: the step moves but no announcement comes; resubscribing",
-                self.config.job,
-            )
+            self._say(logging.INFO, "the step moves but no announcement comes; resubscribing")
             self.resubscribe = True
 
     # -- limits ---------------------------------------------------------------------
 
     def stall_at(self) -> float:
-        """When the stall timeout passes, unless the chief is seen alive again.
-
-        With an outside witness, never before a write of the chief was seen,
-        nor while Redis is lost: the witness alone may still release the wait,
-        as it would without stepbarrier.
-        """
+        """When the stall timeout passes, unless the chief is seen alive again (with an
+        outside witness, never before a write of the chief was seen, nor while Redis is
+        lost: docs/protocol.md#source)."""
         if self.outside is not None and (not self.chief_seen or self.redis_lost):
             return math.inf
         # a live process whose training loop died writes on: the stall timeout
@@ -560,32 +510,17 @@ class WaitRules(WaitTiming):
         limit = self.config.progress_timeout
         return None if limit is None else self.last_progress + limit
 
-    def after_last_chance(self, limit: Limit, released: int | None) -> int | None:
-        """The wait's end after the last read: released, or the timeout, or go on.
-
-        Raises:
-            BarrierTimeout: The limit still holds after the last read.
-        """
-        if released is not None:
-            return released
-        self.raise_if_passed(limit)
-        return None  # the read saw the chief alive (or moving) again
-
-    def timed_out(self, limit: Limit) -> BarrierTimeout:
-        return self.timeout(stalled=limit != "deadline", progress=limit == "progress")
-
     # -- logging and endings --------------------------------------------------------
 
-    def writer_age(self) -> float | None:
+    @property
+    def heartbeat_age(self) -> float | None:
         """Seconds since the wait last observed a write of its run's chief (``None``: never)."""
-        if not self.chief_seen:
-            return None
-        return max(0.0, self.clock() - self.last_alive)
+        return max(0.0, self.clock() - self.last_alive) if self.chief_seen else None
 
     def _situation(self) -> str:
         """Where the wait stands, for progress lines and errors (all on this wait's clock)."""
         seen = "none" if self.last_step is None else str(self.last_step)
-        age = self.writer_age()
+        age = self.heartbeat_age
         if age is None:
             writer = "no write of this run's chief observed since the wait began"
         else:
@@ -604,25 +539,23 @@ class WaitRules(WaitTiming):
         ``next_progress``)."""
         now = self.clock()
         if now >= self.no_chief_at and not self.chief_seen:
-            self._warn_once(
-                "no-chief",
+            self._say(
                 logging.WARNING,
-                "job %s: no write of this job's chief seen on %s in %.0f s of waiting for "
+                "no write of this job's chief seen on %s in %.0f s of waiting for "
                 "step %d (%s). %s Still waiting%s",
-                self.config.job,
                 self.config.safe_url,
                 now - self.started,
                 self.target,
                 self._situation(),
                 self.no_chief_causes(),
                 f"; {self.outside} can still release this worker" if self.outside else "",
+                topic="no-chief",
             )
         if now >= self.progress_line_at:
             self.progress_line_at = now + PROGRESS_EVERY
-            self.heartbeat_age = self.writer_age()
-            self.log.info(
-                "job %s: still waiting for step %d after %.0f s (%s)",
-                self.config.job,
+            self._say(
+                logging.INFO,
+                "still waiting for step %d after %.0f s (%s)",
                 self.target,
                 now - self.started,
                 self._situation(),
@@ -649,7 +582,7 @@ class WaitRules(WaitTiming):
             source = self.config.run_id_source
             return (
                 f"The stored state belongs to run {self.other_run}, not this worker's run "
-                f"{self.config.run_id or '(none)'}"
+                f"{self.run_id or '(none)'}"
                 + (f" (from {source})" if source else "")
                 + ": do the chief and this worker share one run id (STEPBARRIER_RUN_ID, or "
                 "the launcher's: a chief and workers launched as separate Slurm jobs or "
@@ -668,7 +601,7 @@ class WaitRules(WaitTiming):
             "hooks_from_env()); or STEPBARRIER_JOB or the Redis URL differ from the chief's."
         )
 
-    def released(self, step: int, *, by: str) -> int:
+    def released(self, step: int, by: str) -> int:
         """Log the release and return the step."""
         if self.log.isEnabledFor(logging.INFO):
             self.log.info(
@@ -693,22 +626,22 @@ class WaitRules(WaitTiming):
             and self.loop_alive < self.last_alive
         )
 
-    def timeout(self, *, stalled: bool, progress: bool = False) -> BarrierTimeout:
+    def timed_out(self, limit: Limit) -> BarrierTimeout:
         """The error of a passed limit, with the wait's context."""
-        self.heartbeat_age = self.writer_age()
-        if progress:
+        quiet = limit == "stall" and self._loop_quiet()
+        if limit == "progress":
             why = (
                 f"the chief's step did not move for {self.config.progress_timeout:g} s "
                 "(progress timeout, STEPBARRIER_PROGRESS_TIMEOUT)"
             )
-        elif stalled and self._loop_quiet():
+        elif quiet:
             why = (
                 "the chief's process still writes, but its training loop has handed no "
                 f"step over for {self.config.stall_timeout:g} s (stall timeout); a loop that "
                 "died or hangs in a process that lives on, such as a caught error or a "
                 "notebook"
             )
-        elif stalled:
+        elif limit == "stall":
             why = (
                 f"no write of this run's chief observed for {self.config.stall_timeout:g} s "
                 "(stall timeout)"
@@ -720,11 +653,36 @@ class WaitRules(WaitTiming):
             hint = f"; no write of this job's chief was ever seen on {self.config.safe_url}. " + (
                 self.no_chief_causes()
             )
-        elif stalled and not progress and not self._loop_quiet():
+        elif limit == "stall" and not quiet:
             hint = (
                 "; if the job finished while this worker was cut off from Redis and Redis "
                 "has since forgotten it (a restart, an eviction), no record of it is left"
             )
+        return self._gave_up(why, limit, hint)
+
+    def unreachable(self, exc: RedisUnavailable) -> BarrierTimeout | RedisUnavailable:
+        """The error for a wait whose retries ran out: the timeout of the limit they ran
+        to, or ``exc`` with this wait's context if it never reached Redis at all (a
+        wrong URL, a server that is down)."""
+        reached = self.limit_of_retries()
+        if reached == "deadline" and self.deadline is not None:
+            limit = f"overall timeout ({self.deadline - self.started:g} s)"
+        elif reached == "progress":
+            limit = f"progress timeout ({self.config.progress_timeout:g} s)"
+        else:
+            limit = f"stall timeout ({self.config.stall_timeout:g} s)"
+        error = self._gave_up(f"{exc}; retried until the {limit}", reached)
+        if self.reached:
+            return error
+        return RedisUnavailable(
+            str(error),
+            job=error.job,
+            target=self.target,
+            last_step=self.last_step,
+            heartbeat_age=error.heartbeat_age,
+        )
+
+    def _gave_up(self, why: str, limit: Limit, hint: str = "") -> BarrierTimeout:
         return BarrierTimeout(
             f"job {self.config.job}: gave up waiting for step {self.target}: {why}; "
             f"{self._situation()}{hint}",
@@ -732,57 +690,13 @@ class WaitRules(WaitTiming):
             target=self.target,
             last_step=self.last_step,
             heartbeat_age=self.heartbeat_age,
-            stalled=stalled,
-            limit="progress" if progress else "stall" if stalled else "deadline",
-        )
-
-    def unreachable(self, exc: RedisUnavailable) -> BarrierTimeout | RedisUnavailable:
-        """The error for a wait whose retries ran out: ``exc`` with this wait's context.
-
-        A wait that had reached Redis and then lost it until its stall or overall
-        timeout ends with ``BarrierTimeout`` (its chief went unseen for that long;
-        the message says why); one that never reached Redis at all (a wrong URL, a
-        server that is down) ends with ``RedisUnavailable``.
-        """
-        nearest = self.retry_deadline()
-        overall = self.deadline is not None and self.deadline <= nearest
-        progress = not overall and self.progress_at() == nearest < self.stall_at()
-        if overall and self.deadline is not None:
-            limit = f"overall timeout ({self.deadline - self.started:g} s)"
-        elif progress:
-            limit = f"progress timeout ({self.config.progress_timeout:g} s)"
-        else:
-            limit = f"stall timeout ({self.config.stall_timeout:g} s)"
-        age = self.writer_age()
-        message = (
-            f"job {self.config.job}: gave up waiting for step {self.target}: {exc}; retried "
-            f"until the {limit}; {self._situation()}"
-        )
-        job, target, last = self.config.job, self.target, self.last_step
-        if not self.reached:
-            return RedisUnavailable(
-                message, job=job, target=target, last_step=last, heartbeat_age=age
-            )
-        return BarrierTimeout(
-            message,
-            job=job,
-            target=target,
-            last_step=last,
-            heartbeat_age=age,
-            stalled=not overall,
-            limit="deadline" if overall else "progress" if progress else "stall",
+            stalled=limit != "deadline",
+            limit=limit,
         )
 
     def proceed_after(self, exc: BarrierTimeout | RedisUnavailable) -> int:
-        """What a wait that ended with ``exc`` returns under ``on_timeout="proceed"``.
-
-        Returns:
-            The last step seen (0 if none), after a warning.
-
-        Raises:
-            BarrierTimeout: ``exc`` itself, unless the config says proceed.
-            RedisUnavailable: ``exc`` itself, likewise.
-        """
+        """The last step seen (0 if none), after a warning, for a wait that ended with
+        ``exc`` under ``on_timeout="proceed"``; else raises ``exc``."""
         if self.config.on_timeout != "proceed":
             raise exc
         self.log.warning("%s; proceeding as STEPBARRIER_ON_TIMEOUT=proceed says", exc)
@@ -797,6 +711,6 @@ class WaitRules(WaitTiming):
             job=self.config.job,
             target=self.target,
             last_step=self.last_step,
-            heartbeat_age=self.writer_age(),
+            heartbeat_age=self.heartbeat_age,
             reason=reason,
         )

@@ -10,21 +10,25 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import logging
-import math
 import os
 import re
 import signal
 import sys
+import textwrap
 import threading
 import traceback
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import unquote
 
 import click
 
 from stepbarrier._config.checks import DURATION_EXAMPLES, mask_url, parse_duration
+from stepbarrier._config.defaults import DEFAULT_REDIS_URL, DEFAULT_STALL_TIMEOUT
+from stepbarrier._config.environment import MAX_PASSWORD_FILE
 from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._redis.failures import RedisBusy
 from stepbarrier.errors import (
@@ -60,12 +64,20 @@ _EXIT_TEXT = {
     EXIT_BUSY: "Redis busy running a script (BUSY) after retries: wait, or have an "
     "administrator end it (FUNCTION KILL, SCRIPT KILL)",
     EXIT_NO_JOB: "no such job on this Redis (the message lists a few that exist)",
+    EXIT_DEAD: "with --check: the job is dead (no chief heartbeat within the stall timeout)",
+    EXIT_STALE: "with --check: the chief is stale (no heartbeat for three of its periods, at "
+    "least 5 s, but within the stall timeout): it may be gone",
+    EXIT_STUCK: "with --check: a task is stuck (behind the chief, no progress for the stall "
+    "timeout while the chief advances); the line names it",
+    EXIT_COMMAND_FAILED: "COMMAND failed for a multiple (the line says which)",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C, or SIGTERM or SIGHUP while waiting)",
     EXIT_FAILED: "anything else (a bug: please report it with the --debug output)",
 }
 
 
-def exit_codes(*entries: int | tuple[int, str]) -> str:
+def exit_codes(
+    *entries: int | tuple[int, str], heading: str = "Exit codes:", width: int = 3
+) -> str:
     """The "Exit codes:" epilog of one command: only the codes it can end with.
 
     Each entry is a code (with its usual words) or ``(code, words)``; 130
@@ -84,67 +96,25 @@ def exit_codes(*entries: int | tuple[int, str]) -> str:
     ]
     lines = []
     for code, words in rows:
-        first, *rest = _wrap(words, 72)
-        lines.append(f"  {code:<3} {first}")
-        lines += [f"      {more}" for more in rest]
-    return "\b\nExit codes:\n" + "\n".join(lines) + "\n"
+        first, *rest = textwrap.wrap(words, 72, break_on_hyphens=False)
+        lines.append(f"  {code:<{width}} {first}")
+        lines += [" " * (width + 3) + more for more in rest]
+    return f"\b\n{heading}\n" + "\n".join(lines) + "\n"
 
 
-def _wrap(text: str, width: int) -> list[str]:
-    lines: list[str] = []
-    for word in text.split():
-        if lines and len(lines[-1]) + 1 + len(word) <= width:
-            lines[-1] += " " + word
-        else:
-            lines.append(word)
-    return lines or [""]
-
-
-EXIT_CODES = f"""\b
-Exit codes (each command's --help lists its own):
-  {EXIT_OK}  success
-  {EXIT_USAGE}  usage, configuration, authentication or permission error (also: publish
-     refused because a chief still heartbeats; --force overrides)
-  {EXIT_TIMEOUT}  timeout (the overall timeout, or no chief heartbeat for the stall timeout)
-  {EXIT_ABORTED}  aborted: the job finished or was reset before the step came
-  {EXIT_UNAVAILABLE}  Redis unreachable after retries
-  {EXIT_NO_JOB}  no such job (reset; status --check)
-  {EXIT_DEAD}  status --check: the job is dead (no chief heartbeat within the stall timeout)
-  {EXIT_BUSY}  Redis busy running a script (BUSY) after retries: Redis is up; wait, or have
-     an administrator end the script (FUNCTION KILL, SCRIPT KILL)
-  {EXIT_STALE}  status --check: the chief is stale (no heartbeat for three of its periods,
-     at least 5 s, but within the stall timeout): it may be gone
-  {EXIT_STUCK} status --check: a task is stuck (no progress for the stall timeout while
-     the chief advances); the line names it
-  {EXIT_COMMAND_FAILED} follow: the COMMAND run for a multiple failed (the line says which and how)
-  {EXIT_FAILED}  anything else (a bug: please report it with the --debug output); doctor:
-     a check failed
-  {EXIT_INTERRUPTED}  interrupted (Ctrl-C; wait, follow and arrive also on SIGTERM or SIGHUP,
-       leaving the registry first)
-"""
-"""The group's epilog: every code any command ends with."""
-
-DEMO_EXIT_CODES = f"""\b
-Exit codes:
-  {EXIT_OK}    the job ran to its end, or Ctrl-C stopped it (the partial summary is
-        shown; nothing is left running)
-  {EXIT_FAILED}    a task failed (its last log lines are shown)
-  {EXIT_USAGE}    usage or configuration error, or something the demo needs is not
-        installed (TensorFlow; redis-server or fakeredis)
-"""
-
-#: Options that stand for a variable, for hints in configuration errors.
-OPTION_FOR_VARIABLE = {
-    "STEPBARRIER_REDIS_URL": "--redis-url",
-    "STEPBARRIER_JOB": "--job",
-    "STEPBARRIER_REDIS_USERNAME": "--username",
-    "STEPBARRIER_REDIS_PASSWORD_FILE": "--password-file",
-    "STEPBARRIER_WAIT_UNTIL_STEP": "--until",
-    "STEPBARRIER_TIMEOUT": "--timeout",
-    "STEPBARRIER_STALL_TIMEOUT": "--stall-timeout",
-    "STEPBARRIER_TASK_ID": "--task-id",
-    "STEPBARRIER_REDIS_CLUSTER": "--cluster",
+_ONE_COMMAND = {
+    EXIT_DEAD: "status ",
+    EXIT_STALE: "status ",
+    EXIT_STUCK: "status ",
+    EXIT_COMMAND_FAILED: "follow: ",
 }
+"""The codes only one command ends with: the group's epilog names it."""
+EXIT_CODES = exit_codes(
+    *((code, f"{_ONE_COMMAND.get(code, '')}{words}") for code, words in _EXIT_TEXT.items()),
+    heading="Exit codes (each command's --help, or -h, lists its own):",
+    width=2,
+)
+"""The group's epilog: every code any command ends with."""
 
 _WHITESPACE = re.compile(r"(\s+)")
 
@@ -165,11 +135,8 @@ URL_PASSWORD_WARNING = (
 def mask_secrets(text: str, secrets: Iterable[str | None] = ()) -> str:
     """``text`` with URL passwords and each of ``secrets`` replaced by ``***``.
 
-    A URL's password is masked word by word: ``mask_url`` on each word that
-    holds ``://`` (which also masks a ``password=`` query argument). The cost is
-    linear in the length of ``text``, however it is made; a regular expression
-    here took quadratic time on a long word, such as a 100 000-character job
-    name in a message.
+    Word by word (``mask_url`` on each word holding ``://``), in linear time: a
+    regular expression here took quadratic time on a 100 000-character job name.
     """
     words = _WHITESPACE.split(text)
     for index, word in enumerate(words):
@@ -193,20 +160,13 @@ def url_password(url: str) -> str | None:
 
 
 class Duration(click.ParamType):  # type: ignore[type-arg]
-    """A duration as people type it: plain seconds (``600``) or ``90s``, ``10m``, ``1h``.
-
-    Converts to seconds (a float) within ``[low, high]`` (``low`` excluded
-    with ``low_open``); anything else is a usage error (exit 2) that says how
-    to write one.
-    """
+    """A duration as people type it (``600``, ``90s``, ``10m``, ``1h``), in seconds
+    within ``[low, high]`` (``low`` excluded with ``low_open``); else a usage error."""
 
     name = "duration"
 
     def __init__(self, low: float = 0.0, high: float = 1e9, *, low_open: bool = True) -> None:
         self.low, self.high, self.low_open = low, high, low_open
-
-    def get_metavar(self, param: click.Parameter, *args: Any) -> str:
-        return "DURATION"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -226,56 +186,40 @@ class Duration(click.ParamType):  # type: ignore[type-arg]
         return seconds
 
 
-class FiniteFloatRange(click.FloatRange):
-    """click's ``FloatRange``, which also refuses ``nan`` and infinities.
-
-    ``nan`` passes every comparison, so ``FloatRange(0.05, 60)`` takes it (and
-    ``time.sleep(nan)`` fails later, as an unexpected error); an open range
-    takes ``inf``. Both are a usage error (exit 2) naming the option here.
-    """
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        number = super().convert(value, param, ctx)
-        if not math.isfinite(number):
-            self.fail(
-                f"{number} is not a finite number in the range {self._describe_range()}.",
-                param,
-                ctx,
-            )
-        return number
-
-
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
 """Every command's context: ``-h`` is ``--help`` too (subcommands inherit it)."""
 
 
+_EXIT_FOR: tuple[tuple[type[BaseException] | tuple[type[BaseException], ...], int], ...] = (
+    ((ConfigurationError, RedisRefused), EXIT_USAGE),
+    (BarrierTimeout, EXIT_TIMEOUT),
+    (BarrierAborted, EXIT_ABORTED),
+    (RedisBusy, EXIT_BUSY),  # a RedisUnavailable: Redis is up, but busy
+    (RedisUnavailable, EXIT_UNAVAILABLE),
+)
+
+
 def exit_code_for(exc: BaseException) -> int:
-    """The exit code that stands for ``exc``."""
-    if isinstance(exc, (ConfigurationError, RedisRefused)):
-        return EXIT_USAGE
-    if isinstance(exc, BarrierTimeout):
-        return EXIT_TIMEOUT
-    if isinstance(exc, BarrierAborted):
-        return EXIT_ABORTED
-    if isinstance(exc, RedisBusy):  # a RedisUnavailable: Redis is up, but busy
-        return EXIT_BUSY
-    if isinstance(exc, RedisUnavailable):
-        return EXIT_UNAVAILABLE
-    return EXIT_FAILED
+    """The exit code that stands for ``exc`` (the first of ``_EXIT_FOR`` it is)."""
+    return next((code for kinds, code in _EXIT_FOR if isinstance(exc, kinds)), EXIT_FAILED)
 
 
+@dataclass
 class _Session:
     """What one invocation collected: variables from options, verbosity, secrets."""
 
-    def __init__(self) -> None:
-        self.overrides: dict[str, str] = {}
-        self.debug = False
-        self.verbose = False
-        self.secrets: set[str] = set()
-        self.password_on_command_line = False
+    overrides: dict[str, str] = field(default_factory=dict)
+    debug: bool = False
+    verbose: bool = False
+    secrets: set[str] = field(default_factory=set)
+    password_on_command_line: bool = False
 
-    def config(self) -> BarrierConfig:
+    def config(self, job: str | None = None) -> BarrierConfig:
+        """The settings of this invocation; ``job`` names the job whatever the options
+        and the environment say (a command about every job, or none)."""
         environ = {**os.environ, **self.overrides}
+        if job is not None:
+            environ["STEPBARRIER_JOB"] = job
         if "STEPBARRIER_REDIS_PASSWORD_FILE" in self.overrides:
             environ.pop("STEPBARRIER_REDIS_PASSWORD", None)  # the option wins
         self.secrets.add(environ.get("STEPBARRIER_REDIS_PASSWORD", ""))
@@ -297,17 +241,19 @@ def current_session() -> _Session:
     return click.get_current_context().ensure_object(_Session)
 
 
-class _MaskingFormatter(logging.Formatter):
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes each line masked, to whatever ``sys.stderr`` is at the time (click's test
+    runner swaps it)."""
+
     def __init__(self, session: _Session) -> None:
-        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S")
+        super().__init__()
         self.session = session
+        self.setFormatter(
+            logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S")
+        )
 
     def format(self, record: logging.LogRecord) -> str:
         return mask_secrets(super().format(record), self.session.secrets)
-
-
-class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
-    """Writes to whatever ``sys.stderr`` is at the time (click's test runner swaps it)."""
 
     def emit(self, record: logging.LogRecord) -> None:
         self.stream = sys.stderr
@@ -341,20 +287,19 @@ def stopped_like_ctrl_c() -> Iterator[None]:
 
 @contextlib.contextmanager
 def command_logging(session: _Session, quiet_level: int) -> Iterator[None]:
-    """Send log lines to stderr, masked, for one command; then restore what was there.
+    """Send log lines to stderr, masked, for one command; then restore what was there
+    (the CLI may run inside another program, or a test run).
 
     ``quiet_level`` is the library's level without ``--verbose``: the error line
     says what went wrong, so most commands keep the library's warnings out of it.
-    Restoring matters when the CLI runs inside another program (or a test run):
-    a command must not change that program's logging for good.
     """
     root, library = logging.getLogger(), logging.getLogger("stepbarrier")
     shown = [logging.getLogger(name) for name in _SHOWN_WARNINGS]
-    saved = (root.level, library.level, [logger.level for logger in shown])
-    handler = _StderrHandler()
-    handler.setFormatter(_MaskingFormatter(session))
-    if not session.debug:
-        handler.addFilter(_FirstOnly("stepbarrier.tls"))
+    saved = [(logger, logger.level) for logger in (root, library, *shown)]
+    handler = _StderrHandler(session)
+    if not session.debug:  # a weakened-TLS warning once per command, not per client
+        tls_told = itertools.count()
+        handler.addFilter(lambda record: record.name != "stepbarrier.tls" or next(tls_told) == 0)
     root.addHandler(handler)
     root.setLevel(logging.DEBUG if session.debug else logging.WARNING)
     level = logging.DEBUG if session.debug else logging.INFO if session.verbose else quiet_level
@@ -365,29 +310,28 @@ def command_logging(session: _Session, quiet_level: int) -> Iterator[None]:
         yield
     finally:
         root.removeHandler(handler)
-        root.setLevel(saved[0])
-        library.setLevel(saved[1])
-        for logger, previous in zip(shown, saved[2], strict=True):
+        for logger, previous in saved:
             logger.setLevel(previous)
 
 
-class _FirstOnly(logging.Filter):
-    """Passes the first record of logger ``name`` (and every other logger's records)."""
+class _VariableOption(click.Option):
+    def __init__(self, *args: Any, variable: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.variable = variable
 
-    def __init__(self, name: str) -> None:
-        super().__init__()
-        self.only = name
-        self.seen = False
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.name != self.only:
-            return True
-        first, self.seen = not self.seen, True
-        return first
+def _option_for(variable: str | None) -> str | None:
+    """The current command's option that stands for ``variable``, for error messages."""
+    context = click.get_current_context(silent=True)
+    for param in context.command.params if context else ():
+        if isinstance(param, _VariableOption) and param.variable == variable:
+            return param.opts[0]
+    return None
 
 
 def variable_option(*decls: str, variable: str, help: str, **kwargs: Any) -> Callable[[F], F]:
-    """An option that sets ``variable`` for this invocation."""
+    """An option that sets ``variable`` for this invocation (and that an error about
+    ``variable`` names)."""
 
     def remember(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
         if value is not None:
@@ -399,6 +343,8 @@ def variable_option(*decls: str, variable: str, help: str, **kwargs: Any) -> Cal
 
     return click.option(
         *decls,
+        cls=_VariableOption,
+        variable=variable,
         callback=remember,
         expose_value=False,
         is_eager=True,
@@ -415,60 +361,90 @@ def _flag(name: str) -> Callable[[click.Context, click.Parameter, bool], bool]:
     return remember
 
 
-def connection_options(command: F) -> F:
-    """The options every command that talks to the job's Redis takes."""
-    return _redis_options(command, job=True)
+def _options(*decorators: Callable[[F], F]) -> Callable[[F], F]:
+    """The ``decorators`` as one, applied so that ``--help`` lists them in order."""
+
+    def decorate(command: F) -> F:
+        for option in reversed(decorators):
+            command = option(command)
+        return command
+
+    return decorate
 
 
-def server_options(command: F) -> F:
-    """The options of a command about every job of a Redis: ``connection_options``
-    without ``--job``."""
-    return _redis_options(command, job=False)
+_REDIS_URL = variable_option(
+    "--redis-url",
+    variable="STEPBARRIER_REDIS_URL",
+    metavar="URL",
+    help=f"Redis URL, e.g. redis://host:6379/0 (default {DEFAULT_REDIS_URL}); "
+    "keep the password out of it (ps shows it): use --password-file.",
+)
+_CREDENTIALS = (
+    variable_option(
+        "--username", variable="STEPBARRIER_REDIS_USERNAME", metavar="USER", help="Redis ACL user."
+    ),
+    variable_option(
+        "--password-file",
+        variable="STEPBARRIER_REDIS_PASSWORD_FILE",
+        metavar="PATH",
+        help="File holding the Redis password, a regular file of at most "
+        f"{MAX_PASSWORD_FILE} bytes (never pass a password on the command line; "
+        "STEPBARRIER_REDIS_PASSWORD works too).",
+    ),
+    variable_option(
+        "--cluster",
+        variable="STEPBARRIER_REDIS_CLUSTER",
+        is_flag=True,
+        flag_value="1",
+        default=None,
+        help="Redis is a Redis Cluster; --redis-url names one of its nodes.",
+    ),
+)
+_JOB = variable_option("--job", variable="STEPBARRIER_JOB", metavar="NAME", help="Job name.")
+
+connection_options = _options(_REDIS_URL, _JOB, *_CREDENTIALS)
+"""The options every command that talks to the job's Redis takes."""
+server_options = _options(_REDIS_URL, *_CREDENTIALS)
+"""The options of a command about every job of a Redis: ``connection_options``
+without ``--job``."""
 
 
-def _redis_options(command: F, *, job: bool) -> F:
-    decorators = [
+def stall_timeout_option(help: str) -> Callable[[F], F]:
+    """``--stall-timeout``, ``help`` saying what the command does with it."""
+    return variable_option(
+        "--stall-timeout", variable="STEPBARRIER_STALL_TIMEOUT", type=Duration(), help=help
+    )
+
+
+def wait_options(stall: str, task_id: str) -> Callable[[F], F]:
+    """The options of the commands that wait (``wait``, ``follow``, ``arrive``):
+    ``--timeout``, ``--stall-timeout`` (``stall`` says what it waits for, e.g. ``"a
+    chief heartbeat"``) and ``--task-id`` (``task_id``: its help)."""
+    return _options(
         variable_option(
-            "--redis-url",
-            variable="STEPBARRIER_REDIS_URL",
-            metavar="URL",
-            help="Redis URL, e.g. redis://host:6379/0 (default redis://localhost:6379/0); "
-            "keep the password out of it (ps shows it): use --password-file.",
+            "--timeout",
+            variable="STEPBARRIER_TIMEOUT",
+            type=Duration(),
+            help=f"Give up (exit {EXIT_TIMEOUT}) after this long (seconds, or 90s, 10m, 1h); "
+            "no limit by default.",
         ),
-        *(
-            [variable_option("--job", variable="STEPBARRIER_JOB", metavar="NAME", help="Job name.")]
-            if job
-            else []
-        ),
-        variable_option(
-            "--username",
-            variable="STEPBARRIER_REDIS_USERNAME",
-            metavar="USER",
-            help="Redis ACL user.",
-        ),
-        variable_option(
-            "--password-file",
-            variable="STEPBARRIER_REDIS_PASSWORD_FILE",
-            metavar="PATH",
-            help="File holding the Redis password, a regular file of at most 4096 bytes "
-            "(never pass a password on the command line; STEPBARRIER_REDIS_PASSWORD works too).",
+        stall_timeout_option(
+            f"Give up (exit {EXIT_TIMEOUT}) after this long without {stall} "
+            f"(default {DEFAULT_STALL_TIMEOUT:g} s)."
         ),
         variable_option(
-            "--cluster",
-            variable="STEPBARRIER_REDIS_CLUSTER",
-            is_flag=True,
-            flag_value="1",
-            default=None,
-            help="Redis is a Redis Cluster; --redis-url names one of its nodes.",
+            "--task-id",
+            variable="STEPBARRIER_TASK_ID",
+            type=click.IntRange(0),
+            metavar="ID",
+            help=task_id,
         ),
-    ]
-    for decorate in reversed(decorators):
-        command = decorate(command)
-    return command
+    )
 
 
 def reporting(command: F, *, quiet_level: int = logging.CRITICAL) -> F:
-    """Adds ``--debug``/``--verbose`` and turns errors into one line and an exit code."""
+    """Adds ``--debug``/``--verbose`` and turns errors into one line and an exit code
+    (``quiet_level``: ``command_logging``)."""
 
     @functools.wraps(command)
     def run(*args: Any, **kwargs: Any) -> Any:
@@ -489,41 +465,40 @@ def reporting(command: F, *, quiet_level: int = logging.CRITICAL) -> F:
     return verbosity_options(run)  # type: ignore[return-value]
 
 
-def verbosity_options(command: F) -> F:
-    """``--debug`` and ``--verbose``: on each command, and on the group before it
-    (``stepbarrier --debug status`` is ``stepbarrier status --debug``)."""
-    command = click.option(
+verbosity_options = _options(
+    click.option(
+        "--debug",
+        is_flag=True,
+        expose_value=False,
+        callback=_flag("debug"),
+        help="Log everything and print tracebacks.",
+    ),
+    click.option(
         "--verbose",
         "-v",
         is_flag=True,
         expose_value=False,
         callback=_flag("verbose"),
         help="Log what the barrier does (INFO lines on stderr).",
-    )(command)
-    return click.option(
-        "--debug",
-        is_flag=True,
-        expose_value=False,
-        callback=_flag("debug"),
-        help="Log everything and print tracebacks.",
-    )(command)
+    ),
+)
+"""``--debug`` and ``--verbose``: on each command, and on the group before it
+(``stepbarrier --debug status`` is ``stepbarrier status --debug``)."""
 
 
-def reporting_warnings(command: F) -> F:
-    """``reporting`` that also shows the library's warnings without ``--verbose``.
-
-    For a command that may run long (``wait``, ``arrive``, ``exporter``): a lost
-    connection or a stalled chief is news while it runs, not only in the last line.
-    """
-    return reporting(command, quiet_level=logging.WARNING)
+reporting_warnings = functools.partial(reporting, quiet_level=logging.WARNING)
+"""``reporting`` that also shows the library's warnings without ``--verbose``: for a
+command that may run long (``wait``, ``arrive``, ``exporter``), a lost connection or
+a stalled chief is news while it runs, not only in the last line."""
 
 
 def fail(exc: BaseException, session: _Session) -> None:
     """Print ``exc`` as one masked line (plus the traceback under --debug) and exit."""
     code = exit_code_for(exc)
     message = " ".join(str(exc).split()) or type(exc).__name__
-    if isinstance(exc, ConfigurationError) and exc.variable in OPTION_FOR_VARIABLE:
-        message += f" (option {OPTION_FOR_VARIABLE[exc.variable]})"
+    option = _option_for(exc.variable) if isinstance(exc, ConfigurationError) else None
+    if option is not None:
+        message += f" (option {option})"
     if code == EXIT_FAILED:
         message = f"unexpected {type(exc).__name__}: {message} (run with --debug for details)"
     if session.debug:

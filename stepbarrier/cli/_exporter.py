@@ -1,60 +1,24 @@
-"""A Prometheus exporter of every job on a Redis (``stepbarrier exporter``).
+"""A Prometheus exporter of every job on a Redis (``stepbarrier exporter``;
+its metrics, bounds and teams: docs/operations.md#jobs-metrics-and-alerts).
 
-It serves the Prometheus text format on ``/metrics`` and reads Redis when it
-is scraped, at most once every ``MIN_READ_INTERVAL`` seconds (several
-Prometheus servers scraping it cost one read), through
-``stepbarrier._inspect.listing``: it needs only the ``monitor`` ACL user. Each job
-is one series per gauge, labelled ``job_name``: never ``job``, which is
-Prometheus's own target label (a clash would rename ours ``exported_job``),
-and no per-worker series but the bounded task gauges below. While Redis is
-gone it goes on serving, with ``stepbarrier_up 0`` and no job series (and
-``stepbarrier_redis_busy 1`` while Redis answers BUSY).
-
-Each task's progress (issue 38, docs/who-is-slow.md): ``stepbarrier_task_step``,
-``stepbarrier_task_behind`` and ``stepbarrier_task_stuck``, labelled
-``job_name`` and ``task``, for the tasks that report their progress. Bounded: a
-reading reads the tasks of at most ``EXPORTED_TASK_JOBS`` jobs (the first of
-the listing), and exports at most ``EXPORTED_TASKS`` tasks of each (the stuck
-first, then the most behind), so at most 50 x 100 series per gauge, whatever
-the tasks wrote. A task is stuck by the exporter's own stall timeout
-(``STEPBARRIER_STALL_TIMEOUT``, 600 s by default).
-
-Fair to each team (issue 34): it exports the jobs of one or more patterns, one
-per team (``--job 'team-a-*' --job 'team-b-*'``; ``*`` by default), each with
-its fair share of the ``EXPORTED_JOBS`` one reading reads, so one team's jobs,
-however many its chief made, never push another team's out of the metrics. A
-reading reads at most that many jobs and makes at most ``SCRAPE_SCAN_CALLS``
-``SCAN`` calls per master, so it ends well within Prometheus's scrape timeout
-whatever the keyspace holds; a pattern whose jobs were not all exported has
-``stepbarrier_jobs_truncated{pattern} 1`` (and an alert).
-
-Needs the ``exporter`` extra (``pip install 'stepbarrier[exporter]'``), which
-this module imports only when an exporter is made: without it, ``serve`` and
-``JobsCollector`` raise an ``ImportError`` that names the extra. The core
-never imports this module; the command line does, for its defaults.
-
-Example:
-    A ``BarrierConfig``'s job is ignored here: the exporter covers every job:
-
-    ```python
-    config = BarrierConfig(job="any", redis_url="redis://redis:6379/0",
-                           redis_username="monitor", redis_password=secret)
-    with serve(config, port=9464) as server:
-        print(server.url)  # http://127.0.0.1:9464/metrics
-        threading.Event().wait()
-    ```
+It reads Redis when scraped, at most once every ``MIN_READ_INTERVAL`` seconds
+(several Prometheus servers cost one read), through ``stepbarrier jobs``'s
+listing with bounds (``EXPORTED_JOBS``, ``SCRAPE_SCAN_CALLS``) that end a
+reading well within Prometheus's scrape timeout whatever the keyspace holds.
+Jobs are labelled ``job_name``, never ``job``: Prometheus's own target label (a
+clash would rename ours ``exported_job``). prometheus-client (the ``exporter``
+extra) is imported only when an exporter is made.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
-from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 from wsgiref.simple_server import WSGIServer
 
 from stepbarrier._config.settings import BarrierConfig
@@ -78,6 +42,7 @@ if TYPE_CHECKING:
 
 
 log = logging.getLogger("stepbarrier.exporter")
+T = TypeVar("T")
 
 DEFAULT_PORT = 9464
 """The exporter's port (9464: the port OpenTelemetry's Prometheus exporters use)."""
@@ -124,8 +89,7 @@ JOB_GAUGES: dict[str, tuple[str, Callable[[JobSummary], float | None]]] = {
         lambda j: len(j.problems),
     ),
 }
-"""The per-job gauges (label ``job_name``): help text, and the value of a job
-(``None``: no series for that job)."""
+"""The per-job gauges (label ``job_name``): help text, and a job's value (``None``: no series)."""
 TASK_GAUGES: dict[str, tuple[str, Callable[[TaskProgress], float | None]]] = {
     "stepbarrier_task_step": (
         "The step a task last reported (ProgressReporter, the hooks and callbacks).",
@@ -141,23 +105,31 @@ TASK_GAUGES: dict[str, tuple[str, Callable[[TaskProgress], float | None]]] = {
         lambda t: int(t.stuck),
     ),
 }
-"""The per-task gauges (labels ``job_name`` and ``task``): help text, and the value
-of a task. At most ``EXPORTED_TASKS`` tasks of at most ``EXPORTED_TASK_JOBS`` jobs."""
 EXPORTED_TASK_JOBS = 50
 """Most jobs whose tasks one reading reads (the first of the listing)."""
 EXPORTED_TASKS = 100
-"""Most tasks exported per job: the stuck first, then the most behind."""
-SERVER_GAUGES = {
-    "stepbarrier_up": "1 when the last reading of Redis succeeded, else 0.",
+"""Most tasks exported per job (``JobStatus.tasks_by_concern``: the stuck first)."""
+SERVER_GAUGES: dict[str, tuple[str, Callable[[Reading], float | None]]] = {
+    "stepbarrier_up": (
+        "1 when the last reading of Redis succeeded, else 0.",
+        lambda r: int(r.listing is not None),
+    ),
     "stepbarrier_redis_busy": (
         "1 when the last reading failed because Redis answered BUSY (a script has run past "
-        "busy-reply-threshold: FUNCTION KILL or SCRIPT KILL end it), else 0."
+        "busy-reply-threshold: FUNCTION KILL or SCRIPT KILL end it), else 0.",
+        lambda r: int(r.busy),
     ),
-    "stepbarrier_jobs": "Jobs exported by the last reading (absent while it fails).",
-    "stepbarrier_scrape_duration_seconds": "Seconds the last reading of Redis took.",
+    "stepbarrier_scrape_duration_seconds": (
+        "Seconds the last reading of Redis took.",
+        lambda r: r.duration,
+    ),
+    "stepbarrier_jobs": (
+        "Jobs exported by the last reading (absent while it fails).",
+        lambda r: None if r.listing is None else len(r.listing.jobs),
+    ),
 }
 """The gauges without labels, about the exporter's reading of Redis."""
-PATTERN_GAUGES: dict[str, tuple[str, Callable[[PatternListing], float]]] = {
+PATTERN_GAUGES: dict[str, tuple[str, Callable[[PatternListing], float | None]]] = {
     "stepbarrier_jobs_found": (
         "Jobs the last reading's scan found whose names match the pattern (a team's), "
         "each counted for the first pattern it matches.",
@@ -169,14 +141,7 @@ PATTERN_GAUGES: dict[str, tuple[str, Callable[[PatternListing], float]]] = {
         lambda p: int(p.truncated),
     ),
 }
-"""The per-pattern gauges (label ``pattern``, a team's jobs pattern): help text,
-and the value of a pattern (absent while a reading fails)."""
-METRIC_NAMES = (
-    frozenset(JOB_GAUGES)
-    | frozenset(SERVER_GAUGES)
-    | frozenset(PATTERN_GAUGES)
-    | frozenset(TASK_GAUGES)
-)
+METRIC_NAMES = frozenset([*JOB_GAUGES, *SERVER_GAUGES, *PATTERN_GAUGES, *TASK_GAUGES])
 """Every metric the exporter serves."""
 
 
@@ -186,11 +151,9 @@ class Reading:
 
     Attributes:
         taken_at: When it was taken (the collector's monotonic clock).
-        duration: Seconds it took.
-        listing: The jobs, or ``None`` if Redis could not be read.
-        busy: Redis could not be read because it answered BUSY (a script running).
-        tasks: Each job's exported tasks (``EXPORTED_TASKS`` at most), for the
-            first ``EXPORTED_TASK_JOBS`` jobs (``None``: not read).
+        listing: The jobs, or ``None`` if Redis could not be read (``busy``: it
+            answered BUSY).
+        tasks: ``read_job_tasks``'s (``None``: not read).
     """
 
     taken_at: float
@@ -217,17 +180,9 @@ def require_prometheus_client() -> None:
 class JobsCollector:
     """A prometheus-client collector that reads the jobs when it is collected.
 
-    Register it in a ``CollectorRegistry`` (``serve`` does), or in your own.
-
-    Args:
-        config: Where Redis is and who to be (its job is ignored).
-        pattern: The jobs to export: a name, or a glob such as ``team-a-*``
-            (if ``patterns`` is not given).
-        patterns: The teams' patterns: each gets its fair share of ``max_jobs``.
-        min_interval: Seconds a reading is served again before a new one.
-        read: Reads the jobs of the patterns (``list_jobs``; injectable for tests).
-        clock: Monotonic clock (injectable for tests).
-        max_jobs: Most jobs one reading reads (``EXPORTED_JOBS``).
+    ``config``'s job is ignored; ``pattern``/``patterns`` are ``list_jobs``'s,
+    ``max_jobs`` its ``limit``; ``read``, ``read_tasks`` and ``clock`` are
+    injectable for tests (``list_jobs``, ``read_job_tasks``, ``time.monotonic``).
 
     Raises:
         ConfigurationError: An invalid pattern, or ``max_jobs`` out of range.
@@ -254,7 +209,17 @@ class JobsCollector:
         self.config = config
         self.patterns = validate_patterns((pattern,) if patterns is None else patterns)
         self.min_interval = min_interval
-        self._read = read or functools.partial(_read_jobs, max_jobs=max_jobs)
+        # a client of its own per reading: a Cluster's slot map is read anew, and
+        # no connection outlives an outage
+        self._read = read or (
+            lambda config, patterns: list_jobs(
+                config,
+                patterns=patterns,
+                limit=max_jobs,
+                scan_calls=SCRAPE_SCAN_CALLS,
+                retry_seconds=READ_RETRY_SECONDS,
+            )
+        )
         # the tasks' progress: read with the default reading (a test's own
         # reading of jobs brings its own, or none)
         self._read_tasks = read_tasks if read_tasks is not None or read else read_job_tasks
@@ -289,7 +254,8 @@ class JobsCollector:
         else:
             if last is not None and last.listing is None:
                 log.warning("reading the jobs again (serving stepbarrier_up 1)")
-            if _truncated(listing) != _truncated(last):  # once while it stays, not per scrape
+            was = set() if last is None or last.listing is None else _truncated(last.listing)
+            if _truncated(listing) != was:  # once while it stays, not per scrape
                 for part in listing.patterns:
                     if part.truncated:
                         log.warning(
@@ -310,56 +276,49 @@ class JobsCollector:
         from prometheus_client.core import GaugeMetricFamily
 
         reading = self.reading()
+        for name, (text, value_of) in SERVER_GAUGES.items():
+            value = value_of(reading)
+            if value is not None:
+                yield GaugeMetricFamily(name, text, value=value)
         listing = reading.listing
-        yield GaugeMetricFamily(
-            "stepbarrier_up", SERVER_GAUGES["stepbarrier_up"], value=int(listing is not None)
-        )
-        yield GaugeMetricFamily(
-            "stepbarrier_redis_busy",
-            SERVER_GAUGES["stepbarrier_redis_busy"],
-            value=int(reading.busy),
-        )
-        yield GaugeMetricFamily(
-            "stepbarrier_scrape_duration_seconds",
-            SERVER_GAUGES["stepbarrier_scrape_duration_seconds"],
-            value=reading.duration,
-        )
         if listing is None:
             return
-        yield GaugeMetricFamily(
-            "stepbarrier_jobs", SERVER_GAUGES["stepbarrier_jobs"], value=len(listing.jobs)
+        yield from _families(
+            PATTERN_GAUGES, ["pattern"], [((p.pattern,), p) for p in listing.patterns]
         )
-        for name, (text, of_pattern) in PATTERN_GAUGES.items():
-            patterns = GaugeMetricFamily(name, text, labels=["pattern"])
-            for part in listing.patterns:
-                patterns.add_metric([part.pattern], float(of_pattern(part)))
-            yield patterns
-        for name, (text, value_of) in JOB_GAUGES.items():
-            family = GaugeMetricFamily(name, text, labels=["job_name"])
-            for job in listing.jobs:
-                value = value_of(job)
-                if value is not None:
-                    family.add_metric([job.job], float(value))
-            yield family
-        for name, (text, of_task) in TASK_GAUGES.items():
-            family = GaugeMetricFamily(name, text, labels=["job_name", "task"])
-            for job_name, tasks in (reading.tasks or {}).items():
-                for task in tasks:
-                    value = of_task(task)
-                    if value is not None:
-                        family.add_metric([job_name, str(task.task_id)], float(value))
-            yield family
+        yield from _families(JOB_GAUGES, ["job_name"], [((j.job,), j) for j in listing.jobs])
+        tasks = [
+            ((job, str(task.task_id)), task)
+            for job, ordered in (reading.tasks or {}).items()
+            for task in ordered
+        ]
+        yield from _families(TASK_GAUGES, ["job_name", "task"], tasks)
+
+
+def _families(
+    gauges: dict[str, tuple[str, Callable[[T], float | None]]],
+    labels: list[str],
+    rows: Sequence[tuple[tuple[str, ...], T]],
+) -> Iterator[Metric]:
+    """One gauge family per entry of ``gauges``, a series per row whose value is not ``None``."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    for name, (text, value_of) in gauges.items():
+        family = GaugeMetricFamily(name, text, labels=labels)
+        for label_values, row in rows:
+            value = value_of(row)
+            if value is not None:
+                family.add_metric(list(label_values), float(value))
+        yield family
 
 
 TaskReader = Callable[[BarrierConfig, list[str]], dict[str, tuple[TaskProgress, ...]]]
-"""Reads the tasks of the jobs named (the exporter's ``read_job_tasks``)."""
 
 
 def read_job_tasks(config: BarrierConfig, jobs: list[str]) -> dict[str, tuple[TaskProgress, ...]]:
-    """The exported tasks of the first ``EXPORTED_TASK_JOBS`` of ``jobs``: of each, the
-    stuck first, then the most behind, at most ``EXPORTED_TASKS``. Each job's read is
-    ``read_status``'s (bounded); a job that cannot be read exports no task, and once
-    Redis is unavailable no later job is tried (each try retries for seconds)."""
+    """The exported tasks (``EXPORTED_TASKS``, by concern) of the first
+    ``EXPORTED_TASK_JOBS`` of ``jobs``, each read by ``read_status``; a job that cannot
+    be read exports no task."""
     found: dict[str, tuple[TaskProgress, ...]] = {}
     selected = jobs[:EXPORTED_TASK_JOBS]
     if not selected:
@@ -383,45 +342,25 @@ def read_job_tasks(config: BarrierConfig, jobs: list[str]) -> dict[str, tuple[Ta
             except (RedisRefused, ConfigurationError) as exc:
                 log.debug("job %s: tasks not exported: %s", job, exc)
                 continue
-            ordered = sorted(status.tasks, key=lambda t: (not t.stuck, -(t.behind or 0), t.task_id))
-            if ordered:
-                found[job] = tuple(ordered[:EXPORTED_TASKS])
+            if status.tasks:
+                found[job] = status.tasks_by_concern[:EXPORTED_TASKS]
     finally:
         client.close()
     return found
 
 
-def _truncated(reading: JobListing | Reading | None) -> frozenset[str]:
-    """The patterns a listing (or a reading's) left jobs out of."""
-    listing = reading.listing if isinstance(reading, Reading) else reading
-    if listing is None:
-        return frozenset()
-    return frozenset(part.pattern for part in listing.patterns if part.truncated)
+def _truncated(listing: JobListing) -> set[str]:
+    """The patterns a listing left jobs out of."""
+    return {part.pattern for part in listing.patterns if part.truncated}
 
 
-def _read_jobs(
-    config: BarrierConfig, patterns: tuple[str, ...], *, max_jobs: int = EXPORTED_JOBS
-) -> JobListing:
-    # a client of its own per reading: a Cluster's slot map is read anew, and
-    # no connection outlives an outage
-    return list_jobs(
-        config,
-        patterns=patterns,
-        limit=max_jobs,
-        scan_calls=SCRAPE_SCAN_CALLS,
-        retry_seconds=READ_RETRY_SECONDS,
-    )
-
-
-class MetricsServer:
+@dataclass
+class MetricsServer(AbstractContextManager["MetricsServer"]):
     """The HTTP server of ``serve``; ``close()`` (or ``with``) stops it."""
 
-    def __init__(
-        self, collector: JobsCollector, httpd: WSGIServer, thread: threading.Thread
-    ) -> None:
-        self.collector = collector
-        self._httpd = httpd
-        self._thread = thread
+    collector: JobsCollector
+    _httpd: WSGIServer
+    _thread: threading.Thread
 
     @property
     def port(self) -> int:
@@ -440,15 +379,7 @@ class MetricsServer:
         self._httpd.server_close()
         self._thread.join(10)
 
-    def __enter__(self) -> MetricsServer:
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
 
@@ -462,18 +393,8 @@ def serve(
     patterns: Sequence[str] | None = None,
     max_jobs: int = EXPORTED_JOBS,
 ) -> MetricsServer:
-    """Serve the jobs' metrics on ``http://bind:port/metrics``, on a thread of its own.
-
-    Args:
-        config: Where Redis is and who to be (the ``monitor`` user is enough).
-        port: The port (0: any free one; see ``MetricsServer.port``).
-        bind: The address to listen on.
-        pattern: The jobs to export: a name, or a glob such as ``team-a-*``
-            (if ``patterns`` is not given).
-        min_interval: Seconds a reading of Redis is served again.
-        patterns: The teams' patterns, e.g. ``("team-a-*", "team-b-*")``: each
-            gets its fair share of ``max_jobs``.
-        max_jobs: Most jobs one reading reads.
+    """Serve the jobs' metrics on ``http://bind:port/metrics`` (``port`` 0: any free
+    one), on a thread of its own; the other arguments are ``JobsCollector``'s.
 
     Raises:
         ConfigurationError: An invalid pattern, or ``max_jobs`` out of range.

@@ -1,19 +1,15 @@
-"""What the command says when a job is not there.
-
-``status``, ``wait`` and ``reset`` name a job that has no keys on this Redis
-(most often a typo in ``--job``) and a few jobs that are there, found by a
-short bounded ``SCAN`` (``stepbarrier._inspect.missing``); a user that may not
-``SCAN`` is told how to list them.
-"""
+"""What a command says when its job is not there, naming a few that are
+(``stepbarrier._inspect.missing``; docs/cli.md#a-job-that-is-not-there)."""
 
 from __future__ import annotations
 
 import click
 
+from stepbarrier._config.environment import job_in_env
 from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._inspect.missing import OtherJobs, is_missing, other_jobs
 from stepbarrier._inspect.status import JobStatus
-from stepbarrier.cli._context import EXIT_NO_JOB
+from stepbarrier.cli._context import EXIT_NO_JOB, current_session
 from stepbarrier.errors import StepBarrierError
 
 CUT = " ..."
@@ -37,6 +33,15 @@ def missing_job_message(config: BarrierConfig, *, yet: bool = False) -> str:
     except StepBarrierError as exc:
         return f"{head} (could not list the jobs here: {one_line(str(exc))})"
     return f"{head}; {describe_others(others)}"
+
+
+def config_for_any_job(placeholder: str) -> tuple[BarrierConfig, bool]:
+    """The command's settings, and whether they name a job: a command about the whole
+    Redis (``doctor``, ``functions``) takes ``placeholder`` for the key names and the
+    messages when none is given."""
+    session = current_session()
+    named = "STEPBARRIER_JOB" in session.overrides or job_in_env()
+    return session.config(None if named else placeholder), named
 
 
 def one_line(text: str, width: int = 200) -> str:

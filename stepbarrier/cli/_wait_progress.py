@@ -1,21 +1,15 @@
-"""What ``stepbarrier wait`` shows on stderr while it waits.
-
-On a terminal, a live block: the job, the step waited for, the chief's step
-(with a bar), its heartbeat's age, how long the wait has lasted and how long
-it may still last; piped (a CI log), one line of the same every
-``PIPED_EVERY`` seconds. stdout keeps only the step (or ``--json``'s object).
+"""What ``stepbarrier wait`` shows on stderr while it waits (docs/cli.md#wait-progress).
 
 A thread of its own reads the job's state with its own client (the read every
-role may run: ``read_status`` without waiters or barriers), once a second on a
-terminal; it never touches the wait itself, and a failed read is shown, not
-raised.
+role may run: ``read_status`` without waiters or barriers); it never touches
+the wait itself, and a failed read is shown, not raised.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from typing import Any
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
@@ -33,10 +27,8 @@ from stepbarrier.cli._views.output import interactive
 from stepbarrier.cli._views.status import describe_age
 from stepbarrier.errors import StepBarrierError
 
-TERMINAL_EVERY = 1.0
-"""Seconds between reads on a terminal."""
-PIPED_EVERY = 10.0
-"""Seconds between progress lines when stderr is not a terminal."""
+TERMINAL_EVERY, PIPED_EVERY = 1.0, 10.0
+"""Seconds between reads on a terminal, and between lines when stderr is not one."""
 READ_SOCKET_TIMEOUT = 5.0
 
 
@@ -51,13 +43,8 @@ def describe_duration(seconds: float) -> str:
 
 
 class WaitProgress:
-    """Shows a wait's progress on stderr from a thread, between ``start`` and ``stop``.
-
-    Args:
-        config: The job's settings (its ``timeout`` bounds the time left).
-        target: The step waited for.
-        console: Where to show it (stderr by default).
-    """
+    """Shows the wait for ``target`` on stderr (or ``console``) from a thread, between
+    ``start`` and ``stop``; ``config.timeout`` bounds the time left."""
 
     def __init__(self, config: BarrierConfig, target: int, console: Console | None = None) -> None:
         self.config, self.target = config, target
@@ -78,23 +65,19 @@ class WaitProgress:
         self._thread.join(timeout=READ_SOCKET_TIMEOUT + 1)
 
     def _run(self) -> None:
+        live = None
+        if interactive(self.console):
+            live = Live(self.view(), console=self.console, transient=True, auto_refresh=False)
         try:
-            if interactive(self.console):
-                with Live(
-                    self.view(), console=self.console, transient=True, auto_refresh=False
-                ) as live:
-                    while not self._stop.is_set():
-                        self._read()
-                        live.update(self.view(), refresh=True)
-                        self._stop.wait(TERMINAL_EVERY)
-            else:
+            with live or contextlib.nullcontext():
                 while not self._stop.is_set():
                     self._read()
-                    if self._stop.is_set():
-                        break
-                    self.console.file.write(self.line() + "\n")
-                    self.console.file.flush()
-                    self._stop.wait(PIPED_EVERY)
+                    if live is not None:
+                        live.update(self.view(), refresh=True)
+                    elif not self._stop.is_set():
+                        self.console.file.write(self.line() + "\n")
+                        self.console.file.flush()
+                    self._stop.wait(PIPED_EVERY if live is None else TERMINAL_EVERY)
         finally:
             if self._client is not None:
                 self._client.close()
@@ -105,11 +88,9 @@ class WaitProgress:
             if self._client is None:
                 self._client = make_client(self.config, socket_timeout=READ_SOCKET_TIMEOUT)
             self.status = read_status(self.config, self._client, waiters=False, barriers=False)
-        except StepBarrierError as exc:
-            self.note = f"status unavailable: {one_line(str(exc))}"
-            return
         except Exception as exc:  # the progress must never end the wait
-            self.note = f"status unavailable: {type(exc).__name__}"
+            why = one_line(str(exc)) if isinstance(exc, StepBarrierError) else type(exc).__name__
+            self.note = f"status unavailable: {why}"
             return
         if is_missing(self.status):
             if first or self.note is None or not self.note.startswith("no job"):
@@ -117,52 +98,46 @@ class WaitProgress:
         else:
             self.note = None
 
-    def _facts(self) -> dict[str, Any]:
+    def _facts(self) -> tuple[int | None, float | None, bool, float, float | None]:
+        """The chief's step, its heartbeat's age, whether it is stale, the time waited and
+        the time left."""
         waited = time.monotonic() - self.started
-        status = self.status
         left = None if self.config.timeout is None else max(0.0, self.config.timeout - waited)
-        return {
-            "step": None if status is None else status.step,
-            "heartbeat": None if status is None else status.heartbeat_age,
-            "stale": status is not None and is_stale(status),
-            "waited": waited,
-            "left": left,
-        }
+        if self.status is None:
+            return None, None, False, waited, left
+        return self.status.step, self.status.heartbeat_age, is_stale(self.status), waited, left
 
     def line(self) -> str:
         """One progress line (piped output)."""
-        facts = self._facts()
-        step = "no step yet" if facts["step"] is None else f"step {facts['step']}"
+        step, heartbeat, stale, waited, left = self._facts()
         parts = [
-            f"waiting for job {self.config.job} to reach step {self.target}: chief at {step}",
-            f"heartbeat {describe_age(facts['heartbeat'])}"
-            + (" (stale)" if facts["stale"] else ""),
-            f"waited {describe_duration(facts['waited'])}",
-            "no timeout" if facts["left"] is None else f"{describe_duration(facts['left'])} left",
+            f"waiting for job {self.config.job} to reach step {self.target}: chief at "
+            + ("no step yet" if step is None else f"step {step}"),
+            f"heartbeat {describe_age(heartbeat)}" + (" (stale)" if stale else ""),
+            f"waited {describe_duration(waited)}",
+            "no timeout" if left is None else f"{describe_duration(left)} left",
         ]
         line = ", ".join(parts)
         return line if self.note is None else f"{line}; {self.note}"
 
     def view(self) -> RenderableType:
         """The live block (terminal)."""
-        facts = self._facts()
+        step, heartbeat_age, stale, waited, left = self._facts()
         grid = Table.grid(padding=(0, 2))
         grid.add_column(style="bold")
         grid.add_column()
         grid.add_row("job", Text(self.config.job))
         grid.add_row("waiting for", f"step {self.target}")
-        step = facts["step"]
         if step is None:
             grid.add_row("chief's step", "none yet")
         else:
             bar = ProgressBar(total=max(1, self.target), completed=min(step, self.target), width=30)
             grid.add_row("chief's step", Group(Text(f"{step} of {self.target}"), bar))
-        heartbeat = Text(describe_age(facts["heartbeat"]))
-        if facts["stale"]:
+        heartbeat = Text(describe_age(heartbeat_age))
+        if stale:
             heartbeat.append(" (stale: is the chief running?)", style="red")
         grid.add_row("heartbeat", heartbeat)
-        grid.add_row("waited", describe_duration(facts["waited"]))
-        left = facts["left"]
+        grid.add_row("waited", describe_duration(waited))
         grid.add_row("time left", "no timeout" if left is None else describe_duration(left))
         parts: list[RenderableType] = [grid]
         if self.note:

@@ -3,6 +3,7 @@ announcements, and waits that survive a slot migration and a failover."""
 
 from __future__ import annotations
 
+import json
 import logging
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from stepbarrier._inspect.reset import reset_job
 from stepbarrier._redis.functions import install_functions
 from tests.cluster.conftest import Timings
 from tests.cluster_harness import LocalCluster
-from tests.conftest import subprocess_env
+from tests.conftest import ROOT, subprocess_env
 
 pytestmark = pytest.mark.cluster
 
@@ -276,6 +277,124 @@ def test_each_tasks_progress_lives_in_the_jobs_slot_and_status_reads_it(
         ]
         reset_job(config)  # the progress goes with the job's other keys
     assert read_status(config).tasks == ()
+
+
+def test_follow_sees_every_multiple_while_the_chief_jumps_on_the_cluster(
+    cluster: LocalCluster,
+) -> None:
+    """Issue 38 on Redis Cluster: ``stepbarrier follow`` (a process) and
+    ``StepWaiter.follow`` (a thread) each yield every multiple of 10, in order, while
+    the chief's step jumps past several at once; the job's end ends both."""
+    job = f"follow-{uuid.uuid4().hex[:8]}"
+    config = cluster_config(cluster, job, run_id="follow-run")
+    env = subprocess_env(
+        STEPBARRIER_REDIS_URL=cluster.seed_url,
+        STEPBARRIER_JOB=job,
+        STEPBARRIER_REDIS_CLUSTER="1",
+        STEPBARRIER_RUN_ID="follow-run",
+    )
+    seen: list[tuple[int, int]] = []
+
+    def follower() -> None:
+        with StepWaiter(config) as waiter:
+            seen.extend((c.multiple, c.step) for c in waiter.follow(every=10, timeout=60))
+
+    with StepPublisher(config) as chief:
+        chief.publish(3)
+        assert chief.flush(10)
+        command = subprocess.Popen(
+            [*CLI, "follow", "--every", "10", "--timeout", "60"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        thread = threading.Thread(target=follower, daemon=True)
+        thread.start()
+        eventually(registered(config, 2))
+        for step in (35, 41, 97):  # 10, 20, 30; 40; 50 .. 90
+            chief.publish(step)
+            assert chief.flush(10)
+        chief.close(done=True)
+    out, err = command.communicate(timeout=60)
+    thread.join(60)
+    assert command.returncode == 0, err
+    assert out.split() == [str(m) for m in range(10, 100, 10)], err
+    assert [m for m, _ in seen] == list(range(10, 100, 10))
+    assert all(step in (35, 41, 97) and step >= m for m, step in seen), seen
+
+
+def test_status_names_a_stuck_task_reported_from_its_own_process_on_the_cluster(
+    cluster: LocalCluster,
+) -> None:
+    """Each task reports through a ``ProgressReporter`` in its own process; task 2
+    stops at step 20 while the others advance, and ``status`` on the cluster lists
+    every task and names task 2 stuck (issue 38)."""
+    job = f"stuck-{uuid.uuid4().hex[:8]}"
+    env = subprocess_env(
+        STEPBARRIER_REDIS_URL=cluster.seed_url, STEPBARRIER_JOB=job, STEPBARRIER_REDIS_CLUSTER="1"
+    )
+    tasks = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.progress_task",
+                cluster.seed_url,
+                job,
+                str(task),
+                "20" if task == 2 else "0",
+                "cluster",
+            ],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
+        for task in (1, 2)
+    ]
+    config = cluster_config(cluster, job, role="chief")
+    training, reported = threading.Event(), threading.Event()
+
+    def chief() -> None:
+        with (
+            StepPublisher(config) as publisher,
+            ProgressReporter(config, interval=0.1) as progress,
+        ):
+            step = 0
+            while not training.wait(0.02):
+                step += 1
+                publisher.publish(step)
+                progress.report(step)
+                reported.set()
+
+    thread = threading.Thread(target=chief)
+    thread.start()
+    try:
+        for process in tasks:
+            assert process.stdout is not None and process.stdout.readline() == "started\n"
+        # the chief's thread may start after both tasks on a loaded machine: before its
+        # first write status finds no chief (exit 7), which this test is not about
+        assert reported.wait(60), "the chief's thread published nothing in 60 s"
+        check = [*CLI, "status", "--check", "--stall-timeout", "2"]
+        while True:  # (no clock: pytest-timeout bounds the test)
+            result = subprocess.run(check, env=env, capture_output=True, text=True, timeout=60)
+            if result.returncode == 10:
+                break
+            assert result.returncode == 0, result.stdout + result.stderr
+            time.sleep(0.2)
+        assert result.stdout.startswith(f"job {job}: stuck: task 2 at step 20 ("), result.stdout
+        shown = subprocess.run(
+            [*CLI, "status", "--json", "--stall-timeout", "2"],
+            env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        by_task = {t["task_id"]: t for t in json.loads(shown.stdout)["tasks"]}
+        assert set(by_task) == {0, 1, 2}
+        assert [t for t, e in by_task.items() if e["stuck"]] == [2]
+        assert by_task[2]["step"] == 20 and by_task[2]["behind"] > 0
+    finally:
+        training.set()
+        thread.join(30)
+        for process in tasks:
+            process.communicate(timeout=30)
 
 
 def test_an_unreachable_cluster_is_a_clear_error_not_a_traceback(cluster: LocalCluster) -> None:

@@ -12,7 +12,10 @@
 #   - builds the LOCAL STAND-INS of python:3.11-slim and redis:7.2 from
 #     debootstrap when they are missing (ops/compose-standins/build.sh; kept
 #     between runs), since no registry may be reachable;
-#   - builds the project's images (docker compose build; cached when unchanged);
+#   - builds the project's images (docker compose build; cached when unchanged),
+#     and removes the builds they supersede (untagged images with the label
+#     org.stepbarrier.image, each about 1.8 GB with TensorFlow) before and after,
+#     so that runs after each source change do not fill the disk;
 #   - runs the tests with STEPBARRIER_COMPOSE_RUN=1 (without it they are not
 #     collected, so `make test` never runs them).
 set -euo pipefail
@@ -40,7 +43,13 @@ ln -sfn "$compose_binary" "$DOCKER_CONFIG/cli-plugins/docker-compose"
 
 started=
 log=${TMPDIR:-/tmp}/stepbarrier-test-compose-dockerd.log
+# The superseded builds of the project's images: untagged, labelled by ops/Dockerfile*.
+prune_superseded_builds() {
+  docker image prune --force --filter label=org.stepbarrier.image >/dev/null 2>&1 || true
+}
+
 stop_dockerd() {
+  prune_superseded_builds
   if [ -n "$started" ]; then
     echo "test-compose: stopping the dockerd it started (pid $started)"
     kill -TERM "$started" 2>/dev/null || true
@@ -84,6 +93,15 @@ ops/compose-standins/build.sh
 # The project's images once, before the tests (whose time limits then cover the
 # runs, not a first build: pip installs TensorFlow, 1-2 minutes); the tests'
 # `up --build` finds them in the layer cache.
+prune_superseded_builds
+# A full disk shows up as pip's "No space left on device" deep in the build: say it first.
+docker_root=$(docker info --format '{{.DockerRootDir}}' 2>/dev/null || echo /var/lib/docker)
+free_kib=$(df -Pk "$docker_root" 2>/dev/null | awk 'NR == 2 {print $4}')
+if [ -n "$free_kib" ] && [ "$free_kib" -lt $((4 * 1024 * 1024)) ]; then
+  echo "test-compose: only $((free_kib / 1024)) MiB free under $docker_root; the images need" \
+    "about 4 GiB (docker system df shows what to remove)" >&2
+  exit 1
+fi
 echo "test-compose: docker compose build (ops/Dockerfile, ops/Dockerfile.exporter)"
 build_started=$(date +%s)
 docker compose build --quiet

@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, TypeVar
 
 import pytest
 import redis
 
+from examples.demo.local import free_port
 from stepbarrier import (
     BarrierAborted,
     BarrierConfig,
@@ -22,9 +23,9 @@ from stepbarrier import (
 )
 from stepbarrier._inspect.reset import reset_job
 from stepbarrier._redis.functions import LIBRARY_NAME
+from stepbarrier._worker import aio_subscription
 from stepbarrier._worker.aio_subscription import Mailbox, SharedSubscription
 from stepbarrier.aio import AsyncStepWaiter
-from stepbarrier.cli._demo.local_processes import free_port
 
 T = TypeVar("T")
 
@@ -410,13 +411,14 @@ def test_an_announcement_wakes_only_the_waits_whose_step_it_reached(
     config: BarrierConfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     delivered: list[int] = []
-    deliver = Mailbox.put
+    deliver = aio_subscription.deliver
 
-    def counted(self: Mailbox, item: Any) -> None:
-        delivered.append(self.target)
-        deliver(self, item)
+    def counted(mailboxes: Iterable[Mailbox], item: Any) -> None:
+        listed = list(mailboxes)
+        delivered.extend(mailbox.target for mailbox in listed)
+        deliver(listed, item)
 
-    monkeypatch.setattr(Mailbox, "put", counted)
+    monkeypatch.setattr(aio_subscription, "deliver", counted)
 
     async def scenario() -> tuple[list[int], list[int]]:
         async with AsyncStepWaiter(config) as waiter:

@@ -12,8 +12,9 @@ import pytest
 import redis
 
 from stepbarrier import Barrier, BarrierAborted, BarrierConfig, BarrierTimeout, read_status
+from stepbarrier._barriers.barrier import BarrierWait
 from stepbarrier._barriers.finish import finish_job
-from stepbarrier._barriers.wait import MAX_INDEXED_BARRIERS, BarrierWait
+from stepbarrier._barriers.wait import MAX_INDEXED_BARRIERS
 from stepbarrier._inspect.reset import RESET_MARKER_TTL, reset_job
 from tests.barrier_helpers import as_task
 
@@ -77,7 +78,7 @@ def test_a_task_still_waiting_at_a_barrier_completed_before_the_finish_is_releas
     """The finish ends the epoch, but a barrier complete in it released its parties:
     a worker that reads only after the chief finished is released all the same."""
     worker = Barrier(as_task(config, 1), "end", 2, client)
-    wait = BarrierWait(worker._party(), 30.0)
+    wait = BarrierWait(worker, 30.0)
     assert not wait._arrive(read_marker=True)
     assert Barrier(as_task(config, 0), "end", 2, client).arrive(timeout=10)
     assert finish_job(as_task(config, 0), 7, client)
@@ -123,7 +124,7 @@ def test_a_stale_party_does_not_carry_its_arrivals_into_a_rerun_after_the_finish
 ) -> None:
     """A party of the finished run, still waiting, re-asserts nothing into the rerun's
     barrier of the same name (only Redis forgetting is made good)."""
-    stale = BarrierWait(Barrier(as_task(config, 1), "start", 3, client)._party(), 30.0)
+    stale = BarrierWait(Barrier(as_task(config, 1), "start", 3, client), 30.0)
     assert not stale._arrive(read_marker=True)  # the old run's task 1, waiting
     assert finish_job(as_task(config, 0), 7, client)
     rerun = Barrier(as_task(config, 0), "start", 3, client)

@@ -93,6 +93,23 @@ def test_arrivals_missing_from_a_read_are_recorded_again_with_their_times(
     assert chief.join().result is True
 
 
+def test_an_arrival_lost_while_another_arrives_is_recorded_again(
+    make_config: Callable[..., BarrierConfig], client: redis.Redis
+) -> None:
+    """The count of stored arrivals stays what the chief saw (task 1 lost, task 3 new),
+    so its reads of constant cost learn nothing from the count; the arrival changed
+    the barrier's ``last_ms``, and that makes the chief read every arrival, find task
+    1's lost and record it again (before, only its last-chance read at its deadline
+    did: found by an adversarial review)."""
+    config = make_config(stall_timeout=30.0, fallback_interval=0.2)
+    chief = end_barrier_with_two_workers_gone(config, client)
+    key = config.keys.barrier("end")
+    client.hdel(key, "t1")  # a failover to a replica that had not seen task 1 arrive
+    assert not Barrier(as_task(config, 3), "end", 4).arrive(wait=False)  # t1 is missing
+    eventually(lambda: client.hexists(key, "t1"), timeout=8)  # the chief's deadline: 10 s
+    assert chief.join().result is True
+
+
 def test_more_lost_arrivals_than_one_call_takes_are_recorded_again_in_several(
     make_config: Callable[..., BarrierConfig], client: redis.Redis
 ) -> None:

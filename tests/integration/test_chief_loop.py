@@ -14,7 +14,7 @@ from collections.abc import Callable
 import pytest
 
 from stepbarrier import BarrierConfig, BarrierTimeout, StepPublisher, StepWaiter
-from stepbarrier._chief.threads import LOST_REDIS_WAIT
+from stepbarrier._redis.outage import LOST_REDIS_WAIT
 from tests.redis_harness import RedisServer, free_port
 
 
@@ -72,8 +72,8 @@ def test_a_session_end_does_not_wait_for_a_redis_that_is_gone(
         noticed_lost(chief)
         # what each end of a session allows itself, on the chief's own clock
         allowed: list[float] = []
-        loop = chief._loop
-        real_wait, real_stop = loop.wait_stored, loop.stop
+        loop = chief
+        real_wait, real_stop = loop._wait_stored, loop._stop
 
         def wait_stored(wanted: int, deadline: float | None, **kwargs: bool) -> bool:
             allowed.append(float("inf") if deadline is None else deadline - time.monotonic())
@@ -83,8 +83,8 @@ def test_a_session_end_does_not_wait_for_a_redis_that_is_gone(
             allowed.append(deadline - time.monotonic())
             return real_stop(done=done, deadline=deadline)
 
-        loop.wait_stored = wait_stored  # type: ignore[method-assign]
-        loop.stop = stop  # type: ignore[method-assign]
+        loop._wait_stored = wait_stored  # type: ignore[method-assign]
+        loop._stop = stop  # type: ignore[method-assign]
         with caplog.at_level(logging.WARNING, logger="stepbarrier"):
             assert not chief.pause(flush_timeout=10.0)
             assert not chief.close(done=True)

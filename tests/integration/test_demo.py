@@ -1,4 +1,5 @@
-"""`stepbarrier demo`: a real local job that ends with a summary and leaves nothing behind."""
+"""`make demo` (`python -m examples.demo`): a real local job that ends with a summary
+and leaves nothing behind."""
 
 from __future__ import annotations
 
@@ -14,16 +15,16 @@ from pathlib import Path
 
 import pytest
 
+from examples.demo.local import EmbeddedRedis, ProcessGroup
+from examples.demo.run import PROGRAM, default_schedule, default_step_sleep
+from examples.demo.views import DemoFrame, WorkerRow, demo_view, progress_line
 from stepbarrier import BarrierConfig, StepPublisher, StepWaiter, read_status
 from stepbarrier._config.schedule import schedule_wait_until_step
-from stepbarrier.cli._demo.demo import default_schedule, default_step_sleep
-from stepbarrier.cli._demo.local_processes import EmbeddedRedis, ProcessGroup
-from stepbarrier.cli._views.demo_live import DemoFrame, WorkerRow, demo_view, progress_line
 from stepbarrier.cli._views.output import plain_text
 from tests.conftest import ROOT, subprocess_env
 from tests.redis_harness import pid_alive
 
-CLI = [sys.executable, "-m", "stepbarrier"]
+DEMO = [sys.executable, "-m", "examples.demo"]
 
 
 def processes_of(job: str) -> list[int]:
@@ -78,7 +79,7 @@ def test_default_pace_is_bounded() -> None:
 
 def test_the_demo_and_the_cli_do_not_import_tensorflow() -> None:
     code = (
-        "import sys, stepbarrier.cli, stepbarrier.cli._demo.demo\n"
+        "import sys, stepbarrier.cli, examples.demo.__main__\n"
         "assert 'tensorflow' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], env=subprocess_env(), check=True)
@@ -104,7 +105,7 @@ def test_the_embedded_redis_serves_the_barrier_and_stops(tmp_path: Path, kind: s
 
 def test_a_bad_schedule_is_exit_2() -> None:
     result = subprocess.run(
-        [*CLI, "demo", "--schedule", "square:3"],
+        [*DEMO, "--schedule", "square:3"],
         env=subprocess_env(),
         capture_output=True,
         text=True,
@@ -116,10 +117,10 @@ def test_a_bad_schedule_is_exit_2() -> None:
 
 
 def demo_without(module: str, path: str) -> subprocess.CompletedProcess[str]:
-    """``stepbarrier demo`` where ``module`` cannot be imported, with ``path`` as PATH."""
+    """The demo where ``module`` cannot be imported, with ``path`` as PATH."""
     code = (
         f"import sys\nsys.modules[{module!r}] = None  # import {module} fails\n"
-        "from stepbarrier.cli import main\nmain(['demo', '--steps', '10'])\n"
+        "from examples.demo.__main__ import demo\ndemo.main(['--steps', '10'])\n"
     )
     return subprocess.run(
         [sys.executable, "-c", code],
@@ -153,7 +154,7 @@ def test_the_demo_without_tensorflow_names_the_demo_extra() -> None:
 def test_demo_runs_a_job_to_a_summary_and_leaves_nothing_running() -> None:
     job = demo_job()
     result = subprocess.run(
-        [*CLI, "demo", "--workers", "2", "--steps", "40", "--job", job],
+        [*DEMO, "--workers", "2", "--steps", "40", "--job", job],
         env=subprocess_env(),
         capture_output=True,
         text=True,
@@ -188,7 +189,7 @@ def interruptible() -> None:
 def test_ctrl_c_stops_every_process_and_exits_0() -> None:
     job = demo_job()
     demo = subprocess.Popen(
-        [*CLI, "demo", "--workers", "2", "--steps", "5000", "--job", job],
+        [*DEMO, "--workers", "2", "--steps", "5000", "--job", job],
         env=subprocess_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -309,9 +310,8 @@ def test_a_step_past_the_last_one_is_explained_not_shown_as_203_of_200() -> None
     assert "step 200 of 200" in plain_text(demo_view(frame(step=200)), width=160)
 
 
-def test_the_examples_file_runs_the_shipped_program() -> None:
-    example = Path(ROOT, "examples", "tf1_parameter_server.py")
-    assert "from stepbarrier.cli._demo.job import main" in example.read_text()
+def test_the_demo_runs_the_examples_file() -> None:
+    assert Path(ROOT, "examples", "tf1_parameter_server.py") == PROGRAM
 
 
 def installed_copy(tmp_path: Path) -> Path:
@@ -321,26 +321,27 @@ def installed_copy(tmp_path: Path) -> Path:
     wheel = build("wheel", tmp_path / "dist")
     target = tmp_path / "site"
     with zipfile.ZipFile(wheel) as archive:
-        assert "stepbarrier/cli/_demo/job.py" in archive.namelist()
+        assert not [name for name in archive.namelist() if name.startswith("examples/")]
         archive.extractall(target)
     return target
 
 
 def installed_env(target: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEPBARRIER_")}
-    env["PYTHONPATH"] = str(target)  # the unpacked wheel, not this checkout
+    # the unpacked wheel, not this checkout's package; the demo from the checkout
+    env["PYTHONPATH"] = str(target) + os.pathsep + ROOT
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     env.update(extra)
     return env
 
 
-def test_the_installed_wheel_holds_what_the_demo_runs(tmp_path: Path) -> None:
+def test_the_demo_runs_on_the_installed_package(tmp_path: Path) -> None:
     target = installed_copy(tmp_path)
     code = (
-        "import importlib.util, stepbarrier\n"
-        "from stepbarrier.cli._demo.demo import JOB_MODULE\n"
+        "import stepbarrier\n"
+        "from examples.demo.run import PROGRAM\n"
         "print(stepbarrier.__file__)\n"
-        "print(importlib.util.find_spec(JOB_MODULE).origin)\n"
+        "print(PROGRAM)\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", code],
@@ -353,7 +354,7 @@ def test_the_installed_wheel_holds_what_the_demo_runs(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     package, program = result.stdout.split()
-    assert package.startswith(str(target)) and program.startswith(str(target))
+    assert package.startswith(str(target)) and program == str(PROGRAM)
 
 
 @pytest.mark.tensorflow
@@ -362,10 +363,7 @@ def test_the_demo_runs_from_an_installed_wheel(tmp_path: Path) -> None:
     job = demo_job()
     result = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "stepbarrier",
-            "demo",
+            *DEMO,
             "--workers",
             "1",
             "--steps",

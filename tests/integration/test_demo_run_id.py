@@ -1,4 +1,4 @@
-"""``stepbarrier demo`` gives each of its runs its own run id, shared by its processes."""
+"""The demo (``make demo``) gives each of its runs its own run id, shared by its processes."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from examples.demo.run import _Demo
 from stepbarrier import BarrierConfig
 from stepbarrier._protocol.wire import RUN_ID
-from stepbarrier.cli._demo.demo import _Demo
 
 
 def demo() -> _Demo:

@@ -159,14 +159,14 @@ def test_a_job_gone_between_the_scan_and_its_read_is_left_out(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     name = prefix("gone")
-    scan = job_listing._find
+    scan = job_listing.scan_jobs
 
     def found_with_a_job_gone_since(*args: Any) -> Any:
         found = scan(*args)
         found.add(f"{name}-reset-meanwhile")  # found by the scan, gone before its read
         return found
 
-    monkeypatch.setattr(job_listing, "_find", found_with_a_job_gone_since)
+    monkeypatch.setattr(job_listing, "scan_jobs", found_with_a_job_gone_since)
     with live_job(jobs_of(f"{name}-here"), 2):
         listing = list_jobs(jobs_of("any"), pattern=f"{name}-*")
     assert [job.job for job in listing.jobs] == [f"{name}-here"]

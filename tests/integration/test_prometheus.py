@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
+from examples.demo.local import free_port
 from stepbarrier import BarrierConfig
-from stepbarrier.cli._demo.local_processes import free_port
 from stepbarrier.cli._exporter import serve
 from tests.conftest import ROOT
 from tests.observability import eventually, live_job, prefix

@@ -243,7 +243,7 @@ def test_a_writer_that_ends_after_close_gave_up_on_it_still_gives_its_connection
     monkeypatch.setattr(StepWriter, "write", slow)
     publisher.publish(2)
     publisher.close(timeout=0.2)
-    thread = publisher._loop.thread
+    thread = publisher._thread
     thread.join(10)
     assert not thread.is_alive()
     assert not own.connection_pool._in_use_connections  # type: ignore[attr-defined]

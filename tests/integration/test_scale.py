@@ -21,8 +21,9 @@ from stepbarrier import BarrierConfig, StepPublisher, read_status
 from stepbarrier._chief.publish_call import MAX_TARGETS
 from stepbarrier._inspect.registry import MAX_INDEXED
 from stepbarrier._inspect.summary import NEAREST, WaiterSummary, read_overview
+from stepbarrier._protocol.calls import register_call
 from stepbarrier._redis.functions import RedisCode
-from stepbarrier._worker.links import register_call, registry_entry
+from stepbarrier._worker.links import REGISTRY_TTL, registry_entry
 from stepbarrier.aio import AsyncStepWaiter
 from stepbarrier.cli import cli
 from tests.redis_harness import RedisServer
@@ -54,7 +55,14 @@ def register_fleet(config: BarrierConfig, targets: list[int]) -> None:
     code = RedisCode(redis.Redis.from_url(config.redis_url), config)
     since = time.time()
     calls = [
-        register_call(config, f"{i}-{i:08x}", target, registry_entry(config, target, since))
+        register_call(
+            config.keys,
+            f"{i}-{i:08x}",
+            target,
+            registry_entry(config, target, since),
+            registry_ttl=REGISTRY_TTL,
+            key_ttl=config.key_ttl,
+        )
         for i, target in enumerate(targets)
     ]
     for start in range(0, len(calls), 1000):
@@ -203,7 +211,7 @@ def test_the_chiefs_writes_stay_bounded_with_10000_distinct_targets(
             publisher.publish(step)
             time.sleep(0.002)
         assert publisher.flush(5.0)
-        pending = len(publisher._loop.pending)
+        pending = len(publisher._state.pending)
     finally:
         publisher.close(done=False)
     elapsed = time.monotonic() - started

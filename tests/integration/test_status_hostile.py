@@ -140,7 +140,7 @@ def test_the_demo_view_shows_hostile_content_literally(tmp_path: Path) -> None:
     job = f"demo-hostile-{uuid.uuid4().hex[:8]}"
     options = ["--workers", "1", "--steps", "10", "--job", job, "--example", str(script)]
     result = subprocess.run(
-        [*CLI, "demo", *options, "--redis-kind", "redis-server"],
+        [sys.executable, "-m", "examples.demo", *options, "--redis-kind", "redis-server"],
         env=subprocess_env(COLUMNS="250"),
         capture_output=True,
         text=True,

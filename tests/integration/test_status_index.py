@@ -135,13 +135,15 @@ def test_index_scores_must_be_whole_steps_in_range() -> None:
         (b"huge", b"1e+20"),
         (b"over", str(2**53 + 2).encode()),
     ]
-    assert parse_index(raw, problems) == [(b"ok", 5), (b"resp3", 6)]
+    flat = [0, *(part for pair in raw for part in pair)]  # index_read's reply
+    assert parse_index(flat, problems) == [(b"ok", 5), (b"resp3", 6)]
     assert len(problems) == len(raw) - 2
 
 
 def test_a_full_index_says_that_more_waiters_exist() -> None:
     problems: list[str] = []
-    members = parse_index([(f"w{i}".encode(), b"3") for i in range(MAX_INDEXED)], problems)
+    raw = [0, *(part for i in range(MAX_INDEXED) for part in (f"w{i}".encode(), b"3"))]
+    members = parse_index(raw, problems)
     assert len(members) == MAX_INDEXED
     assert problems == [f"more than {MAX_INDEXED} indexed waiters: only the first are shown"]
 

@@ -191,7 +191,7 @@ def test_new_generation_during_a_write_in_flight_never_counts_the_old_write(
         chief.publish(100)
         assert chief.flush(5.0)
         gate, entered = threading.Event(), threading.Event()
-        writer = chief._loop.writer()
+        writer = chief._step_writer()
         real_write = writer.write
 
         def slow_write(values):  # type: ignore[no-untyped-def]
@@ -201,7 +201,7 @@ def test_new_generation_during_a_write_in_flight_never_counts_the_old_write(
 
         writer.write = slow_write  # type: ignore[method-assign]
         chief.publish(101)  # an old-generation write goes out, held by the gate
-        chief._loop.wake.set()
+        chief._wake.set()
         assert entered.wait(5)
         chief.new_generation()
         chief.publish(50)
@@ -282,7 +282,7 @@ def test_a_programming_error_in_the_thread_is_not_called_a_redis_error(
         def broken(values):  # type: ignore[no-untyped-def]
             raise ValueError("a bug")
 
-        chief._loop.writer().write = broken  # type: ignore[method-assign]
+        chief._step_writer().write = broken  # type: ignore[method-assign]
         with caplog.at_level(logging.ERROR, logger="stepbarrier"):
             chief.publish(3)
             assert not chief.flush(5.0)
@@ -315,8 +315,8 @@ def test_a_superseded_chief_stops_both_threads(config: BarrierConfig) -> None:
         assert new.flush(5.0)
         old.publish(6)
         assert eventually(lambda: not old.active)
-        assert eventually(lambda: not old._loop.thread.is_alive())
-        listener = old._loop.listener
+        assert eventually(lambda: not old._thread.is_alive())
+        listener = old._listener
         assert listener is not None
         assert eventually(lambda: not listener.is_alive())
     old.close(done=False)

@@ -141,7 +141,7 @@ def test_a_timeout_after_reading_its_runs_state_does_not_blame_a_missing_publish
 
 
 def writer(config: BarrierConfig) -> StepWriter:
-    return StepWriter(redis.Redis.from_url(config.redis_url), config, "t:1", contributor=False)
+    return StepWriter(redis.Redis.from_url(config.redis_url), config, "t:1")
 
 
 def test_two_zombies_after_redis_forgot_never_vouch(

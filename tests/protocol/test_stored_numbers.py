@@ -72,7 +72,7 @@ def test_a_stored_beat_at_max_step_counts_from_nothing(
     config: BarrierConfig, client: redis.Redis
 ) -> None:
     """The next beat of a beat at ``MAX_STEP`` would be above it, and read as malformed."""
-    writer = StepWriter(redis.Redis.from_url(config.redis_url), config, "t:1", contributor=False)
+    writer = StepWriter(redis.Redis.from_url(config.redis_url), config, "t:1")
     try:
         generation = writer.begin_generation().generation
         assert writer.write(StepWrite(generation, 1, False, True, "")).status == scripts.ACCEPTED

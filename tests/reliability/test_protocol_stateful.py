@@ -654,7 +654,7 @@ class Contributor:
 
     def _hand(self, step: int) -> None:
         """Hand ``step`` over, and count it for the generation it will be written in."""
-        state = self.publisher._loop.state
+        state = self.publisher._state
         self.publisher.publish(step)
         with state.lock:
             joined = state.joined if state.handover.handed > state._joined_after else None

@@ -14,7 +14,7 @@ import compose
 import pytest
 
 from stepbarrier import BarrierConfig
-from stepbarrier._config.defaults import ENVIRONMENT_VARIABLES
+from stepbarrier._config.settings import ENVIRONMENT_VARIABLES
 from stepbarrier._protocol.roles import password_hash
 from stepbarrier._redis.functions import LIBRARY_VERSION, function_name
 from tests.conftest import ROOT

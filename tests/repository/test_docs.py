@@ -244,3 +244,15 @@ def test_the_results_page_shows_no_raw_python_values() -> None:
     page = Path(ROOT, "bench", "results", "results.md").read_text()
     for raw in ("{'", "': [", "[0.", "[1.", "': {"):
         assert raw not in page, f"raw Python value {raw!r} in bench/results/results.md"
+
+
+def test_the_cli_pages_exit_codes_are_the_commands_own() -> None:
+    """docs/cli.md's exit-code table (with more words) lists exactly the codes the
+    commands' epilogs draw from (``cli._context._EXIT_TEXT``): a code added to one
+    and not the other fails here."""
+    from stepbarrier.cli._context import _EXIT_TEXT
+
+    page = (ROOT / "docs" / "cli.md").read_text()
+    table = page.split("## Exit codes", 1)[1].split("\n## ", 1)[0]
+    documented = {int(code) for code in re.findall(r"^\| (\d+) \|", table, flags=re.M)}
+    assert documented == set(_EXIT_TEXT), sorted(documented ^ set(_EXIT_TEXT))

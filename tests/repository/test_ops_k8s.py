@@ -31,7 +31,7 @@ import pytest
 import yaml
 
 from stepbarrier import BarrierConfig
-from stepbarrier._config.defaults import ENVIRONMENT_VARIABLES
+from stepbarrier._config.settings import ENVIRONMENT_VARIABLES
 from stepbarrier._protocol.roles import acl_line, password_hash
 from stepbarrier._redis.functions import LIBRARY_VERSION, function_name, library_source
 from tests.conftest import ROOT

@@ -190,6 +190,7 @@ def worker_attacks(keys: JobKeys) -> dict[str, tuple[list[Any], list[Any]]]:
         ),
         "waiter_register": ([w("w"), keys.targets, keys.registrations], [30, 60, "w", 9]),
         "waiter_read": ([keys.barrier("b"), keys.reset], []),
+        "index_read": ([keys.targets], [0, 10]),
         "waiter_leave": ([w("w"), keys.targets], ["w"]),
         "may_write": ([w("x")], []),
         "barrier_arrive": ([keys.barrier("b"), keys.barrier_index, keys.barrier_epoch], arrive),

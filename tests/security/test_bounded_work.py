@@ -24,7 +24,7 @@ import pytest
 import redis
 
 from stepbarrier import Barrier, BarrierConfig, StepPublisher, read_status
-from stepbarrier._chief.registrations import (
+from stepbarrier._chief.publisher import (
     REGISTRATION_BATCH,
     REPORT_PER_WAKE,
     RegistrationListener,

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stepbarrier import BarrierConfig, ConfigurationError
-from stepbarrier._config.defaults import ENVIRONMENT_VARIABLES
+from stepbarrier._config.settings import ENVIRONMENT_VARIABLES
 
 NAMES = [*ENVIRONMENT_VARIABLES, "TF_CONFIG"]
 

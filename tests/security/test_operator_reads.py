@@ -36,7 +36,6 @@ from click.testing import CliRunner, Result
 
 from stepbarrier import Barrier, BarrierConfig, StepPublisher
 from stepbarrier._inspect import status as status_module
-from stepbarrier._inspect import summary as summary_module
 from stepbarrier._inspect.listing import MAX_JOBS, SCAN_COUNT, list_jobs
 from stepbarrier._inspect.status import TASKS_CHECKED, OpenBarrier, fair_shares, read_status
 from stepbarrier._inspect.summary import read_overview
@@ -47,7 +46,7 @@ from stepbarrier.cli import cli
 from stepbarrier.cli._commands.status import _outage_note
 from stepbarrier.cli._context import EXIT_BUSY, EXIT_UNAVAILABLE, exit_code_for
 from stepbarrier.cli._exporter import EXPORTED_JOBS, SCRAPE_SCAN_CALLS, JobsCollector, serve
-from stepbarrier.cli._views.barriers import missing_tasks
+from stepbarrier.cli._views.status import missing_tasks
 from stepbarrier.errors import RedisUnavailable
 from tests.observability import eventually, job_value, live_job, scrape
 from tests.ops_redis import (
@@ -258,7 +257,6 @@ def busy(teams: Teams, monkeypatch: pytest.MonkeyPatch) -> Iterator[Teams]:
     """Redis held by a Lua loop (as an administrator's runaway script would) until the
     test ends, ``busy-reply-threshold`` at 100 ms; status retries for 1 s."""
     monkeypatch.setattr(status_module, "STATUS_RETRY_SECONDS", 1.0)
-    monkeypatch.setattr(summary_module, "STATUS_RETRY_SECONDS", 1.0)
     teams.admin.config_set("busy-reply-threshold", 100)
     # no reply until the script ends: no socket timeout (redis-py's default of 5 s
     # would send the EVAL again, and get BUSY, while the first one runs on)

@@ -100,7 +100,7 @@ def test_the_chief_repairs_or_ignores_garbage_and_publishes(
         publisher.publish(7)
         assert publisher.flush(5.0), publisher.last_error
         assert client.hget(keys.state, "step") == b"7"
-        assert publisher._loop.thread.is_alive() and publisher._loop.listener.is_alive()
+        assert publisher._thread.is_alive() and publisher._listener.is_alive()
     finally:
         publisher.close(done=False)
         client.delete(*keys.all_fixed())

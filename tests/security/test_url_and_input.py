@@ -36,6 +36,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from examples.demo.__main__ import demo
 from stepbarrier import (
     BarrierConfig,
     ConfigurationError,
@@ -44,8 +45,8 @@ from stepbarrier import (
     read_status,
 )
 from stepbarrier._config.checks import mask_url
-from stepbarrier._config.defaults import ENVIRONMENT_VARIABLES
 from stepbarrier._config.environment import MAX_PASSWORD_FILE
+from stepbarrier._config.settings import ENVIRONMENT_VARIABLES
 from stepbarrier._redis.aio_client import make_async_client
 from stepbarrier._redis.client import make_client
 from stepbarrier.cli import cli
@@ -71,6 +72,8 @@ def cli_env(**values: str) -> dict[str, str | None]:
 
 
 def invoke(*args: str, **env: str) -> Result:
+    if args[:1] == ("demo",):  # the demo's own command (`python -m examples.demo`)
+        return CliRunner().invoke(demo, list(args[1:]), env=cli_env(**env))
     return CliRunner().invoke(cli, list(args), env=cli_env(**env))
 
 

@@ -57,7 +57,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf
 
 from stepbarrier import StepPublisher
-from stepbarrier._chief.threads import PublisherLoop
 from stepbarrier._worker.wait_state import WaitRules
 from stepbarrier.tf_hooks import GlobalStepPublisherHook, GlobalStepWaiterHook
 from tests.tf.migration_task import LoopDied, Ready, session_for, wait_for_chief, wait_ready
@@ -241,7 +240,7 @@ def spy_on_session_ends(record: Record) -> None:
     record["close_calls"] = []
     record["waits"] = []
     pause, close = StepPublisher.pause, StepPublisher.close
-    wait_stored, stop = PublisherLoop.wait_stored, PublisherLoop.stop
+    wait_stored, stop = StepPublisher._wait_stored, StepPublisher._stop
 
     def paused(self: StepPublisher, *, flush_timeout: float | None = None) -> bool:
         call: Record = {"flush_timeout": flush_timeout, "redis_lost": lost(self)}
@@ -259,19 +258,19 @@ def spy_on_session_ends(record: Record) -> None:
         call.update(result=result, seconds=time.monotonic() - started)  # seconds: never asserted
         return result
 
-    def stored(self: PublisherLoop, wanted: int, deadline: float | None, **kwargs: Any) -> bool:
+    def stored(self: StepPublisher, wanted: int, deadline: float | None, **kwargs: Any) -> bool:
         allowed = None if deadline is None else deadline - self._clock()
         record["waits"].append({"in": "wait_stored", "allowed": allowed, **kwargs})
         return wait_stored(self, wanted, deadline, **kwargs)
 
-    def stopped(self: PublisherLoop, *, done: bool, deadline: float) -> bool:
+    def stopped(self: StepPublisher, *, done: bool, deadline: float) -> bool:
         record["waits"].append({"in": "stop", "allowed": deadline - self._clock(), "done": done})
         return stop(self, done=done, deadline=deadline)
 
     StepPublisher.pause = paused  # type: ignore[method-assign]
     StepPublisher.close = closed  # type: ignore[method-assign]
-    PublisherLoop.wait_stored = stored  # type: ignore[method-assign]
-    PublisherLoop.stop = stopped  # type: ignore[method-assign]
+    StepPublisher._wait_stored = stored  # type: ignore[method-assign]
+    StepPublisher._stop = stopped  # type: ignore[method-assign]
 
 
 def write(record: Record) -> None:

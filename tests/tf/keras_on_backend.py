@@ -18,7 +18,7 @@ import keras
 import numpy as np
 
 from stepbarrier import BarrierConfig, read_status
-from stepbarrier.keras_callbacks import StepPublisherCallback, StepWaiterCallback
+from stepbarrier.keras_callbacks import StepPublisherCallback, StepWaiterCallback, _iterations
 
 BATCHES = 8
 ACCUMULATE = 2
@@ -35,7 +35,7 @@ class Published(keras.callbacks.Callback):  # type: ignore[misc]
 
     def on_train_batch_end(self, batch: int, logs: object = None) -> None:
         self.batches.append(batch)
-        self.steps.append(self.chief._iterations())
+        self.steps.append(_iterations(self.chief.model))
 
 
 def model(accumulate: int | None = None) -> keras.Model:

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from examples.demo.local import free_port
 from stepbarrier import Barrier, BarrierConfig, read_status
-from stepbarrier.cli._demo.local_processes import free_port
 from tests.conftest import subprocess_env
 from tests.redis_harness import RedisServer
 from tests.tf.example_processes import ExampleProcesses

@@ -262,7 +262,13 @@ def test_a_worker_whose_step_came_is_woken_through_redis(
     records, codes = dead_loop
     early = records["early"]
     assert codes["early"] == 0 and early["error"] is None, early
-    assert early["released_by"] != SESSION, early
+    # The session's read (twice a second, the safety net) can win the race only at
+    # the very step the chief's announcement is about: the ps holds step 30 a few
+    # milliseconds before the chief's after_run hands it over and its writer
+    # announces it (seen once in a fresh-clone CI run). A worker that Redis did
+    # not wake would be released by a read anywhere in the next half second's
+    # steps (about 10 of them at this chief's pace).
+    assert early["released_by"] != SESSION or early["released_at_step"] == 30, early
     assert 30 <= early["released_at_step"] <= 30 + SOON, early
 
 
@@ -301,7 +307,7 @@ def test_a_chief_s_heartbeat_stops_after_its_stall_timeout_or_its_window_if_long
     loop with no step time yet), whichever is longer."""
     assert STALL < MIN_CONFIRM < 30.0  # the job above: the window is the longer
     with StepPublisher(make_config(stall_timeout=stall_timeout)) as publisher:
-        assert publisher._loop.idle_limit() == idle_limit
+        assert publisher._state.idle_limit() == idle_limit
 
 
 # -- a chief that trains in two sessions, and a worker that comes late -----------------

@@ -13,9 +13,9 @@ import keras
 import numpy as np
 import pytest
 
+from examples.demo.local import free_port
 from stepbarrier import BarrierAborted, BarrierConfig, StepPublisher, StepWaiter, read_status
 from stepbarrier import keras_callbacks as callbacks
-from stepbarrier.cli._demo.local_processes import free_port
 from stepbarrier.keras_callbacks import StepPublisherCallback, StepWaiterCallback
 from tests.conftest import subprocess_env
 from tests.redis_harness import RedisServer

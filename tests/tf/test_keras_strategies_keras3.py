@@ -25,8 +25,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from examples.demo.local import LOOPBACK, free_port
 from stepbarrier import BarrierConfig, read_status
-from stepbarrier.cli._demo.local_processes import LOOPBACK, free_port
 from tests.conftest import subprocess_env
 from tests.redis_harness import RedisServer
 from tests.tf.example_processes import ExampleProcesses

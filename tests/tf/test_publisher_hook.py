@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import tensorflow as tf
 
+from examples.demo.local import free_port
 from stepbarrier import BarrierAborted, BarrierConfig, StepPublisher, StepWaiter, read_status
-from stepbarrier.cli._demo.local_processes import free_port
 from stepbarrier.tf_hooks import FETCH_EVERY, GlobalStepPublisherHook, GlobalStepWaiterHook
 from tests.tf.tf_graphs import NO_EXTRAS, CrashOnce, SessionAt, Waiting, context, wait_registered
 

@@ -38,7 +38,7 @@ from typing import Any
 
 import pytest
 
-from stepbarrier._chief.threads import LOST_REDIS_WAIT
+from stepbarrier._redis.outage import LOST_REDIS_WAIT
 from stepbarrier._worker.waiter import SOURCE_SOCKET_TIMEOUT
 from tests.conftest import subprocess_env
 from tests.redis_harness import RedisServer

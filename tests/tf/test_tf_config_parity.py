@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.python.distribute import multi_worker_util
 
-from stepbarrier._config.tf_config import task_from_tf_config
+from stepbarrier._config.tf_config import load_tf_config, task_from_tf_config
 
 pytestmark = pytest.mark.tensorflow
 
@@ -61,7 +61,7 @@ def test_the_chief_and_the_task_id_are_tensorflows(
     cluster: dict[str, Any], task: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     text = json.dumps({"cluster": cluster, "task": task})
-    ours = task_from_tf_config(text)
+    ours = task_from_tf_config(load_tf_config(text))
     assert ours.role is not None and ours.task_id is not None
     assert (ours.type, ours.role == "chief", ours.task_id) == tensorflows_view(text, monkeypatch)
 
@@ -81,6 +81,6 @@ def test_a_task_tensorflows_resolver_accepts_is_accepted(
     text = json.dumps(spec)
     monkeypatch.setenv("TF_CONFIG", text)
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    ours = task_from_tf_config(text)
+    ours = task_from_tf_config(load_tf_config(text))
     assert ours.type == resolver.task_type
     assert (ours.role, ours.task_id) == (None, None)

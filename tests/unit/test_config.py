@@ -11,8 +11,8 @@ import pytest
 from stepbarrier import BarrierConfig, ConfigurationError
 from stepbarrier._chief.publish_call import finished_ttl
 from stepbarrier._config.checks import mask_url
-from stepbarrier._config.defaults import ENVIRONMENT_VARIABLES
 from stepbarrier._config.environment import barrier_role_from_env
+from stepbarrier._config.settings import ENVIRONMENT_VARIABLES
 from tests.conftest import ROOT
 
 BASE = {"STEPBARRIER_JOB": "mnist-42"}
@@ -552,3 +552,25 @@ def test_a_bad_report_every_is_refused_naming_the_variable(text: str) -> None:
 def test_a_bad_report_every_in_code_is_refused(value: object) -> None:
     with pytest.raises(ConfigurationError, match="report_every must be an integer"):
         BarrierConfig(job="j", report_every=value)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", ["{x}", "{0.__class__}", "}{"])
+def test_a_url_with_braces_is_refused_by_name_not_by_a_format_error(
+    name: str, tmp_path: Path
+) -> None:
+    """The relations' messages are formatted with the fields' names; a URL's own text
+    (a ``client_name`` may hold braces) is quoted as itself."""
+    ca = tmp_path / "ca.pem"
+    ca.write_text("x")
+    url = f"redis://localhost:6379/3?client_name={name}"
+    for kwargs in ({"redis_cluster": True}, {"tls_ca_file": str(ca)}):
+        with pytest.raises(ConfigurationError) as caught:
+            BarrierConfig(job="j", redis_url=url, **kwargs)  # type: ignore[arg-type]
+        assert f"client_name={name}" in str(caught.value)
+    environ = {
+        "STEPBARRIER_JOB": "j",
+        "STEPBARRIER_REDIS_URL": url,
+        "STEPBARRIER_TLS_CA_FILE": str(ca),
+    }
+    with pytest.raises(ConfigurationError, match="STEPBARRIER_TLS_CA_FILE is set"):
+        BarrierConfig.from_env(environ)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import typing
 
 import pytest
+import redis
 
 from stepbarrier import BarrierConfig
 from stepbarrier._worker.wait_state import WaitRules
@@ -27,8 +29,10 @@ def rules(**settings: object) -> WaitRules:
     ("stalled", "progress", "limit"),
     [(False, False, "deadline"), (True, False, "stall"), (True, True, "progress")],
 )
-def test_a_step_waits_timeout_names_its_limit(stalled: bool, progress: bool, limit: str) -> None:
-    error = rules(progress_timeout=10.0).timeout(stalled=stalled, progress=progress)
+def test_a_step_waits_timeout_names_its_limit(
+    stalled: bool, progress: bool, limit: TimeoutLimit
+) -> None:
+    error = rules(progress_timeout=10.0).timed_out(limit)
     assert error.limit == limit and error.stalled is stalled
 
 
@@ -47,3 +51,48 @@ def test_the_limit_defaults_from_stalled_and_the_literals_are_the_documented_one
     kinds = {"authentication", "permission", "tls", "response", "functions"}
     assert set(typing.get_args(RefusalKind)) == kinds
     assert RedisRefused("no", kind="tls").kind == "tls"
+
+
+class _LostWhileLoading:
+    """Stands in for a redis-py client whose every command fails with ``error`` as it
+    loads the library (a Redis restarted at that moment, a replica not yet synced)."""
+
+    def __init__(self, error: redis.RedisError) -> None:
+        self.error = error
+
+    def execute_command(self, *command: object) -> object:
+        raise self.error
+
+    async def function_load(self, *args: object, **kwargs: object) -> object:
+        raise self.error
+
+    async def function_list(self, *args: object, **kwargs: object) -> object:
+        raise self.error
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        redis.ConnectionError("Connection closed by server."),
+        redis.ReadOnlyError("You can't write against a read only replica."),
+        redis.ResponseError("LOADING Redis is loading the dataset in memory"),
+    ],
+    ids=["connection lost", "READONLY", "LOADING"],
+)
+def test_a_connection_lost_while_loading_the_library_is_transient_not_a_refusal(
+    error: redis.RedisError,
+) -> None:
+    """The library found missing (a Redis restarted empty) and the connection lost as
+    the client loads it: the call fails with the connection error, which its caller
+    retries, not with RedisRefused("... may not load it"), which ended a wait (seen
+    in the stateful fault test, a Redis restarted twice in a row)."""
+    from stepbarrier._redis.aio_client import AsyncRedisCode
+    from stepbarrier._redis.functions import RedisCode
+
+    config = BarrierConfig(job="j", redis_url="redis://127.0.0.1:1/0")
+    missing = redis.ResponseError("ERR Function not found")
+    with pytest.raises(type(error)):
+        RedisCode(_LostWhileLoading(error), config)._load_or_explain(missing)  # type: ignore[arg-type]
+    code = AsyncRedisCode(_LostWhileLoading(error), config)  # type: ignore[arg-type]
+    with pytest.raises(type(error)):
+        asyncio.run(code._load_or_explain(missing))

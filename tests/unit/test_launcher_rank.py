@@ -19,12 +19,12 @@ import pytest
 
 from stepbarrier import BarrierConfig, ConfigurationError
 from stepbarrier._config.defaults import (
-    ENVIRONMENT_VARIABLES,
     LAUNCHER_RANKS,
     LAUNCHER_VARIABLES,
     TASK_ID_SOURCES,
 )
 from stepbarrier._config.environment import barrier_role_from_env, task_from_env
+from stepbarrier._config.settings import ENVIRONMENT_VARIABLES
 
 TORCH_ID: Final = "TORCHELASTIC_RUN_ID"
 RANK: Final = "RANK"

@@ -32,7 +32,7 @@ def make_state(*, contributor: bool = False, clock: Clock | None = None) -> Publ
         handover,
         threading.Event(),
         clock=clock or Clock(),
-        contributor=contributor,
+        mode="contributor" if contributor else "chief",
     )
 
 

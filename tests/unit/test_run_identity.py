@@ -18,11 +18,11 @@ from hypothesis import strategies as st
 
 from stepbarrier import BarrierConfig, ConfigurationError
 from stepbarrier._config.defaults import (
-    ENVIRONMENT_VARIABLES,
     LAUNCHER_VARIABLES,
     RUN_ID_SOURCES,
 )
 from stepbarrier._config.environment import LAUNCHER_ID_KEPT, launcher_run_id, run_id_from_env
+from stepbarrier._config.settings import ENVIRONMENT_VARIABLES
 from stepbarrier._protocol.wire import RUN_ID
 
 TORCH: Final = "TORCHELASTIC_RUN_ID"

@@ -539,7 +539,7 @@ def test_an_operator_pins_its_step_until_a_newer_chief_replaces_it(
 
 def test_the_writer_sends_what_the_script_reads(fake: fakeredis.FakeRedis) -> None:
     config = BarrierConfig(job="unit", use_eval=True, run_id="run-3", heartbeat=0.5)
-    writer = StepWriter(fake, config, "trainer:9", contributor=False)
+    writer = StepWriter(fake, config, "trainer:9")
     fake.zadd(KEYS.targets, {"a": 5, "b": 40})
     beginning = writer.begin_generation()
     assert beginning.stored is None and beginning.reset_marker == ""
@@ -565,7 +565,7 @@ def test_the_writer_sends_what_the_script_reads(fake: fakeredis.FakeRedis) -> No
 
 def test_the_writer_reads_probation_and_refusals_back(fake: fakeredis.FakeRedis) -> None:
     config = BarrierConfig(job="unit", use_eval=True)
-    writer = StepWriter(fake, config, "trainer:9", contributor=False)
+    writer = StepWriter(fake, config, "trainer:9")
     created = writer.write(StepWrite(5, 1, done=False, vouch=True, reset_marker=""))
     assert created.status == scripts.ACCEPTED
     assert created.probation == int(fake.hget(KEYS.state, "probation") or 0) > 0

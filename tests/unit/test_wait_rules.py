@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from stepbarrier import BarrierAborted, BarrierConfig
 from stepbarrier._protocol.freshness import GRACE
 from stepbarrier._protocol.wire import ChiefState, StepAnnouncement
-from stepbarrier._worker.links import Snapshot
+from stepbarrier._worker.snapshot import Snapshot
 from stepbarrier._worker.wait_state import READ_NOW, WaitRules
 
 GENERATION = 7
@@ -375,7 +375,7 @@ def test_an_announcement_heard_in_passing_keeps_the_chief_alive_and_moving() -> 
     rules = rules_after_a_read(10, clock)
     rules.reads_without_message = 1
     clock.now = 130.0
-    rules.on_passing_announcement(announced(20, beat=2), at=125.0)
+    rules.take_in(announced(20, beat=2), at=125.0)
     assert (rules.last_step, rules.last_alive, rules.last_progress) == (20, 125.0, 125.0)
     assert rules.reads_without_message == 0 and rules.heartbeat_age == 5.0
     assert rules.live_mark == (GENERATION, 2)
@@ -392,7 +392,7 @@ def test_an_announcement_heard_in_passing_that_is_not_ours_changes_nothing(
     clock = Clock()
     rules = rules_after_a_read(10, clock)
     before = (rules.last_step, rules.last_alive, rules.last_progress, rules.live_mark)
-    rules.on_passing_announcement(announcement, at=clock.now + 5)
+    rules.take_in(announcement, at=clock.now + 5)
     assert (rules.last_step, rules.last_alive, rules.last_progress, rules.live_mark) == before
     assert not rules.chief_seen
 
@@ -407,7 +407,7 @@ def test_an_older_write_announced_late_does_not_move_the_step_back(how: str) -> 
     if how == "received":
         assert rules.on_announcement(older, b"") is None
     else:
-        rules.on_passing_announcement(older, at=clock.now)
+        rules.take_in(older, at=clock.now)
     assert rules.last_step == 10
     assert rules.last_progress == rules.started  # the step did not move
 
@@ -415,7 +415,7 @@ def test_an_older_write_announced_late_does_not_move_the_step_back(how: str) -> 
 def test_a_malformed_message_heard_still_proves_the_subscription_alive() -> None:
     rules = rules_after_a_read(10, Clock())
     rules.reads_without_message = 1
-    rules.on_passing_announcement(None, at=0.0)
+    rules.take_in(None, at=0.0)
     assert rules.reads_without_message == 0
 
 
@@ -453,7 +453,7 @@ def test_a_timeout_before_any_observed_write_says_so() -> None:
     clock = Clock()
     rules = rules_after_a_read(60, clock, beat=9)
     clock.now += STALL
-    error = rules.timeout(stalled=True)
+    error = rules.timed_out("stall")
     text = str(error)
     assert f"no write of this run's chief observed for {STALL:g} s" in text
     assert "no write of this run's chief observed since the wait began" in text
@@ -468,7 +468,7 @@ def test_a_timeout_after_an_observed_write_says_how_long_ago() -> None:
     clock.now += 10.0
     rules.on_snapshot(read(chief(20, beat=2)))
     clock.now += 12.5
-    error = rules.timeout(stalled=True)
+    error = rules.timed_out("stall")
     text = str(error)
     assert "last write of this run's chief observed 12.5 s ago" in text
     assert "never seen" not in text and "0.0 s old" not in text

@@ -52,7 +52,7 @@ def test_a_passed_limit_comes_before_a_due_read() -> None:
     clock.now += 5.0
     assert t.next_action(clock.now) == LastChance("deadline")
     with pytest.raises(BarrierTimeout) as info:
-        t.raise_if_passed("deadline")
+        t.after_last_chance("deadline", None)
     assert info.value.limit == "deadline"
 
 
@@ -63,7 +63,7 @@ def test_life_seen_by_the_last_chance_read_lifts_the_stall() -> None:
     clock.now += 3.0
     assert t.next_action(clock.now) == LastChance("stall")
     t.last_alive = clock.now  # the last read saw the writer alive
-    t.raise_if_passed("stall")  # no timeout
+    t.after_last_chance("stall", None)  # no timeout
     t.read_done()
     assert isinstance(t.next_action(clock.now), Receive)
 
@@ -244,7 +244,7 @@ def test_a_wait_without_news_ends_at_its_deadline_whatever_its_actions_cost(
         if isinstance(action, LastChance):
             clock.now += cost  # the last read
             with pytest.raises(BarrierTimeout):
-                t.raise_if_passed(action.limit)
+                t.after_last_chance(action.limit, None)
             assert clock.now <= deadline + 3 * max(costs) + 0.002
             return
         if action is READ:

@@ -1,8 +1,5 @@
-"""``stepbarrier acl``: one users.acl line for a role, confined to the jobs of a pattern.
-
-A thin click layer over ``stepbarrier._protocol.roles``. The password is read from a
-file or from stdin and only its SHA-256 is printed: it appears in clear nowhere.
-"""
+"""``stepbarrier acl``: one users.acl line for a role (``stepbarrier._protocol.roles``),
+confined to the jobs of a pattern; the password is printed only as its SHA-256."""
 
 from __future__ import annotations
 
@@ -20,10 +17,8 @@ from stepbarrier.errors import ConfigurationError
     epilog=exit_codes((EXIT_OK, "the line is printed"), EXIT_USAGE)
     + """
 \b
-Then, as an administrator, either append the line to users.acl and run ACL LOAD
-(or restart Redis), or give its words after `user NAME` to `ACL SETUSER NAME`,
-one argument each (`resetpass` first drops an existing user's old passwords),
-and ACL SAVE.
+Then, as an administrator, append the line to users.acl and run ACL LOAD, or
+give its words after `user NAME` to `ACL SETUSER NAME` and run ACL SAVE.
 """
 )
 @click.argument("role", type=click.Choice(ROLES))
@@ -54,15 +49,8 @@ def acl(role: str, user: str, jobs: str | None, password_file: str | None) -> No
       emergency  end a runaway function or script (FUNCTION KILL, SCRIPT KILL)
       installer  load the Functions library (stepbarrier functions install)
 
-    The line is `user NAME on #<sha256 of the password> <rules>`: Redis keeps
-    only the hash. No role runs Lua of its own: none has EVAL, EVALSHA or
-    SCRIPT LOAD, and only the installer has FUNCTION LOAD. The chief and the
-    worker hold the commands the library writes with as them (HSET, ZADD, ...)
-    and may send them directly, with any number of arguments: their passwords
-    can stall a shared Redis for seconds. See
-
-    \b
-      docs/reliability-security.md#threat-model
+    Redis keeps only the password's hash. What the roles may do, and what
+    their passwords can do to a shared Redis: docs/reliability-security.md.
 
     \b
     Example:

@@ -1,9 +1,5 @@
-"""``stepbarrier arrive``: a named barrier of the job, from a shell.
-
-A thin layer over ``stepbarrier.Barrier``: a launcher script can hold each task
-until all are up (``arrive start``) and the chief until every worker is done
-(``arrive end``), instead of sleeping.
-"""
+"""``stepbarrier arrive``: ``stepbarrier.Barrier`` from a shell, e.g. a launcher holding
+each task until all are up (``arrive start``) instead of sleeping."""
 
 from __future__ import annotations
 
@@ -24,27 +20,27 @@ from stepbarrier.cli._context import (
     exit_codes,
     reporting_warnings,
     stopped_like_ctrl_c,
-)
-from stepbarrier.cli._wait_options import task_id_option, timeout_options
-
-ARRIVE_EXIT_CODES = exit_codes(
-    (EXIT_OK, "every party arrived (with --no-wait: this task's arrival is recorded)"),
-    (
-        EXIT_USAGE,
-        "usage, configuration, authentication or permission error (a bad name, a task id "
-        "outside 0..N-1, another N than the barrier was begun with)",
-    ),
-    (
-        EXIT_TIMEOUT,
-        "timeout (the overall timeout, or no arrival for the stall timeout); the message "
-        "names the tasks that did not arrive",
-    ),
-    (EXIT_ABORTED, "aborted: the job was reset while this task waited"),
-    EXIT_UNAVAILABLE,
+    wait_options,
 )
 
 
-@click.command(epilog=ARRIVE_EXIT_CODES)
+@click.command(
+    epilog=exit_codes(
+        (EXIT_OK, "every party arrived (with --no-wait: this task's arrival is recorded)"),
+        (
+            EXIT_USAGE,
+            "usage, configuration, authentication or permission error (a bad name, a task id "
+            "outside 0..N-1, another N than the barrier was begun with)",
+        ),
+        (
+            EXIT_TIMEOUT,
+            "timeout (the overall timeout, or no arrival for the stall timeout); the message "
+            "names the tasks that did not arrive",
+        ),
+        (EXIT_ABORTED, "aborted: the job was reset while this task waited"),
+        EXIT_UNAVAILABLE,
+    )
+)
 @connection_options
 @click.argument("name")
 @click.option(
@@ -54,8 +50,7 @@ ARRIVE_EXIT_CODES = exit_codes(
     metavar="N",
     help="How many tasks arrive: task ids 0..N-1 (the chief is 0).",
 )
-@task_id_option("This task's id (or TF_CONFIG says it).")
-@timeout_options("a new arrival")
+@wait_options("a new arrival", task_id="This task's id (or TF_CONFIG says it).")
 @click.option("--no-wait", is_flag=True, help="Record the arrival and exit at once.")
 @reporting_warnings
 def arrive(name: str, parties: int, no_wait: bool, **_: Any) -> None:

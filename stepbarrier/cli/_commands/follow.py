@@ -1,10 +1,5 @@
-"""``stepbarrier follow``: act at every multiple of a step interval, none skipped.
-
-An evaluator or a checkpoint exporter beside training: ``StepWaiter.follow`` in
-a shell. Each multiple the chief's step reaches is printed on its own line, or
-``COMMAND`` runs once for it with ``STEPBARRIER_STEP`` set, in order, never two
-at once.
-"""
+"""``stepbarrier follow``: ``StepWaiter.follow`` in a shell, for an evaluator or a
+checkpoint exporter beside training."""
 
 from __future__ import annotations
 
@@ -28,8 +23,8 @@ from stepbarrier.cli._context import (
     exit_codes,
     reporting_warnings,
     stopped_like_ctrl_c,
+    wait_options,
 )
-from stepbarrier.cli._wait_options import task_id_option, timeout_options
 
 
 @click.command(
@@ -40,7 +35,7 @@ from stepbarrier.cli._wait_options import task_id_option, timeout_options
         (EXIT_TIMEOUT, "timeout while waiting for the next multiple"),
         (EXIT_ABORTED, "the job was reset"),
         EXIT_UNAVAILABLE,
-        (EXIT_COMMAND_FAILED, "COMMAND failed for a multiple (the line says which)"),
+        EXIT_COMMAND_FAILED,
     ),
 )
 @connection_options
@@ -59,17 +54,15 @@ from stepbarrier.cli._wait_options import task_id_option, timeout_options
     help="Start at the first multiple at or above S (default: the first above the "
     "chief's step when following begins).",
 )
-@timeout_options("a chief heartbeat")
-@task_id_option("Task id shown in `status` while it waits.")
+@wait_options("a chief heartbeat", task_id="Task id shown in `status` while it waits.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[-- COMMAND ...]")
 @reporting_warnings
 def follow(every: int, start: int | None, command: tuple[str, ...], **_: Any) -> None:
     """Follow training: each multiple of N the chief's step reaches, in order.
 
-    None is skipped when the chief jumps past several at once. Without COMMAND
-    each multiple is printed on its own line (flushed at once); with one,
-    COMMAND runs for each multiple in turn with STEPBARRIER_STEP set to it and
-    STEPBARRIER_STEP_SEEN to the chief's step seen, never two at once. It ends
+    None is skipped when the chief jumps past several. Each is printed on its
+    own line, or COMMAND runs for it with STEPBARRIER_STEP set to it (and
+    STEPBARRIER_STEP_SEEN to the chief's step), never two at once. It ends
     when the job finishes.
 
     \b

@@ -1,19 +1,15 @@
-"""``stepbarrier functions``: load, show and check the Redis Functions library.
-
-Loading code into Redis is an administrator's act (``FUNCTION LOAD``), done
-once per Redis and again after it restarts empty; the shipped ``installer``
-user of ``ops/redis/users.acl`` may do exactly that, and the roles that train
-may not. See ``stepbarrier._redis.functions``.
-"""
+"""``stepbarrier functions``: load, show and check the Redis Functions library
+(``stepbarrier._redis.functions``); loading it is an administrator's act."""
 
 from __future__ import annotations
 
-import os
+from collections.abc import Callable
+from typing import TypeVar
 
 import click
 
 from stepbarrier._config.settings import BarrierConfig
-from stepbarrier._redis.client import with_client
+from stepbarrier._redis.client import RedisClient, with_client
 from stepbarrier._redis.functions import (
     LIBRARY_NAME,
     LIBRARY_VERSION,
@@ -26,21 +22,20 @@ from stepbarrier.cli._context import (
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
     connection_options,
-    current_session,
     exit_codes,
     reporting,
 )
+from stepbarrier.cli._guidance import config_for_any_job
 
 RETRY_SECONDS = 5.0
 """How long the commands retry an unreachable Redis."""
+T = TypeVar("T")
 
 
-def _config() -> BarrierConfig:
+def _on_redis(operation: Callable[[RedisClient], T], action: str) -> tuple[BarrierConfig, T]:
     # the library serves every job: a job name is only needed for messages
-    session = current_session()
-    if "STEPBARRIER_JOB" not in session.overrides and not os.environ.get("STEPBARRIER_JOB"):
-        session.overrides["STEPBARRIER_JOB"] = "stepbarrier-functions"
-    return session.config()
+    config, _ = config_for_any_job("stepbarrier-functions")
+    return config, with_client(config, None, operation, action=action, retry_seconds=RETRY_SECONDS)
 
 
 @click.group()
@@ -54,22 +49,14 @@ def functions() -> None:
 def install() -> None:
     """Load this version's library, or upgrade it in place (idempotent).
 
-    Run it as an administrator (the `installer` user of ops/redis/users.acl)
-    once per Redis, and after Redis restarted without persistence. Libraries of
-    other stepbarrier versions stay for their clients.
+    As an administrator (the `installer` user of ops/redis/users.acl), once per
+    Redis and after it restarted empty; other versions' libraries stay.
 
     \b
     Example:
       stepbarrier functions install --username installer --password-file /run/secrets/installer
     """
-    config = _config()
-    name = with_client(
-        config,
-        None,
-        install_functions,
-        action="load the stepbarrier Functions library",
-        retry_seconds=RETRY_SECONDS,
-    )
+    config, name = _on_redis(install_functions, "load the stepbarrier Functions library")
     click.echo(f"loaded {name} on Redis at {config.safe_url}")
 
 
@@ -86,18 +73,8 @@ def install() -> None:
 @connection_options
 @reporting
 def status() -> None:
-    """Say which stepbarrier library versions Redis has, and which this one needs.
-
-    Exit 0 when the needed version is loaded, 2 when it is not.
-    """
-    config = _config()
-    versions = with_client(
-        config,
-        None,
-        loaded_versions,
-        action="list the Functions libraries",
-        retry_seconds=RETRY_SECONDS,
-    )
+    """Say which stepbarrier library versions Redis has, and which this one needs."""
+    _, versions = _on_redis(loaded_versions, "list the Functions libraries")
     shown = (
         "cannot tell (may this user run FUNCTION LIST?)"
         if versions is None

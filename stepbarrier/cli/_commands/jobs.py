@@ -1,12 +1,8 @@
 """``stepbarrier jobs`` and ``stepbarrier exporter``: every job of a Redis, for operators.
 
 A thin click layer over ``stepbarrier._inspect.listing`` and ``stepbarrier.cli._exporter``.
-Neither command needs ``STEPBARRIER_JOB`` (it is ignored): they cover every
-job, or those whose names match ``--job`` (a name, or a glob such as
-``team-a-*``). ``--job`` may be given once per team: each team's jobs then get
-their own share of what one listing reads (``stepbarrier._inspect.listing``),
-so that one team's jobs, however many, never hide another's. The ``monitor``
-ACL user is enough for both.
+Neither needs ``STEPBARRIER_JOB`` (it is ignored): they cover every job, or those
+``--job`` matches, once per team (docs/operations.md#jobs-metrics-and-alerts).
 """
 
 from __future__ import annotations
@@ -23,9 +19,7 @@ from typing import Any, TypeVar
 import click
 
 from stepbarrier._config.checks import MAX_JOB_NAME
-from stepbarrier._config.settings import BarrierConfig
-from stepbarrier._inspect.listing import MAX_JOBS, MAX_PATTERNS, list_jobs
-from stepbarrier._protocol.roles import validate_jobs_pattern
+from stepbarrier._inspect.listing import MAX_JOBS, list_jobs, validate_patterns
 from stepbarrier._redis.failures import describe_redis
 from stepbarrier.cli._context import (
     EXIT_BUSY,
@@ -53,37 +47,24 @@ from stepbarrier.errors import ConfigurationError
 F = TypeVar("F", bound=Callable[..., Any])
 
 ALL_JOBS = "all-jobs"
-"""The job of the settings these commands build: a ``BarrierConfig`` needs one,
-and they read no job's keys through it."""
-
-
-def server_config() -> BarrierConfig:
-    """The settings of this invocation, whatever ``STEPBARRIER_JOB`` says (or lacks)."""
-    session = current_session()
-    session.overrides["STEPBARRIER_JOB"] = ALL_JOBS
-    return session.config()
-
-
-def _pattern(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    if len(value) > MAX_JOB_NAME:  # refused on its length alone, and shown cut short
-        raise click.BadParameter(
-            f"a job name or pattern is at most {MAX_JOB_NAME} characters, got {len(value)} "
-            f"({value[:40]!r}...)"
-        )
-    try:
-        return validate_jobs_pattern(value)
-    except ConfigurationError as exc:
-        raise click.BadParameter(str(exc)) from None
+"""The job of the settings these commands build, whatever ``STEPBARRIER_JOB`` says:
+a ``BarrierConfig`` needs one, and they read no job's keys through it."""
 
 
 def _patterns(
     ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
 ) -> tuple[str, ...]:
-    """``--job``, once per team: each checked, duplicates dropped, ``*`` if none."""
-    patterns = tuple(dict.fromkeys(_pattern(ctx, param, value) for value in values)) or ("*",)
-    if len(patterns) > MAX_PATTERNS:
-        raise click.BadParameter(f"at most {MAX_PATTERNS} patterns, got {len(patterns)}")
-    return patterns
+    """``--job``, once per team: ``validate_patterns``'s, ``*`` if none."""
+    for value in values:
+        if len(value) > MAX_JOB_NAME:  # refused on its length alone, and shown cut short
+            raise click.BadParameter(
+                f"a job name or pattern is at most {MAX_JOB_NAME} characters, got "
+                f"{len(value)} ({value[:40]!r}...)"
+            )
+    try:
+        return validate_patterns(values or ("*",))
+    except ConfigurationError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 _HOST_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
@@ -139,18 +120,17 @@ def _pattern_option(metavar: str, help: str) -> Callable[[F], F]:
 def jobs(patterns: tuple[str, ...], as_json: bool) -> None:
     """List every job on this Redis: run, step, heartbeat and who waits.
 
-    The jobs are found by SCAN (on every master of a Redis Cluster): that walks
-    the whole keyspace, which is fine for an operator now and then, not in a
-    tight loop. At most 10,000 jobs are read, shared fairly among the --job
-    patterns (the lowest names of each); a pattern with more is truncated, and
-    a line under the table (and a warning on stderr) says so.
+    The jobs are found by SCAN (on every master of a Redis Cluster), a walk of
+    the whole keyspace: for an operator now and then, not a tight loop. At most
+    10,000 jobs are read, shared fairly among the --job patterns; a pattern with
+    more is truncated, and a line under the table (and on stderr) says so.
 
     \b
     Example:
       stepbarrier jobs --redis-url redis://redis:6379/0 --username monitor \\
           --password-file monitor.password --job 'team-a-*' --job 'team-b-*'
     """
-    config = server_config()
+    config = current_session().config(ALL_JOBS)
     listing = list_jobs(config, patterns=patterns, limit=MAX_JOBS)
     if as_json:
         # allow_nan=False: whatever sits in the keys, the output stays valid JSON
@@ -197,7 +177,6 @@ def jobs(patterns: tuple[str, ...], as_json: bool) -> None:
     type=Duration(0, 300, low_open=False),
     default=MIN_READ_INTERVAL,
     show_default=True,
-    metavar="DURATION",
     help="Serve a reading of Redis again to scrapes this soon after it.",
 )
 @reporting_warnings  # Redis outages are logged
@@ -206,14 +185,10 @@ def exporter(
 ) -> None:
     """Serve every job's progress to Prometheus on http://ADDRESS:PORT/metrics.
 
-    Gauges labelled job_name: step, generation, done, heartbeat age, waiting
-    workers, the oldest wait and the next step awaited; stepbarrier_up is 0
-    while Redis cannot be read (the exporter keeps serving), and
-    stepbarrier_redis_busy 1 while Redis is busy running a script. Redis is read
-    when scraped, at most once per --min-interval. Give each team's pattern
-    (--job, repeated): each gets its fair share of --max-jobs, and
-    stepbarrier_jobs_truncated{pattern} is 1 while a pattern has more jobs than
-    are exported. Runs until Ctrl-C or SIGTERM (exit 0).
+    The metrics: docs/operations.md#jobs-metrics-and-alerts. Redis is read when
+    scraped, at most once per --min-interval; while it cannot be read the
+    exporter keeps serving, with stepbarrier_up 0. Each --job pattern gets its
+    fair share of --max-jobs. Runs until Ctrl-C or SIGTERM (exit 0).
 
     \b
     Example:
@@ -221,7 +196,7 @@ def exporter(
           --username monitor --password-file monitor.password \\
           --job 'team-a-*' --job 'team-b-*'
     """
-    config = server_config()
+    config = current_session().config(ALL_JOBS)
     try:
         server = serve(
             config,

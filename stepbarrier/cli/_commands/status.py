@@ -1,26 +1,24 @@
 """``stepbarrier status`` and ``stepbarrier watch``: one job as it stands, or live.
 
-A thin click layer over ``stepbarrier._inspect.status`` and ``stepbarrier._inspect.summary``;
-``stepbarrier.cli._views.status`` draws what they read.
+A thin click layer: ``stepbarrier._inspect`` reads, ``cli._views.status`` draws.
 """
 
 from __future__ import annotations
 
 import json
-import signal
 import sys
 import time
-from types import FrameType
+from contextlib import nullcontext
 
 import click
 from rich.console import Console
 from rich.live import Live
 
+from stepbarrier._config.defaults import DEFAULT_STALL_TIMEOUT
 from stepbarrier._config.settings import BarrierConfig
-from stepbarrier._inspect.live_chief import is_stale, stale_limit
 from stepbarrier._inspect.missing import is_missing
-from stepbarrier._inspect.status import read_status
-from stepbarrier._inspect.summary import read_overview
+from stepbarrier._inspect.status import JobStatus, chief_heard, is_stale, read_status, stale_limit
+from stepbarrier._inspect.summary import WaiterSummary, read_overview
 from stepbarrier._redis.failures import RedisBusy
 from stepbarrier.cli._context import (
     EXIT_BUSY,
@@ -36,11 +34,18 @@ from stepbarrier.cli._context import (
     current_session,
     exit_codes,
     reporting,
-    variable_option,
+    stall_timeout_option,
+    stopped_like_ctrl_c,
 )
 from stepbarrier.cli._guidance import missing_job_message, note_if_missing
 from stepbarrier.cli._views.output import interactive, plain_text, show
-from stepbarrier.cli._views.status import describe_age, describe_stuck, live_view, status_view
+from stepbarrier.cli._views.status import (
+    describe_age,
+    describe_duration,
+    describe_stuck,
+    live_view,
+    status_view,
+)
 from stepbarrier.errors import RedisUnavailable
 
 STRAGGLER_STEPS = click.option(
@@ -51,7 +56,6 @@ STRAGGLER_STEPS = click.option(
     help="A task behind the chief by more than N steps is a straggler (default: "
     "max(100, 5% of the chief's step)).",
 )
-"""``status`` and ``watch``: the straggler threshold (docs/who-is-slow.md)."""
 
 
 @click.command(
@@ -61,17 +65,9 @@ STRAGGLER_STEPS = click.option(
         EXIT_UNAVAILABLE,
         EXIT_BUSY,
         (EXIT_NO_JOB, "with --check: no such job on this Redis"),
-        (EXIT_DEAD, "with --check: the job is dead (no chief heartbeat within the stall timeout)"),
-        (
-            EXIT_STALE,
-            "with --check: the chief is stale (no heartbeat for three of its periods, at "
-            "least 5 s, but within the stall timeout): it may be gone",
-        ),
-        (
-            EXIT_STUCK,
-            "with --check: a task is stuck (behind the chief, no progress for the stall "
-            "timeout while the chief advances); the line names it",
-        ),
+        EXIT_DEAD,
+        EXIT_STALE,
+        EXIT_STUCK,
     )
 )
 @connection_options
@@ -79,19 +75,12 @@ STRAGGLER_STEPS = click.option(
 @click.option(
     "--check",
     is_flag=True,
-    help=f"Only say whether the job is live and exit 0 (live or done), {EXIT_NO_JOB} (no "
-    f"such job), {EXIT_DEAD} (dead: no chief heartbeat within the stall timeout) or "
-    f"{EXIT_STALE} (stale: the chief may be gone, as status marks it STALE) or {EXIT_STUCK} "
-    "(a task is stuck: no progress for the stall timeout while the chief advances); for "
-    "scripts.",
+    help="Only say whether the job is live: one line (or JSON object) and an exit code "
+    "(below); for scripts.",
 )
-@variable_option(
-    "--stall-timeout",
-    variable="STEPBARRIER_STALL_TIMEOUT",
-    type=Duration(),
-    metavar="DURATION",
-    help="A chief silent for longer is dead (--check), and a task without progress "
-    "for longer while the chief advances is stuck (default 600 s).",
+@stall_timeout_option(
+    "A chief silent for longer is dead (--check), and a task without progress "
+    f"for longer while the chief advances is stuck (default {DEFAULT_STALL_TIMEOUT:g} s)."
 )
 @STRAGGLER_STEPS
 @reporting
@@ -100,14 +89,11 @@ def status(as_json: bool, check: bool, straggler_steps: int | None) -> None:
 
     More than 20 waiting workers are summarised (counts, the nearest targets, a
     histogram); --json lists each of them. Each task that reports its progress
-    (the hooks and callbacks do; ProgressReporter in code) is listed with its
-    step, how far it is behind the chief, and whether it is a straggler or
-    stuck (docs/who-is-slow.md). A chief whose heartbeat is older
+    is listed with how far it is behind the chief, and whether it is a
+    straggler or stuck (docs/who-is-slow.md). A chief whose heartbeat is older
     than three of its periods is marked STALE. A job with no keys on this Redis
-    is said so on stderr, with a few jobs that exist. "run" is the run id the
-    chief stored; "run here" the one these settings give and where it came from
-    (STEPBARRIER_RUN_ID, or a launcher's: TORCHELASTIC_RUN_ID, SLURM_JOB_ID;
-    --json: "config").
+    is said so on stderr. "run" is the run id the chief stored; "run here" the
+    one these settings give (docs/configuration.md#run-id; --json: "config").
 
     \b
     Example:
@@ -145,19 +131,22 @@ def _check(config: BarrierConfig, as_json: bool, straggler_steps: int | None = N
         verdict, code, why = "done", EXIT_OK, "the chief marked the job done"
     elif age is None:
         verdict, code = "dead", EXIT_DEAD
-        why = "no chief has written a heartbeat (only waiters or a reset marker are there)"
-    elif age > config.stall_timeout:
+        why = (
+            "no chief has written a heartbeat (only waiters, tasks' progress or a reset "
+            "marker are there)"
+        )
+    elif not chief_heard(job_status, config.stall_timeout):
         verdict, code = "dead", EXIT_DEAD
         why = (
-            f"no chief heartbeat for {describe_age(age).removesuffix(' ago')} (over the stall "
-            f"timeout of {config.stall_timeout:g} s)"
+            f"no chief heartbeat for {describe_duration(age)} (over the stall timeout of "
+            f"{config.stall_timeout:g} s)"
         )
     elif is_stale(job_status):  # the rule `status` marks STALE by
         verdict, code = "stale", EXIT_STALE
         why = (
-            f"no chief heartbeat for {describe_age(age).removesuffix(' ago')}, step "
-            f"{job_status.step} (stale after {stale_limit(job_status) or 0:g} s, dead after "
-            f"the stall timeout of {config.stall_timeout:g} s): the chief may be gone"
+            f"no chief heartbeat for {describe_duration(age)}, step {job_status.step} (stale "
+            f"after {stale_limit(job_status) or 0:g} s, dead after the stall timeout of "
+            f"{config.stall_timeout:g} s): the chief may be gone"
         )
     elif stuck:
         verdict, code, why = "stuck", EXIT_STUCK, describe_stuck(job_status, config.stall_timeout)
@@ -165,12 +154,8 @@ def _check(config: BarrierConfig, as_json: bool, straggler_steps: int | None = N
         verdict, code = "live", EXIT_OK
         why = f"chief heartbeat {describe_age(age)}, step {job_status.step}"
     if as_json:
-        data: dict[str, object] = {
-            "job": config.job,
-            "verdict": verdict,
-            "reason": why,
-            "exit_code": code,
-        }
+        data: dict[str, object] = {"job": config.job, "verdict": verdict, "reason": why}
+        data["exit_code"] = code
         if stuck:
             data["stuck_tasks"] = [task.task_id for task in stuck]
         click.echo(json.dumps(data, sort_keys=True))
@@ -181,14 +166,6 @@ def _check(config: BarrierConfig, as_json: bool, straggler_steps: int | None = N
 
 PIPED_EVERY = 30.0
 """Piped, ``watch`` prints a frame when the job changes, and at least this often."""
-
-
-class _Stopped(Exception):
-    """SIGTERM or SIGHUP: stop like Ctrl-C, leaving the last frame."""
-
-
-def _stop(signum: int, frame: FrameType | None) -> None:
-    raise _Stopped(signal.Signals(signum).name)
 
 
 @click.command(
@@ -206,15 +183,11 @@ def _stop(signum: int, frame: FrameType | None) -> None:
     type=Duration(0.05, 60, low_open=False),
     default=0.5,
     show_default=True,
-    metavar="DURATION",
     help="Seconds between refreshes.",
 )
-@variable_option(
-    "--stall-timeout",
-    variable="STEPBARRIER_STALL_TIMEOUT",
-    type=Duration(),
-    metavar="DURATION",
-    help="A task without progress for longer while the chief advances is stuck (default 600 s).",
+@stall_timeout_option(
+    "A task without progress for longer while the chief advances is stuck "
+    f"(default {DEFAULT_STALL_TIMEOUT:g} s)."
 )
 @STRAGGLER_STEPS
 @reporting
@@ -229,66 +202,56 @@ def watch(until_done: bool, interval: float, straggler_steps: int | None) -> Non
     when it stops.
     """
     config = current_session().config()
-    current, summary = read_overview(
-        config, straggler_steps=straggler_steps
-    )  # the first read fails loudly, with its exit code
+
+    def read() -> tuple[JobStatus, WaiterSummary | None]:
+        return read_overview(config, straggler_steps=straggler_steps)
+
+    current, summary = read()  # the first read fails loudly, with its exit code
     # as status says it: a typo in --job watches nothing, and the view alone
     # would show an empty job; watch goes on (its chief may not have started)
     note_if_missing(config, current, summary.waiting if summary else 0)
     note: str | None = None
     console = Console(highlight=False)
-    previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    printed: dict[str, object] = {"key": None, "at": 0.0}  # piped: the last frame, and when
+    terminal = interactive(console)
+    printed: tuple[object, float] = (None, 0.0)  # piped: the last frame's key, and when
 
     def piped_frame(last: bool = False) -> None:
+        nonlocal printed
         key: tuple[object, ...] = (current.step, current.done, current.generation, note)
         key += (len(current.waiters), None if summary is None else summary.waiting)
         key += (is_stale(current),)
         key += tuple((t.task_id, t.step, t.stuck, t.straggler) for t in current.tasks)
         now = time.monotonic()
-        at = printed["at"]
-        if last or key != printed["key"] or (isinstance(at, float) and now - at >= PIPED_EVERY):
+        if last or key != printed[0] or now - printed[1] >= PIPED_EVERY:
             view = live_view(current, note=note, summary=summary)
             sys.stdout.write(plain_text(view, console.width) + "\n\n")
             sys.stdout.flush()
-            printed.update(key=key, at=now)
+            printed = (key, now)
 
     try:
-        if interactive(console):
-            view = live_view(current, summary=summary)
-            with Live(view, console=console, auto_refresh=False) as live:
-                while not (until_done and current.done):
-                    time.sleep(interval)
-                    try:
-                        (current, summary), note = (
-                            read_overview(config, straggler_steps=straggler_steps),
-                            None,
-                        )
-                    except RedisUnavailable as exc:
-                        note = _outage_note(exc)
-                    live.update(live_view(current, note=note, summary=summary), refresh=True)
-        else:
-            piped_frame()
+        first = live_view(current, summary=summary)
+        with (
+            stopped_like_ctrl_c(),
+            Live(first, console=console, auto_refresh=False) if terminal else nullcontext() as live,
+        ):
+            if live is None:
+                piped_frame()
             while not (until_done and current.done):
                 time.sleep(interval)
                 try:
-                    (current, summary), note = (
-                        read_overview(config, straggler_steps=straggler_steps),
-                        None,
-                    )
+                    (current, summary), note = read(), None
                 except RedisUnavailable as exc:
                     note = _outage_note(exc)
-                piped_frame()
-    except (KeyboardInterrupt, _Stopped):
-        if not interactive(console):
+                if live is None:
+                    piped_frame()
+                else:
+                    live.update(live_view(current, note=note, summary=summary), refresh=True)
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM or SIGHUP: the last frame stays
+        if not terminal:
             piped_frame(last=True)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def _outage_note(exc: RedisUnavailable) -> str:
     """What ``watch`` says while a read fails: Redis unreachable, or busy with a script."""
-    if isinstance(exc, RedisBusy):
-        return f"Redis busy running a script, retrying: {exc}"
-    return f"Redis unreachable, retrying: {exc}"
+    what = "busy running a script" if isinstance(exc, RedisBusy) else "unreachable"
+    return f"Redis {what}, retrying: {exc}"

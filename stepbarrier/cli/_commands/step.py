@@ -1,8 +1,5 @@
-"""``stepbarrier wait``, ``publish`` and ``reset``: act on one job's step from a shell.
-
-A thin click layer over ``StepWaiter``, ``StepPublisher`` and ``reset_job``:
-a script waits like a worker, sets the step like a chief, or clears the job.
-"""
+"""``stepbarrier wait``, ``publish`` and ``reset``: a shell script waits like a worker
+(``StepWaiter``), sets the step like a chief (``StepPublisher``) or clears the job."""
 
 from __future__ import annotations
 
@@ -16,7 +13,6 @@ from typing import Any
 import click
 
 from stepbarrier._chief.publisher import StepPublisher
-from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._inspect.live_chief import HAND_PUBLISHED, find_live_chief
 from stepbarrier._inspect.missing import has_barrier_keys, is_missing
 from stepbarrier._inspect.reset import reset_job
@@ -38,10 +34,10 @@ from stepbarrier.cli._context import (
     reporting_warnings,
     stopped_like_ctrl_c,
     variable_option,
+    wait_options,
 )
 from stepbarrier.cli._guidance import NoSuchJob, missing_job_message
 from stepbarrier.cli._views.status import describe_age
-from stepbarrier.cli._wait_options import task_id_option, timeout_options
 from stepbarrier.cli._wait_progress import WaitProgress
 from stepbarrier.errors import RedisUnavailable
 
@@ -63,8 +59,7 @@ from stepbarrier.errors import RedisUnavailable
     metavar="N",
     help="The step to wait for (or set STEPBARRIER_SCHEDULE and a task id).",
 )
-@timeout_options("a chief heartbeat")
-@task_id_option("Task id shown in `status` (the chief is 0).")
+@wait_options("a chief heartbeat", task_id="Task id shown in `status` (the chief is 0).")
 @click.option(
     "--json",
     "as_json",
@@ -77,10 +72,8 @@ from stepbarrier.errors import RedisUnavailable
 def wait(as_json: bool, quiet: bool, **_: Any) -> None:
     """Wait like a worker until the chief's step reaches N; print the step seen.
 
-    While it waits, stderr shows what for: on a terminal a live block (the job,
-    the step, the chief's step, its heartbeat's age, the time left), piped one
-    line every 10 s. stdout gets only the step (or, with --json, one object).
-    A job that no chief has written yet is said so, with a few jobs that exist.
+    stderr shows what it waits for (a live block on a terminal, a line every
+    10 s piped); stdout gets only the step (or, with --json, one object).
 
     \b
     Example:
@@ -97,17 +90,12 @@ def wait(as_json: bool, quiet: bool, **_: Any) -> None:
     finally:
         if progress is not None:
             progress.stop()
-    if as_json:
-        data = {
-            "job": config.job,
-            "wait_until_step": target,
-            "step": step,
-            "waited_seconds": round(time.monotonic() - started, 3),
-            "released_by": waiter.last_released_by,
-        }
-        click.echo(json.dumps(data, sort_keys=True))
-    else:
+    if not as_json:
         click.echo(step)
+        return
+    waited = round(time.monotonic() - started, 3)
+    data = {"job": config.job, "wait_until_step": target, "step": step, "waited_seconds": waited}
+    click.echo(json.dumps({**data, "released_by": waiter.last_released_by}, sort_keys=True))
 
 
 @click.command(
@@ -135,27 +123,26 @@ def wait(as_json: bool, quiet: bool, **_: Any) -> None:
 def publish(step: int, done: bool, force: bool) -> None:
     """Pin the job's step: release every worker waiting for STEP or less.
 
-    The step is pinned (docs/protocol.md#operator-publish): it releases the
-    workers waiting for it now and, with a run id (STEPBARRIER_RUN_ID), those of
-    the run that arrive later, until a chief begins a newer generation or the
-    job is reset; workers waiting for a
-    higher step keep waiting. Each call is a new generation: the stored step is
-    replaced, even by a lower one, and a running chief stops publishing for
-    good, so it is refused (exit 2) while a chief heartbeats, unless --force.
-    With --done the job is also finished: workers waiting for a higher step
-    are aborted.
+    Each call is a new generation (docs/protocol.md#operator-publish): the
+    stored step is replaced, even by a lower one, and a running chief is
+    superseded for good, so it is refused while a chief heartbeats, unless
+    --force. With --done the job also ends: workers waiting for more are aborted.
 
     \b
     Example:
       stepbarrier publish 1000 --done
     """
     config = current_session().config()
-    if not force:
-        _refuse_if_a_chief_is_live(config)
+    live = None if force else find_live_chief(config)
+    if live is not None:
+        chief, limit = live
+        raise ChiefIsLive(
+            f"job {config.job}: chief {chief.chief or '(unnamed)'} is live (heartbeat "
+            f"{describe_age(chief.heartbeat_age)}, under {limit:g} s); publishing would "
+            "supersede it for good. Stop it first, or pass --force"
+        )
     publisher = StepPublisher(
-        config,
-        description=f"{HAND_PUBLISHED}{socket.gethostname()}:{os.getpid()}",
-        operator=True,
+        config, description=f"{HAND_PUBLISHED}{socket.gethostname()}:{os.getpid()}", operator=True
     )
     publisher.publish(step)
     if not publisher.close(done=done):
@@ -182,18 +169,6 @@ class ChiefIsLive(click.ClickException):
     exit_code = EXIT_USAGE
 
 
-def _refuse_if_a_chief_is_live(config: BarrierConfig) -> None:
-    live = find_live_chief(config)
-    if live is None:
-        return
-    current, limit = live
-    raise ChiefIsLive(
-        f"job {config.job}: chief {current.chief or '(unnamed)'} is live (heartbeat "
-        f"{describe_age(current.heartbeat_age)}, under {limit:g} s); publishing would "
-        "supersede it for good. Stop it first, or pass --force"
-    )
-
-
 @click.command(
     epilog=exit_codes(
         (EXIT_OK, "reset"),
@@ -208,9 +183,8 @@ def _refuse_if_a_chief_is_live(config: BarrierConfig) -> None:
 def reset(yes: bool) -> None:
     """Delete the job's keys; workers still waiting are aborted (exit 4), not left hanging.
 
-    A job of named barriers only (`stepbarrier arrive`, no chief) is reset too:
-    its barriers go, and a task waiting in one is aborted. A job with no keys on
-    this Redis is not reset (exit 6): the message names a few jobs that exist.
+    A job of named barriers only (`stepbarrier arrive`) is reset too; a job
+    with no keys on this Redis is not (exit 6).
     """
     config = current_session().config()
     if is_missing(read_status(config, barriers=False)) and not has_barrier_keys(config):

@@ -1,50 +1,52 @@
 """How the ``stepbarrier jobs`` listing looks in a terminal: one row per job.
 
-Only renders a ``JobListing``; finding and reading the jobs is
-``stepbarrier._inspect.listing``'s job. A chief the listing calls stale
-(``JobSummary.stale``: the rule ``status`` marks STALE by) is marked so.
-Whatever came from Redis (run ids, problems) goes in as ``Text``, never as
-markup.
+Whatever came from Redis (run ids, problems) goes in as ``Text``, never as markup.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from rich.console import Group, JustifyMethod, RenderableType
-from rich.table import Table
 from rich.text import Text
 
 from stepbarrier._inspect.listing import JobListing, JobSummary
-from stepbarrier.cli._views.status import describe_age
-
-
-def _seconds(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return describe_age(value).removesuffix(" ago")
+from stepbarrier.cli._views.output import bare_table
+from stepbarrier.cli._views.status import describe_age, describe_duration
 
 
 def _heartbeat(job: JobSummary) -> Text:
-    """Its age, marked STALE by the rule ``status`` marks it with (``JobSummary.stale``)."""
     text = Text(describe_age(job.heartbeat_age))
     if job.stale:
         text.append(" STALE", style="bold red")
     return text
 
 
-def _row(job: JobSummary, *, problems: bool) -> list[RenderableType]:
-    cells: list[RenderableType] = [
-        Text(job.job),
-        Text(job.run_id or "-"),
-        "-" if job.step is None else str(job.step),
-        "yes" if job.done else "no",
-        _heartbeat(job),
-        str(job.waiting_workers),
-        "-" if job.next_wait_until_step is None else str(job.next_wait_until_step),
-        _seconds(job.oldest_wait),
-    ]
-    if problems:
-        cells.append(Text(str(len(job.problems)), style="red") if job.problems else "")
-    return cells
+def _number(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+Cell = Callable[[JobSummary], RenderableType]
+COLUMNS: list[tuple[str, JustifyMethod, bool, Cell]] = [
+    # (header, justify, may wrap, cell): at 80 columns too, and piped, the names
+    # fold onto more lines rather than being cut, the numbers never wrap
+    ("job", "left", True, lambda job: Text(job.job)),
+    ("run", "left", True, lambda job: Text(job.run_id or "-")),
+    ("step", "right", False, lambda job: _number(job.step)),
+    ("done", "left", False, lambda job: "yes" if job.done else "no"),
+    ("heartbeat", "left", True, _heartbeat),
+    ("waiting", "right", False, lambda job: str(job.waiting_workers)),
+    ("next step", "right", False, lambda job: _number(job.next_wait_until_step)),
+    ("oldest wait", "right", False, lambda job: describe_duration(job.oldest_wait, "-")),
+]
+"""The listing's columns, and each one's cell of a job."""
+PROBLEMS: tuple[str, JustifyMethod, bool, Cell] = (
+    "problems",
+    "right",
+    False,
+    lambda job: Text(str(len(job.problems)), style="red") if job.problems else "",
+)
+"""The column counting each job's problems, when one has any."""
 
 
 def truncation_lines(listing: JobListing) -> list[str]:
@@ -74,26 +76,12 @@ def jobs_view(listing: JobListing, *, where: str) -> RenderableType:
     left_out = [Text(line, style="yellow") for line in truncation_lines(listing)]
     if not listing.jobs:
         return Group(Text(f"no jobs on {where}"), *left_out)
-    table = Table(box=None, header_style="bold", pad_edge=False)
-    # at 80 columns too, and piped: the names fold onto more lines rather than
-    # being cut, the numbers never wrap
-    columns: list[tuple[str, JustifyMethod, bool]] = [  # (header, justify, may wrap)
-        ("job", "left", True),
-        ("run", "left", True),
-        ("step", "right", False),
-        ("done", "left", False),
-        ("heartbeat", "left", True),
-        ("waiting", "right", False),
-        ("next step", "right", False),
-        ("oldest wait", "right", False),
-    ]
-    problems = any(job.problems for job in listing.jobs)
-    if problems:
-        columns.append(("problems", "right", False))
-    for header, justify, wraps in columns:
+    table = bare_table()
+    columns = [*COLUMNS, PROBLEMS] if any(job.problems for job in listing.jobs) else COLUMNS
+    for header, justify, wraps, _cell in columns:
         table.add_column(header, justify=justify, no_wrap=not wraps, overflow="fold")
     for job in listing.jobs:
-        table.add_row(*_row(job, problems=problems))
+        table.add_row(*(cell(job) for *_, cell in columns))
     parts: list[RenderableType] = [table]
     for job in listing.jobs:
         for problem in job.problems:

@@ -14,6 +14,13 @@ import io
 import sys
 
 from rich.console import Console, RenderableType
+from rich.progress_bar import ProgressBar
+from rich.table import Column, Table
+
+BAR_WIDTH = 30
+"""Characters of the longest histogram bar, and of the widest progress bar."""
+MIN_BAR = 10
+"""Characters of the narrowest progress bar (a narrow terminal)."""
 
 
 def interactive(console: Console) -> bool:
@@ -42,3 +49,26 @@ def show(renderable: RenderableType, console: Console | None = None) -> None:
         return
     sys.stdout.write(plain_text(renderable, console.width) + "\n")
     sys.stdout.flush()
+
+
+def bare_table(*columns: Column | str, title: str | None = None) -> Table:
+    """A table of the views' own look: no box, bold headers, no padding at its edges."""
+    return Table(
+        *columns, box=None, header_style="bold", pad_edge=False, title=title, title_justify="left"
+    )
+
+
+def number(header: str) -> Column:
+    """A column of numbers: right-justified, never wrapped (at 80 columns too)."""
+    return Column(header, justify="right", no_wrap=True)
+
+
+def progress_columns() -> list[Column]:
+    """The columns of ``progress_cells``: the bar takes what room is left."""
+    return [Column("progress", min_width=MIN_BAR, max_width=BAR_WIDTH), number("")]
+
+
+def progress_cells(step: int, target: int) -> list[RenderableType]:
+    """A progress bar toward ``target`` with the chief at ``step``, and ``done/target``."""
+    done = min(step, target)
+    return [ProgressBar(total=target, completed=done), f"{done}/{target}"]

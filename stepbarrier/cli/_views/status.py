@@ -1,7 +1,7 @@
-"""How a job's status looks in a terminal: the ``status`` table and the live view.
+"""How a job's status looks in a terminal (``status``, ``watch``): the chief, the
+waiters (one per row while few, else a ``WaiterSummary``: a bounded view
+whatever their number), the tasks and the open barriers, with who is missing.
 
-Shared by the ``stepbarrier`` command (``status``, ``watch``) and the demo. Only
-renders a ``JobStatus``; reading it is ``stepbarrier._inspect.status.read_status``'s job.
 Everything a worker or a chief wrote (host names, the chief's name, problems)
 goes in as ``Text``, never as a markup string: ``[bold]`` in a host name is
 shown as written, and ``[/x]`` cannot break the view.
@@ -13,18 +13,23 @@ import math
 import time
 
 from rich.console import Group, RenderableType
-from rich.progress_bar import ProgressBar
-from rich.table import Table
+from rich.table import Column, Table
 from rich.text import Text
 
+from stepbarrier._barriers.index import BarrierInfo
 from stepbarrier._config.settings import BarrierConfig
-from stepbarrier._inspect.live_chief import is_stale, stale_limit
 from stepbarrier._inspect.progress import TaskProgress
-from stepbarrier._inspect.registry import WaiterInfo
-from stepbarrier._inspect.status import JobStatus
+from stepbarrier._inspect.status import JobStatus, OpenBarrier, is_stale, stale_limit
 from stepbarrier._inspect.summary import WaiterSummary
-from stepbarrier.cli._views.barriers import barriers_table
-from stepbarrier.cli._views.waiter_summary import BAR_WIDTH, MIN_BAR, summary_view
+from stepbarrier._protocol.barrier_record import describe_tasks
+from stepbarrier._protocol.freshness import FENCE
+from stepbarrier.cli._views.output import (
+    BAR_WIDTH,
+    bare_table,
+    number,
+    progress_cells,
+    progress_columns,
+)
 
 UNKNOWN = "?"
 """Shown for a time a waiter's entry does not hold plausibly."""
@@ -35,15 +40,21 @@ TASKS_LISTED = 20
 behind); the others are counted under the table (``--json`` lists every one read)."""
 
 
+def describe_duration(seconds: float | None, unknown: str = "never") -> str:
+    """``"0.4 s"``, ``"3 min"`` or ``"1.5 h"`` (``unknown`` for none)."""
+    if seconds is None or not math.isfinite(seconds):
+        return unknown
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
 def describe_age(seconds: float | None) -> str:
     """``"0.4 s ago"``, ``"3 min ago"`` or ``"never"``."""
-    if seconds is None or not math.isfinite(seconds):
-        return "never"
-    if seconds < 120:
-        return f"{seconds:.1f} s ago"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min ago"
-    return f"{seconds / 3600:.1f} h ago"
+    shown = describe_duration(seconds)
+    return shown if shown == "never" else f"{shown} ago"
 
 
 def _clock_time(unix: float | None) -> str:
@@ -69,7 +80,7 @@ def describe_vouch(status: JobStatus) -> str:
     if status.vouch:
         return "yes: the step may release the workers waiting for it"
     if status.probation:
-        return "no: on probation (a chief made the state anew after Redis lost it; 3 s)"
+        return f"no: on probation (a chief made the state anew after Redis lost it; {FENCE:g} s)"
     return "no: the chief's training loop has not handed a step over lately"
 
 
@@ -100,9 +111,7 @@ def _summary(status: JobStatus, waiting: int, here: BarrierConfig | None) -> Tab
     grid.add_row("heartbeat", heartbeat)
     if status.step is not None:
         grid.add_row("vouched", Text(describe_vouch(status)))
-        # no row for the beat: it starts from the Redis clock in microseconds,
-        # so as a number it says nothing (status --json keeps it); the
-        # heartbeat row is the age of the last write
+        # no row for the beat (JobStatus.beat): the heartbeat row is the age of the last write
     grid.add_row("done", "yes" if status.done else "no")
     if status.reset_at is not None:
         grid.add_row("reset", f"at {_clock_time(status.reset_at)}")
@@ -112,28 +121,18 @@ def _summary(status: JobStatus, waiting: int, here: BarrierConfig | None) -> Tab
     return grid
 
 
-def _waited(waiter: WaiterInfo, now: float) -> str:
-    if waiter.since is None:
-        return UNKNOWN
-    return f"{max(0.0, now - waiter.since):.1f} s"
-
-
 def waiters_table(status: JobStatus, *, progress: bool, now: float | None = None) -> Table:
     """The waiting workers, lowest target first; with a progress bar per worker."""
     now = time.time() if now is None else now
-    # at 80 columns too, and piped: the numbers never wrap, the host folds onto
-    # more lines rather than being cut, and the bar takes what is left (watch
-    # drops "waiting since": "for" says as much in less room)
-    table = Table(box=None, header_style="bold", pad_edge=False)
-    table.add_column("task", justify="right", no_wrap=True)
-    table.add_column("wait until step", justify="right", no_wrap=True)
-    if progress:
-        table.add_column("progress", min_width=MIN_BAR, max_width=BAR_WIDTH)
-        table.add_column("", justify="right", no_wrap=True)
-    else:
-        table.add_column("waiting since", no_wrap=True)
-    table.add_column("for", justify="right", no_wrap=True)
-    table.add_column("host", overflow="fold", min_width=MIN_HOST)
+    # at 80 columns too: numbers never wrap, the host folds rather than being cut, the
+    # bar takes what is left (watch drops "waiting since": "for" says as much in less room)
+    table = bare_table(
+        number("task"),
+        number("wait until step"),
+        *(progress_columns() if progress else [Column("waiting since", no_wrap=True)]),
+        number("for"),
+        Column("host", overflow="fold", min_width=MIN_HOST),
+    )
     step = status.step or 0
     for waiter in status.waiters:
         cells: list[RenderableType] = [
@@ -141,13 +140,14 @@ def waiters_table(status: JobStatus, *, progress: bool, now: float | None = None
             str(waiter.wait_until_step),
         ]
         if progress:
-            done = min(step, waiter.wait_until_step)
-            cells.append(ProgressBar(total=waiter.wait_until_step, completed=done))
-            cells.append(f"{done}/{waiter.wait_until_step}")
+            cells += progress_cells(step, waiter.wait_until_step)
         else:
             cells.append(_clock_time(waiter.since))
         host = waiter.host if waiter.pid is None else f"{waiter.host}:{waiter.pid}"
-        cells += [_waited(waiter, now), Text(host)]
+        cells += [
+            _seconds(None if waiter.since is None else max(0.0, now - waiter.since)),
+            Text(host),
+        ]
         table.add_row(*cells)
     return table
 
@@ -157,7 +157,7 @@ def describe_stuck(status: JobStatus, stall_timeout: float) -> str:
     stuck = status.stuck_tasks
     named = ", ".join(
         f"task {t.task_id} at step {t.step} ({t.behind} behind, no progress for "
-        f"{describe_age(t.changed_age_s).removesuffix(' ago')})"
+        f"{describe_duration(t.changed_age_s)})"
         for t in stuck[:10]
     )
     more = f" and {len(stuck) - 10} more" if len(stuck) > 10 else ""
@@ -176,15 +176,11 @@ def _task_state(task: TaskProgress) -> Text:
 
 
 def tasks_table(status: JobStatus) -> RenderableType:
-    """Each task's reported step and how far behind the chief: the stuck first, then
-    the stragglers, then the most behind (at most ``TASKS_LISTED``; the rest counted)."""
-    ordered = sorted(
-        status.tasks, key=lambda t: (not t.stuck, not t.straggler, -(t.behind or 0), t.task_id)
+    """Each task's reported step and how far behind the chief (``TASKS_LISTED``)."""
+    ordered = status.tasks_by_concern
+    table = bare_table(
+        *map(number, ("task", "step", "behind", "last progress")), Column("", no_wrap=True)
     )
-    table = Table(box=None, header_style="bold", pad_edge=False)
-    for name in ("task", "step", "behind", "last progress"):
-        table.add_column(name, justify="right", no_wrap=True)
-    table.add_column("", no_wrap=True)
     for task in ordered[:TASKS_LISTED]:
         table.add_row(
             str(task.task_id),
@@ -193,22 +189,19 @@ def tasks_table(status: JobStatus) -> RenderableType:
             describe_age(task.changed_age_s),
             _task_state(task),
         )
-    parts: list[RenderableType] = [table]
     stuck = len(status.stuck_tasks)
     stragglers = sum(1 for t in status.tasks if t.straggler)
-    notes = [f"{len(status.tasks):,} task(s) report their progress"]
-    if stuck:
-        notes.append(f"{stuck} stuck")
-    if stragglers:
-        notes.append(
-            f"{stragglers} straggler(s) (behind by more than {status.straggler_threshold})"
-        )
-    if len(ordered) > TASKS_LISTED:
-        notes.append(f"{len(ordered) - TASKS_LISTED:,} more not listed (--json lists them)")
-    if status.tasks_more:
-        notes.append(f"{status.tasks_more:,} more not read")
-    parts.append(Text("; ".join(notes), style="dim"))
-    return Group(*parts)
+    unlisted = len(ordered) - TASKS_LISTED
+    notes = [
+        f"{len(status.tasks):,} task(s) report their progress",
+        f"{stuck} stuck" if stuck else "",
+        f"{stragglers} straggler(s) (behind by more than {status.straggler_threshold})"
+        if stragglers
+        else "",
+        f"{unlisted:,} more not listed (--json lists them)" if unlisted > 0 else "",
+        f"{status.tasks_more:,} more not read" if status.tasks_more else "",
+    ]
+    return Group(table, Text("; ".join(filter(None, notes)), style="dim"))
 
 
 def status_view(
@@ -219,13 +212,10 @@ def status_view(
     here: BarrierConfig | None = None,
     now: float | None = None,
 ) -> RenderableType:
-    """The whole status: a summary, the waiting workers and the open barriers (if any).
-
-    With a ``summary`` (a large job) the workers are summarised, not listed.
-    With ``here`` (the command's settings) the summary also says which run id
-    they give and where it came from (``run here``), and whether the stored
-    state is another run's. ``now``: the Unix time the waits are measured to
-    (the clock's by default).
+    """The whole status: the chief, the waiting workers (summarised with a ``summary``),
+    the tasks and the open barriers. With ``here`` (the command's settings) it also
+    says which run id they give (``run here``), and whether the stored state is
+    another run's. ``now``: the Unix time the waits are measured to.
     """
     waiting = len(status.waiters) if summary is None else summary.waiting
     parts: list[RenderableType] = [_summary(status, waiting, here)]
@@ -251,3 +241,72 @@ def live_view(
         parts.append(Text(note, style="yellow"))
     parts.append(Text(f"updated {time.strftime('%H:%M:%S')} - Ctrl-C to stop", style="dim"))
     return Group(*parts)
+
+
+def summary_view(summary: WaiterSummary, step: int | None) -> RenderableType:
+    """The counts, the nearest targets (with the chief's progress) and the histogram."""
+    parts: list[RenderableType] = []
+    if summary.reached:
+        parts.append(Text(f"{summary.reached:,} of them wait for a step the chief has reached"))
+    if summary.nearest:
+        parts += [_nearest(summary, step or 0), Text("")]
+    if summary.histogram:
+        parts.append(_histogram(summary))
+    return Group(*parts)
+
+
+def _nearest(summary: WaiterSummary, step: int) -> Table:
+    table = bare_table(
+        number("wait until step"), number("workers"), *progress_columns(), title="nearest targets"
+    )
+    for target, waiters in summary.nearest:
+        table.add_row(str(target), f"{waiters:,}", *progress_cells(step, target))
+    return table
+
+
+def _histogram(summary: WaiterSummary) -> Table:
+    table = bare_table(number("steps"), number("workers"), "", title="targets")
+    most = max(n for _, _, n in summary.histogram) or 1
+    for first, last, waiters in summary.histogram:
+        steps = str(first) if first == last else f"{first}-{last}"
+        bar = "#" * max(1 if waiters else 0, round(BAR_WIDTH * waiters / most))
+        table.add_row(steps, f"{waiters:,}", bar)
+    return table
+
+
+def _seconds(seconds: float | None, suffix: str = "") -> str:
+    return UNKNOWN if seconds is None else f"{seconds:.1f} s{suffix}"
+
+
+def missing_tasks(barrier: BarrierInfo) -> str:
+    """Who is missing: the ids as short ranges, and how many more among the tasks
+    ``read_open_barriers`` did not check."""
+    shown = describe_tasks(barrier.missing)
+    if not isinstance(barrier, OpenBarrier) or not barrier.missing_more:
+        return shown
+    unchecked = f"{barrier.tasks_checked}-{barrier.parties - 1}"
+    rest = f"{barrier.missing_more:,} more among tasks {unchecked}"
+    return rest if not barrier.missing else f"{shown}, and {rest}"
+
+
+def barriers_table(barriers: tuple[BarrierInfo, ...]) -> Table:
+    """One row per open barrier: how many of its parties arrived, and who is missing."""
+    # at 80 columns too: names fold rather than being cut
+    table = bare_table(
+        Column("barrier", overflow="fold"),
+        Column("run", overflow="fold"),
+        number("arrived"),
+        Column("missing tasks", overflow="fold"),
+        number("open for"),
+        number("last arrival"),
+    )
+    for barrier in barriers:
+        table.add_row(
+            Text(barrier.name),
+            Text(barrier.run_id or "-"),
+            f"{barrier.arrived:,}/{barrier.parties:,}",
+            Text(missing_tasks(barrier)),
+            _seconds(barrier.open_for),
+            _seconds(barrier.last_arrival_age, " ago"),
+        )
+    return table

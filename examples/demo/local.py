@@ -87,7 +87,7 @@ NO_REDIS_TO_EMBED = (
 )
 
 
-def embedded_redis_missing(kind: str = "auto") -> str | None:
+def redis_missing(kind: str = "auto") -> str | None:
     """Why an ``EmbeddedRedis`` of ``kind`` cannot start here, or ``None`` if it can."""
     binary = shutil.which("redis-server") is not None
     # fakeredis runs the barrier's Lua only with lupa (the fakeredis[lua] extra)

@@ -1,7 +1,6 @@
-"""``stepbarrier demo``: a real local parameter-server job held back by the barrier.
+"""The demo's run: a real local parameter-server job held back by the barrier.
 
-It starts an embedded Redis, then ``stepbarrier.cli._demo.job`` (shipped in
-the package; ``examples/tf1_parameter_server.py`` runs the same code) as
+It starts an embedded Redis, then ``examples/tf1_parameter_server.py`` as
 separate processes: one ps, the chief and N workers (task ids 1..N, the
 numbering everywhere: process names, the live view, the summary) whose
 ``wait_until_step`` comes from a ``log:K`` schedule. Workers start once the
@@ -18,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import importlib.util
 import json
 import math
@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -35,24 +36,30 @@ from typing import Any
 from rich.console import Console, RenderableType
 from rich.live import Live
 
-from stepbarrier._config.checks import validate_job
-from stepbarrier._config.schedule import schedule_wait_until_step, validate_schedule
-from stepbarrier._config.settings import BarrierConfig
-from stepbarrier._inspect.status import JobStatus, read_status
-from stepbarrier.cli._demo.local_processes import (
-    LOOPBACK,
-    EmbeddedRedis,
-    ProcessGroup,
-    embedded_redis_missing,
-    free_port,
+from examples.demo.local import LOOPBACK, EmbeddedRedis, ProcessGroup, free_port, redis_missing
+from examples.demo.views import (
+    DemoFrame,
+    WorkerRow,
+    demo_view,
+    progress_line,
+    release_summary,
+    step_times_of,
+    wake_latency,
 )
-from stepbarrier.cli._views.demo_live import DemoFrame, WorkerRow, demo_view, progress_line
-from stepbarrier.cli._views.demo_summary import release_summary, wake_latency
+from stepbarrier import (
+    BarrierConfig,
+    ConfigurationError,
+    JobStatus,
+    StepBarrierError,
+    read_status,
+    schedule_wait_until_step,
+)
+from stepbarrier._config.checks import validate_name
+from stepbarrier._config.schedule import validate_schedule
 from stepbarrier.cli._views.output import plain_text
-from stepbarrier.errors import ConfigurationError, StepBarrierError
 
-JOB_MODULE = "stepbarrier.cli._demo.job"
-"""The training program the demo runs (``python -m``): part of the package."""
+PROGRAM = Path(__file__).resolve().parents[1] / "tf1_parameter_server.py"
+"""The training program each of the demo's processes runs."""
 PIPED_EVERY = 5.0
 """Seconds between progress lines when the output is not a terminal."""
 OTHER_WAITERS = 20
@@ -94,13 +101,11 @@ def run_demo(
 ) -> int:
     """Run the demo; returns the exit code (0 when every task finished well).
 
-    ``example`` runs another training script (a path) instead of ``JOB_MODULE``.
+    ``example`` runs another training script (a path) instead of ``PROGRAM``.
     """
     if example is not None and not Path(example).is_file():
         raise ConfigurationError(f"--example {example} is not a file")
-    if example is None and importlib.util.find_spec(JOB_MODULE) is None:  # pragma: no cover
-        raise ConfigurationError(f"{JOB_MODULE} is missing from this installation")
-    missing = embedded_redis_missing(redis_kind)
+    missing = redis_missing(redis_kind)
     if missing is not None:
         raise ConfigurationError(missing)
     if example is None and importlib.util.find_spec("tensorflow") is None:
@@ -111,8 +116,8 @@ def run_demo(
     spec = validate_schedule(schedule or default_schedule(workers, steps), variable="--schedule")
     targets = [schedule_wait_until_step(task, spec) for task in range(1, workers + 1)]
     sleep = default_step_sleep(targets) if step_sleep is None else step_sleep
-    name = validate_job(job, variable="--job") if job else f"demo-{uuid.uuid4().hex[:8]}"
-    command = [sys.executable, example] if example else [sys.executable, "-m", JOB_MODULE]
+    name = validate_name(job, variable="--job") if job else f"demo-{uuid.uuid4().hex[:8]}"
+    command = [sys.executable, example or str(PROGRAM)]
     return _Demo(name, workers, spec, targets, steps, sleep, command, redis_kind).run()
 
 
@@ -228,7 +233,7 @@ class _Demo:
             for index in range(self.workers):
                 self._start_task("worker", index, cluster)
             deadline = time.monotonic() + 300 + self.steps * self.step_sleep * 2
-            while self._running(exclude="ps-0"):
+            while any(self._alive(n for n in self.group.processes if n != "ps-0")):
                 if time.monotonic() > deadline:
                     self._show("the demo took too long", force=True)
                     return self._failed()
@@ -280,19 +285,15 @@ class _Demo:
     def _wait_for_chief(self) -> bool:
         deadline = time.monotonic() + CHIEF_READY_TIMEOUT
         while time.monotonic() < deadline:
-            if not self._running(only=("ps-0", "chief-0"), all_of=True):
+            if not all(self._alive(("ps-0", "chief-0"))):
                 return False
             self._poll("waiting for the chief's session (TensorFlow starts slowly)")
             if CHIEF_READY in self.group.log_tail("chief-0", lines=1000):
                 return True
         return False
 
-    def _running(
-        self, *, exclude: str | None = None, only: tuple[str, ...] = (), all_of: bool = False
-    ) -> bool:
-        names = [n for n in self.group.processes if n != exclude and (not only or n in only)]
-        alive = [self.group.returncode(n) is None for n in names]
-        return all(alive) if all_of else any(alive)
+    def _alive(self, names: Iterable[str]) -> list[bool]:
+        return [self.group.returncode(name) is None for name in names]
 
     def _poll(self, phase: str, *, force: bool = False) -> None:
         time.sleep(0.25)
@@ -318,37 +319,24 @@ class _Demo:
     def _frame(self, phase: str) -> DemoFrame:
         status = self.status
         waiting = {w.task_id for w in status.waiters} if status is not None else set()
-        step_times = self._step_times()
+        step_times = step_times_of(self._record("chief-0"))
         rows = []
-        for index, target in enumerate(self.targets):
-            task_id = index + 1
-            name = f"worker-{task_id}"
-            record = self._record(name)
+        for task_id, target in enumerate(self.targets, start=1):
+            record = self._record(f"worker-{task_id}")
             released = record.get("released_at_step")
-            code = self.group.returncode(name) if name in self.group.processes else None
-            if name not in self.group.processes:
-                state = "not started"
-            elif code is not None:
-                state = "finished" if code == 0 else f"exited {code}"
-            elif isinstance(released, int) or (target <= 0 and record):
-                state = "training"
-            elif task_id in waiting:
-                state = "waiting"
-            else:
-                state = "starting"
+            released = released if isinstance(released, int) else None
+            state = self._process_state(f"worker-{task_id}")
+            if state == "running":
+                trains = released is not None or (target <= 0 and record)
+                state = "training" if trains else "waiting" if task_id in waiting else "starting"
             latency, note = ("-", "")
-            if isinstance(released, int):
+            if released is not None:
                 latency, note = wake_latency(record, target, step_times, task_id, self.first_wait)
-            rows.append(
-                WorkerRow(
-                    task_id,
-                    target,
-                    state,
-                    released if isinstance(released, int) else None,
-                    latency,
-                    note,
-                )
-            )
+            rows.append(WorkerRow(task_id, target, state, released, latency, note))
+        others = None
+        if status is not None:
+            theirs = [w for w in status.waiters if w.task_id not in range(1, self.workers + 1)]
+            others = dataclasses.replace(status, waiters=tuple(theirs[:OTHER_WAITERS]))
         return DemoFrame(
             phase=phase,
             job=self.job,
@@ -359,25 +347,8 @@ class _Demo:
             chief=self._process_state("chief-0"),
             workers=tuple(rows),
             chief_name=None if status is None else status.chief,
-            others=self._others(),
+            others=others,
         )
-
-    def _others(self) -> tuple[tuple[str, int], ...]:
-        if self.status is None:
-            return ()
-        ours = range(1, self.workers + 1)
-        return tuple(
-            (w.host if w.pid is None else f"{w.host}:{w.pid}", w.wait_until_step)
-            for w in self.status.waiters
-            if w.task_id not in ours
-        )[:OTHER_WAITERS]
-
-    def _step_times(self) -> list[tuple[int, float]]:
-        pairs = self._record("chief-0").get("step_times") or []
-        try:
-            return [(int(s), float(t)) for s, t in pairs]
-        except (TypeError, ValueError):
-            return []
 
     def _failed(self) -> int:
         for name in self.group.processes:

@@ -1,1 +1,0 @@
-"""``stepbarrier demo``: a real local job, and the processes that run it."""
