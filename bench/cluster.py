@@ -221,7 +221,7 @@ def announcement_cost(cluster: LocalRedisCluster, count: int) -> dict[str, Any]:
     config = BarrierConfig(job=job, redis_url=cluster.url, role="chief", task_id=0,
                            redis_cluster=True)  # fmt: skip
     payload = ""
-    subscriber: PubSub = cluster.node(owner).pubsub()  # type: ignore[no-untyped-call]
+    subscriber: PubSub = cluster.node(owner).pubsub()
     subscriber.ssubscribe(channel)
     try:
         with StepPublisher(config) as publisher:
@@ -243,7 +243,7 @@ def announcement_cost(cluster: LocalRedisCluster, count: int) -> dict[str, Any]:
         subscriber.close()
 
     for command, subscribe in (("SPUBLISH", "ssubscribe"), ("PUBLISH", "subscribe")):
-        subscriber = cluster.node(owner).pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        subscriber = cluster.node(owner).pubsub(ignore_subscribe_messages=True)
         getattr(subscriber, subscribe)(channel)
         node = cluster.node(owner)
 

@@ -242,7 +242,7 @@ def floor_connections_role(url: str, connections: int, trials: int, quiet: float
                 break
             out[index][trial] = time.time()
             await asyncio.sleep(quiet)
-        await pubsub.aclose()  # type: ignore[no-untyped-call]
+        await pubsub.aclose()
         await client.aclose()
 
     async def main() -> list[list[float]]:

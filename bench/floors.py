@@ -61,7 +61,7 @@ class RawWaiter:
 
     def __init__(self, url: str, after_read: Callable[[], None] | None = None) -> None:
         self.client = redis.Redis.from_url(url)
-        self.pubsub: PubSub = self.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        self.pubsub: PubSub = self.client.pubsub(ignore_subscribe_messages=True)
         self.pubsub.subscribe(FLOOR_CHANNEL)
         while not self.pubsub.subscribed:
             self.pubsub.get_message(timeout=1.0)
@@ -157,5 +157,5 @@ class SharedFloor:
     async def aclose(self) -> None:
         if self.reader is not None:
             self.reader.cancel()
-        await self.pubsub.aclose()  # type: ignore[no-untyped-call]
+        await self.pubsub.aclose()
         await self.client.aclose()

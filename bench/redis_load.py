@@ -278,7 +278,7 @@ def memory_per_subscriber(client: redis.Redis, url: str, count: int = 500) -> fl
     subscriptions = []
     try:
         for number in range(count):
-            pubsub: PubSub = redis.Redis.from_url(url).pubsub()  # type: ignore[no-untyped-call]
+            pubsub: PubSub = redis.Redis.from_url(url).pubsub()
             pubsub.subscribe(f"stepbarrier:{{job-{number % 50}}}:steps")
             pubsub.get_message(timeout=1.0)
             subscriptions.append(pubsub)

@@ -51,7 +51,7 @@ waits long, and a wake-up from idle is slower than one in a busy loop."""
 
 def receive_raw(url: str, count: int, sharded: bool) -> None:
     client = redis.Redis.from_url(url)
-    pubsub: PubSub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+    pubsub: PubSub = client.pubsub(ignore_subscribe_messages=True)
     if sharded:
         pubsub.ssubscribe(CHANNEL)
     else:

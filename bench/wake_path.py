@@ -52,7 +52,7 @@ POINTS = ("writer awake", "FCALL sent", "heard raw", "wait returns")
 def listen_raw(url: str, channel: str, count: int) -> None:
     """Print when each step's first announcement came (the step read from it)."""
     client = redis.Redis.from_url(url)
-    pubsub: PubSub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+    pubsub: PubSub = client.pubsub(ignore_subscribe_messages=True)
     pubsub.subscribe(channel)
     while pubsub.get_message(timeout=1.0) is None and not pubsub.subscribed:
         pass

@@ -329,7 +329,7 @@ async def _confirmed(pubsub: PubSub, expected: str) -> None:
 
 async def _close(pubsub: PubSub) -> None:
     with contextlib.suppress(Exception):
-        await pubsub.aclose()  # type: ignore[no-untyped-call]
+        await pubsub.aclose()
 
 
 def _spawn(tasks: set[asyncio.Future[None]], work: Awaitable[None]) -> None:
