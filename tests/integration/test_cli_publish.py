@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import pytest
 import redis
@@ -48,6 +50,30 @@ def write_chief(
     }
     state.update(fields)
     client.hset(config.keys.state, mapping=state)
+
+
+@contextmanager
+def heartbeating(
+    client: redis.Redis, config: BarrierConfig, heartbeat_age_ms: int, **fields: str
+) -> Iterator[None]:
+    """A live chief's state: its heartbeat kept ``heartbeat_age_ms`` old while the block
+    runs, as a chief that beats keeps it (a command that starts slowly on a loaded
+    machine would otherwise find a once-written heartbeat stale)."""
+    write_chief(client, config, heartbeat_age_ms, **fields)
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(0.05):
+            at = redis_ms(client) - heartbeat_age_ms
+            client.hset(config.keys.state, "heartbeat_ms", str(at))
+
+    beater = threading.Thread(target=beat, daemon=True)
+    beater.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        beater.join()
 
 
 def test_publish_is_refused_while_a_chief_heartbeats(
@@ -112,8 +138,8 @@ def test_publish_is_refused_while_the_heartbeat_is_fresh(
     heartbeat_age_ms: int,
     fields: dict[str, str],
 ) -> None:
-    write_chief(client, job_config, heartbeat_age_ms, **fields)
-    result = run(env, "publish", "10")
+    with heartbeating(client, job_config, heartbeat_age_ms, **fields):
+        result = run(env, "publish", "10")
     assert result.returncode == 2, result.stderr
     assert f"chief {HAND_WRITTEN_CHIEF} is live" in result.stderr
     assert read_status(job_config, client).step == 3

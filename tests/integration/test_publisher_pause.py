@@ -53,13 +53,19 @@ def beats_during(config: BarrierConfig, seconds: float) -> int:
     return beat(config) - first
 
 
-def beats_go_on(config: BarrierConfig, count: int = 2) -> None:
+def beats_go_on(
+    config: BarrierConfig, count: int = 2, hand_over: Callable[[], None] | None = None
+) -> None:
     """The chief writes on: its beat moves ``count`` times, however slowly (a busy
-    machine may stretch a heartbeat; the deadline only ends a test that hangs)."""
+    machine may stretch a heartbeat; the deadline only ends a test that hangs).
+    ``hand_over`` keeps a live loop handing its step over meanwhile: a machine slow
+    enough to stretch two heartbeats past the idle limit must not make it idle."""
     first = beat(config)
     deadline = time.monotonic() + 30
     while beat(config) < first + count:
         assert time.monotonic() < deadline, "the heartbeat stopped"
+        if hand_over is not None:
+            hand_over()
         time.sleep(0.02)
 
 
@@ -69,13 +75,13 @@ def test_an_idle_loop_stops_the_heartbeat_and_the_next_step_resumes_it(
     with StepPublisher(quick) as publisher:
         publisher.publish(5)
         assert publisher.flush(10)
-        beats_go_on(quick)  # alive: a write per heartbeat
+        beats_go_on(quick, hand_over=lambda: publisher.publish(5))  # alive: a write per beat
         time.sleep(IDLE)  # the loop hands nothing over for longer than its idle limit
         assert beats_during(quick, 0.6) == 0
         assert any("the heartbeat stops" in r.getMessage() for r in caplog.records)
         publisher.publish(6)
         assert publisher.flush(10)
-        beats_go_on(quick)
+        beats_go_on(quick, hand_over=lambda: publisher.publish(6))
         assert read_status(quick).step == 6
 
 

@@ -355,11 +355,15 @@ def test_a_worker_waits_on_through_a_gap_between_the_chief_s_sessions(
     """Row "a chief trains in two sessions, with a gap longer than the stall timeout"
     of the comparison table in docs/tensorflow-keras.md: the worker waits on through
     a gap of three stall timeouts (the chief's publisher pauses, its heartbeat goes
-    on), and is woken through Redis at its step in the second session."""
+    on), and is released at its step in the second session. A stopped heartbeat would
+    have ended the wait with a ``BarrierTimeout`` at the stall timeout (as when the
+    chief's loop dies, above). Which source releases it is a race both may win: the
+    announcement through Redis, or the session's global step read in the same
+    hundreds of milliseconds (a loaded machine delays the first)."""
     worker = two_sessions["gap"]
     assert worker["error"] is None, worker
-    assert worker["released_by"] != SESSION, worker
-    assert GAP_TARGET <= worker["released_at_step"] <= GAP_TARGET + SOON, worker
+    soon = SOON_BY_SESSION if worker["released_by"] == SESSION else SOON
+    assert GAP_TARGET <= worker["released_at_step"] <= GAP_TARGET + soon, worker
     steps = [step for step, _ in two_sessions["chief"]["step_times"]]
     assert GAP_AT in steps and max(steps) >= GAP_TARGET  # the gap came before the target
 
