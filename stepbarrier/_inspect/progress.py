@@ -5,11 +5,10 @@ The tasks report their own step into the job's progress hash
 reads it in bounded work, and ``judge_tasks`` judges each task against the
 chief by the rules docs/who-is-slow.md states (and why those thresholds).
 
-Every worker may write the hash, so the read is bounded whatever it holds:
-``HLEN``, then ``HSTRLEN`` of the fields ``0`` .. ``span - 1`` (the hash's size
-plus ``SPAN_MARGIN``, at most ``MAX_TASKS_READ``), then ``HMGET`` of those of at
-most ``MAX_PROGRESS_VALUE`` bytes; what does not parse is a problem, and the
-tasks beyond are counted (``tasks_more``), not read.
+Every worker may write the hash (the package's bounded-read rule): ``HLEN``,
+then ``HSTRLEN`` of the fields ``0`` .. ``span - 1`` (the hash's size plus
+``SPAN_MARGIN``, at most ``MAX_TASKS_READ``), then ``HMGET`` of those of at most
+``MAX_PROGRESS_VALUE`` bytes; the tasks beyond are counted (``tasks_more``), not read.
 """
 
 from __future__ import annotations

@@ -1,18 +1,15 @@
 """The job's registry of waiting workers, read through its index, never a keyspace SCAN.
 
 The targets sorted set (member: waiter id, score: its target step) indexes the
-live waiters; each has its entry, the hash ``JobKeys.waiter(id)``. Any holder of
-a worker's password may write both at any size, so they are read in bounded
-work (at most ``MAX_INDEXED`` members with ``LIMIT``; of an entry only its known
-fields, once ``HLEN`` and ``HSTRLEN`` showed it no larger than the library's),
-and what is malformed or oversized is a line in ``problems``, never an exception.
+live waiters; each has its entry, the hash ``JobKeys.waiter(id)``. Both are read
+in bounded work (the package's rule): at most ``MAX_INDEXED`` members; of an
+entry only its known fields, once its sizes showed it no larger than the library's.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -274,16 +271,3 @@ def parse_since(raw: object) -> float | None:
         return None
     value = float(text)
     return value if value < SINCE_LIMIT else None
-
-
-def indexed_keys(client: RedisClient, keys: JobKeys, *, page: int, limit: int) -> Iterator[bytes]:
-    """Registry keys of every indexed waiter (at most ``limit``), read ``page`` at a time.
-
-    Scores are not checked: whatever is indexed belongs to the job.
-    """
-    for start in range(0, limit, page):
-        members = client.zrangebyscore(keys.targets, "-inf", "+inf", start=start, num=page)
-        for member in members:
-            yield entry_key(keys, to_bytes(member))
-        if len(members) < page:
-            return

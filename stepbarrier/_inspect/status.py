@@ -1,10 +1,7 @@
 """What an operator sees: the chief's state, who waits for what, the open barriers.
 
-``read_status`` only reads (the ``monitor`` user is enough) and never fails on
-malformed content: it reports it in ``JobStatus.problems``. Whoever holds a
-worker's (or the chief's) password may write any key by hand, at any size, so
-every read is bounded and an oversized key is reported, not read. A Redis busy
-with a script (BUSY) fails the read (retried, then said as such).
+``read_status`` only reads (the ``monitor`` user is enough), in bounded work
+(the package's rule), and reports malformed content in ``JobStatus.problems``.
 
 The barriers. Reading an open barrier whole, as a waiting task reads its own,
 cost Redis about half a second per 100,000 parties in one command: ten planted
