@@ -300,13 +300,6 @@ def list_jobs(
     try:
         most = MAX_SCAN_CALLS if scan_calls is None else scan_calls
         found: Found = retried(lambda: scan_jobs(active(), chosen, limit, most), "list the jobs")
-        if not found.complete:
-            log.warning(
-                "the scan for jobs stopped after %d SCAN calls of %d keys (per master): some "
-                "jobs may be missing",
-                most,
-                SCAN_COUNT,
-            )
         shares = fair_shares([len(names) for names in found.names], limit)
         selected = [found.lowest(n)[:share] for n, share in enumerate(shares)]
         waiter_shares = fair_shares(
@@ -333,21 +326,37 @@ def list_jobs(
         )
         for n in range(len(chosen))
     )
-    for part in listed:
-        if part.found > part.read:
-            log.warning(
-                "%d jobs match %r: only %d are read (its share of %d jobs per listing)",
-                part.found,
-                part.pattern,
-                part.read,
-                limit,
-            )
-    return JobListing(
+    listing = JobListing(
         tuple(sorted(summaries, key=lambda summary: summary.job)),
         complete=not any(part.truncated for part in listed),
         patterns=listed,
         scan_complete=found.complete,
     )
+    for line in truncation_lines(listing):
+        log.warning("%s", line)
+    return listing
+
+
+def truncation_lines(listing: JobListing) -> list[str]:
+    """What a truncated listing left out, one line per pattern (none: nothing): the
+    one wording of the log, ``stepbarrier jobs``'s table and its stderr."""
+    lines = []
+    if not listing.scan_complete:
+        lines.append(
+            "the scan for jobs stopped at its bound of SCAN calls: jobs past it are not listed"
+        )
+    for part in listing.patterns:
+        if part.found > part.read:
+            lines.append(
+                f"{part.found:,} jobs match {part.pattern!r}: only {part.read:,} are listed "
+                "(the lowest names; its share of the jobs one listing reads)"
+            )
+    if any(part.pattern == "*" for part in listing.patterns) and lines:
+        lines.append(
+            "give each team's pattern (--job 'team-a-*' --job 'team-b-*'): each then gets "
+            "its own share, and one team's jobs never hide another's"
+        )
+    return lines
 
 
 def _by_node(client: RedisClient, keys: list[JobKeys]) -> list[list[int]]:
