@@ -9,9 +9,9 @@ barriers stalled Redis for every team at each ``status`` refresh (issue 34). So
 ``read_open_barriers`` uses only commands of constant cost, and the read-only
 ``index_read`` (which sends no megabyte member a worker planted in the index).
 
-The chief's liveness of every operator's view (and of ``publish``'s refusal) is
-``stale_limit``/``is_stale`` (``freshness``'s rule) and ``chief_heard`` (the
-stall timeout); no waiter decides by either.
+The chief's liveness of every operator's view (and of ``publish``'s refusal,
+``find_live_chief``) is ``stale_limit``/``is_stale`` (``freshness``'s rule) and
+``chief_heard`` (the stall timeout); no waiter decides by either.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from stepbarrier._inspect.registry import (
 from stepbarrier._protocol import freshness
 from stepbarrier._protocol.barrier_library import MAX_BARRIER_INDEX
 from stepbarrier._protocol.barrier_record import MAX_PARTIES, epoch_token, split_member
-from stepbarrier._protocol.calls import read_call
+from stepbarrier._protocol.calls import may_write_call, read_call
 from stepbarrier._protocol.keys import JobKeys
 from stepbarrier._protocol.library import (
     BARRIER_FIELDS,
@@ -192,6 +192,28 @@ def _liveness(status: JobStatus, default_heartbeat: float) -> dict[str, Any]:
 def chief_heard(status: JobStatus, stall_timeout: float) -> bool:
     """True if a chief heartbeat is no older than ``stall_timeout`` (else the job is dead)."""
     return status.heartbeat_age is not None and status.heartbeat_age <= stall_timeout
+
+
+def find_live_chief(
+    config: BarrierConfig, client: RedisClient | None = None
+) -> tuple[JobStatus, float] | None:
+    """The job's status and its stale limit while a chief heartbeats (not stale), else ``None``.
+
+    Asked before a hand-run ``publish``, which starts a new chief generation that
+    wins for good: the running chief would stop publishing and its workers would
+    follow the hand-set step. A user that may not publish at all learns that
+    first: ``RedisRefused`` unless the job's state is writable.
+    """
+
+    def check(active: RedisClient) -> JobStatus:
+        RedisCode(active, config).call(*may_write_call(config.keys.state))
+        return read_status(config, active)
+
+    status = operator_read(config, client, check, action="publish the step")
+    limit = stale_limit(status, config.heartbeat)
+    if limit is None or is_stale(status, config.heartbeat):
+        return None
+    return status, limit
 
 
 def read_status(
