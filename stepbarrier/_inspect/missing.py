@@ -35,15 +35,10 @@ SUGGEST_SCAN_CALLS = 10
 
 @dataclass(frozen=True)
 class OtherJobs:
-    """Jobs found on the Redis, for a message about a job that is not there.
-
-    Attributes:
-        names: Up to ``SUGGEST`` job names, sorted.
-        more: More jobs exist, or the short scan did not see the whole keyspace.
-        may_scan: False if the user may not run ``SCAN``.
-        close: The names found closest to the job's (a typo's likely meaning),
-            best first, whether or not among ``names``.
-    """
+    """Jobs found on the Redis, for a message about a job that is not there: up to
+    ``SUGGEST`` ``names``, ``more`` if there are others (or the short scan did not
+    see the whole keyspace), and the ``close`` ones (a typo's likely meaning), best
+    first, whether or not among ``names``."""
 
     names: tuple[str, ...] = ()
     more: bool = False

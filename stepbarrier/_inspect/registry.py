@@ -86,8 +86,7 @@ def raise_transient(replies: list[Any]) -> None:
 
 
 def replies_of(pipe: Any) -> list[Any]:
-    """The replies of a pipeline, each error in its place, but one that a retry may
-    cure raised (``raise_transient``)."""
+    """The replies of a pipeline, each error in its place (``raise_transient``'s aside)."""
     replies = list(pipe.execute(raise_on_error=False))
     raise_transient(replies)
     return replies
@@ -96,7 +95,7 @@ def replies_of(pipe: Any) -> list[Any]:
 def read_index(code: RedisCode, key: str, *, start: int = 0, count: int) -> object:
     """``count`` members of the sorted set ``key`` from rank ``start`` with raw scores
     (``index_read``: none over ``MAX_ARGUMENT`` bytes sent, they are counted), for
-    ``parse_index``; an error in its place, but one that a retry may cure raised."""
+    ``parse_index``; errors as ``replies_of``."""
     replies = code.replies([index_call(key, start=start, count=count)])
     raise_transient(replies)
     return as_refused(replies[0])
@@ -167,11 +166,9 @@ def read_entries_of(
     client: RedisClient, jobs: list[tuple[JobKeys, list[tuple[bytes, int]], list[str]]]
 ) -> list[EntriesRead]:
     """The entries of the indexed waiters of several jobs (``(keys, index, problems)``
-    each), in two round trips of O(1) commands, whatever they hold: the sizes
-    (``HLEN``, ``HSTRLEN`` of each known field), then the known fields (``HMGET``)
-    of those not oversized. An entry that is gone has expired (its waiter died or
-    left): it is skipped. A job whose entries this user may not read gets the
-    refusal in its place.
+    each), in two round trips: the sizes, then the known fields of those not
+    oversized. An entry that is gone has expired (its waiter died or left): it is
+    skipped. A job whose entries this user may not read gets the refusal in its place.
     """
     width = 1 + len(ENTRY_FIELDS)
     indexed = [(keys, waiter_id, target) for keys, index, _ in jobs for waiter_id, target in index]
@@ -185,20 +182,25 @@ def read_entries_of(
             pipe.hstrlen(key, name)
     sizes = replies_of(pipe)
     refused: dict[int, redis.exceptions.NoPermissionError] = {}
+
+    def failed(number: int, waiter_id: bytes, reply: object) -> bool:
+        """Whether ``reply`` is an error: the job's refusal, or a problem of the entry."""
+        if isinstance(reply, redis.exceptions.NoPermissionError):
+            refused[number] = reply
+        elif isinstance(reply, Exception):
+            name = type(reply).__name__
+            jobs[number][2].append(f"waiter entry {preview(waiter_id)} unreadable: {name}")
+        return isinstance(reply, Exception)
+
     readable: list[tuple[int, bytes, int]] = []  # (job number, waiter id, target)
     position = 0
     for number, (_keys, index, problems) in enumerate(jobs):
         for waiter_id, target in index:
             replies = sizes[position * width : (position + 1) * width]
             position += 1
-            failed = next((r for r in replies if isinstance(r, Exception)), None)
-            if isinstance(failed, redis.exceptions.NoPermissionError):
-                refused[number] = failed
-            elif failed is not None:
-                problems.append(
-                    f"waiter entry {preview(waiter_id)} unreadable: {type(failed).__name__}"
-                )
-            elif replies[0] > MAX_FIELDS or max(replies[1:]) > MAX_VALUE:
+            if failed(number, waiter_id, next((r for r in replies if isinstance(r, Exception)), 0)):
+                continue
+            if replies[0] > MAX_FIELDS or max(replies[1:]) > MAX_VALUE:
                 problems.append(
                     f"waiter entry {preview(waiter_id)} is oversized ({replies[0]} fields, the "
                     f"longest known one {max(replies[1:])} bytes; an entry has at most "
@@ -214,16 +216,10 @@ def read_entries_of(
             pipe.hmget(entry_key(jobs[number][0], waiter_id), ENTRY_FIELDS)
         replies = replies_of(pipe)
         for (number, waiter_id, target), raw in zip(readable, replies, strict=True):
-            problems = jobs[number][2]
-            if isinstance(raw, redis.exceptions.NoPermissionError):
-                refused[number] = raw
-            elif isinstance(raw, Exception):
-                problems.append(
-                    f"waiter entry {preview(waiter_id)} unreadable: {type(raw).__name__}"
-                )
-            elif entry := parse_entry(
-                dict(zip(ENTRY_FIELDS, raw, strict=True)), waiter_id, target, problems
-            ):
+            if failed(number, waiter_id, raw):
+                continue
+            fields = dict(zip(ENTRY_FIELDS, raw, strict=True))
+            if entry := parse_entry(fields, waiter_id, target, jobs[number][2]):
                 waiters[number].append(entry)
     return [refused.get(number, found) for number, found in enumerate(waiters)]
 

@@ -90,18 +90,13 @@ class JobStatus:
     the ages by Redis's clock; ``None``: not stored, or not plausible.
 
     Attributes:
-        chief: ``host:pid`` of the chief, with control characters escaped.
-        reset_at: Unix time of the last reset, if the job was reset since.
         beat: The state's write counter (``status --json`` only): it starts from
             the Redis clock in microseconds, so only its moving means something
             (docs/protocol.md#observed-writes).
-        waiters: Registered waiters, lowest target first (at most ``MAX_INDEXED``).
-            Self-reported, as are ``tasks``: what a process holding a worker's
-            password wrote about itself.
-        barriers: Open named barriers, latest arrival first (at most ``STATUS_BARRIERS``).
+        waiters: Registered waiters, lowest target first. Self-reported, as are
+            ``tasks``: what a process holding a worker's password wrote about itself.
         tasks: Each task's progress, judged against the chief (docs/who-is-slow.md).
         tasks_more: Tasks in the job's progress hash that were not read.
-        straggler_threshold: As applied to ``tasks``.
     """
 
     job: str
@@ -226,21 +221,10 @@ def read_status(
     tasks: bool = True,
     straggler_steps: int | None = None,
 ) -> JobStatus:
-    """Read the job's state and registry, in bounded work whatever the keys hold.
-
-    Args:
-        client: A redis-py client; one is made (and closed) if omitted.
-        waiters: Read the registered waiters (a few commands each); without them
-            ``JobStatus.waiters`` is empty (``summary`` counts a large job's).
-        max_waiters: Most waiters read (the lowest targets).
-        barriers: Read the open barriers.
-        tasks: Read each task's progress and judge it (``config.stall_timeout``).
-        straggler_steps: ``progress.straggler_threshold``'s.
-
-    Raises:
-        RedisUnavailable: Redis was unreachable for ``STATUS_RETRY_SECONDS``.
-        RedisRefused: Redis refused the read (authentication, ACL).
-    """
+    """Read the job's state, its waiters (at most ``max_waiters``, the lowest
+    targets; ``summary`` counts a large job's), its open barriers and its tasks'
+    progress (judged by ``config.stall_timeout``), each unless turned off;
+    raises as ``operator_read``."""
     max_waiters = max(0, max_waiters)
 
     def read(active: RedisClient) -> JobStatus:
@@ -299,7 +283,12 @@ def operator_read(
     operation: Callable[[RedisClient], T],
     action: str = "read the job's status",
 ) -> T:
-    """``with_client`` as an operator's reads run it: retried for ``STATUS_RETRY_SECONDS``."""
+    """``with_client`` as an operator's reads run it: retried for ``STATUS_RETRY_SECONDS``.
+
+    Raises:
+        RedisUnavailable: Redis stayed unreachable (``RedisBusy``: it answered BUSY).
+        RedisRefused: Redis refused (authentication, ACL, no Functions library).
+    """
     return with_client(config, client, operation, action=action, retry_seconds=STATUS_RETRY_SECONDS)
 
 
