@@ -390,13 +390,8 @@ def read_open_barriers(
     client: RedisClient, keys: JobKeys, now_ms: int, problems: list[str], code: RedisCode
 ) -> tuple[OpenBarrier, ...]:
     """The job's open barriers, latest arrival first (at most ``STATUS_BARRIERS``), their
-    ages measured to ``now_ms`` (Redis's time); malformed content goes to ``problems``.
-
-    Constant cost per command: ``ZCARD`` of the index and at most
-    ``MAX_BARRIER_INDEX_READ`` members; ``TYPE``, ``HLEN`` and ``HSTRLEN`` of their
-    own fields before ``HMGET`` of them; who arrived by ``HSTRLEN`` of task fields
-    (never their values), ``TASKS_CHECKED`` in all, shared by ``fair_shares``.
-    A transient failure raises (the caller retries it).
+    ages measured to ``now_ms`` (Redis's time); who arrived is told by ``HSTRLEN`` of
+    the task fields (never their values), ``TASKS_CHECKED`` in all, by ``fair_shares``.
     """
     members = _newest_members(client, code, keys, problems)
     if members is None:
