@@ -1,13 +1,9 @@
 """Telling a job that is not there: no key of it holds anything, and which jobs are.
 
-``stepbarrier status``, ``wait`` and ``reset`` say so when a job has no keys
-(a typo in ``--job`` is the usual cause) and name a few jobs a short ``SCAN``
-finds (``SUGGEST_SCAN_CALLS`` calls per master), the closest to the job's name
-first ("did you mean"); a user that may not ``SCAN`` learns how to list them.
-
-A job of named barriers only (``stepbarrier arrive``, no chief state) is there
-too: ``reset`` looks for its barrier index and epoch (``has_barrier_keys``),
-whether or not one of its barriers is open.
+What the commands say: docs/cli.md#a-job-that-is-not-there. A job of named
+barriers only (``stepbarrier arrive``, no chief state) is there too: ``reset``
+looks for its barrier index and epoch (``has_barrier_keys``), whether or not one
+of its barriers is open.
 """
 
 from __future__ import annotations

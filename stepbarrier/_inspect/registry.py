@@ -158,13 +158,9 @@ def entry_key(keys: JobKeys, waiter_id: bytes) -> bytes:
     return keys.waiter_prefix.encode() + waiter_id
 
 
-EntriesRead = list[WaiterInfo] | redis.exceptions.NoPermissionError
-"""One job's waiters read by ``read_entries_of``, or the refusal of its entries."""
-
-
 def read_entries_of(
     client: RedisClient, jobs: list[tuple[JobKeys, list[tuple[bytes, int]], list[str]]]
-) -> list[EntriesRead]:
+) -> list[list[WaiterInfo] | redis.exceptions.NoPermissionError]:
     """The entries of the indexed waiters of several jobs (``(keys, index, problems)``
     each), in two round trips: the sizes, then the known fields of those not
     oversized. An entry that is gone has expired (its waiter died or left): it is

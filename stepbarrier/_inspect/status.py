@@ -351,14 +351,9 @@ def _age(now_ms: int, then_ms: int | None) -> float | None:
 
 
 def fair_shares(wants: Sequence[int], total: int) -> list[int]:
-    """How much of ``total`` each claimant gets, in the order of ``wants``.
-
-    An operator's read has a fixed budget (the task fields a status checks, the
-    jobs and waiter entries a listing reads) and several claimants for it (a
-    job's barriers, a listing's teams), any of which a role may have inflated.
-    Each gets ``min(want, its fair share)``: the claimants that want least are
-    served first, and what they leave is split evenly among the rest (max-min
-    fairness), so one that wants a million takes the rest, never another's share.
+    """How much of ``total`` each claimant gets, in the order of ``wants``: max-min
+    fairness, so a claimant a role inflated (a job's barriers, a listing's teams)
+    takes what the others leave, never another's share.
 
     Example:
         >>> fair_shares([3, 1_000_000, 50], 100)
