@@ -27,13 +27,11 @@ from stepbarrier._redis.functions import RedisCode, publish_command
 RESET_MARKER_TTL = 24 * 3600
 """Seconds the reset marker stays, so waiters that reconnect later still abort."""
 RESET_BATCH = 1000
-"""Registry keys deleted per command (the last batch goes with the reset script)."""
+"""Registry keys deleted per command."""
 MAX_RESET_WAITERS = 100_000
 """Most registry entries one reset deletes; any others expire by their TTL."""
 MAX_RESET_BARRIERS = MAX_RESET_KEYS - RESET_BATCH - 1
-"""Most barrier hashes one reset deletes (those the index names first); the
-others are stale by the new epoch, and expire by their TTL. (The one key less:
-the job's progress hash, which the reset deletes too.)"""
+"""Most barrier hashes one reset deletes (the one key less: the progress hash)."""
 
 
 def reset_job(config: BarrierConfig, client: RedisClient | None = None) -> int:
@@ -57,8 +55,7 @@ def reset_job(config: BarrierConfig, client: RedisClient | None = None) -> int:
         last = batches.pop() if batches else []
         removed = sum(int(active.unlink(*batch)) for batch in batches)
         removed += int(active.exists(*last)) if last else 0
-        # to tidy up (the new epoch makes all stale); only a barrier's name can
-        # name a barrier the library made
+        # only a barrier's name can name a barrier the library made
         named = _indexed(
             active, keys.barrier_index, most=MAX_RESET_BARRIERS, page=MAX_RESET_BARRIERS
         )
