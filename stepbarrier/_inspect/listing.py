@@ -5,11 +5,9 @@ a job's keys, where the job's functions could not write it), so the jobs are
 found by their state keys: ``scan_keys`` walks every master, the whole keyspace,
 so operators only (``stepbarrier jobs``, the exporter), never a chief or a worker.
 
-Teams (docs/operations.md#jobs-metrics-and-alerts): each job counts for the
-first of the listing's patterns its name matches, and every bound below is
-shared among the patterns by ``status.fair_shares``, so one team's jobs never
-take another team's share; a pattern's jobs read are its lowest names, the same
-at every reading. Whatever is cut short, the listing says.
+Teams: docs/operations.md#jobs-metrics-and-alerts (every bound below is shared
+among the patterns by ``status.fair_shares``); ``truncation_lines`` says what
+was cut short.
 """
 
 from __future__ import annotations
@@ -87,18 +85,9 @@ _STATE_HEAD, _STATE_TAIL = JobKeys.for_job("\0").state.split("\0")
 class JobSummary:
     """One line of the listing: a job's progress, without the workers one by one.
 
-    The chief's fields are ``JobStatus``'s.
-
-    Attributes:
-        waiting_workers: Registered waiting workers, as they report themselves (at
-            most ``LISTING_WAITERS``); the index's count when the listing's waiter
-            reads were spent before this job's (a problem says so).
-        next_wait_until_step: The lowest step a worker waits for (``None``: none waits).
-        oldest_wait: Seconds the longest-waiting worker has waited, by this
-            host's clock against the worker's (``None``: none waits, or no
-            plausible start).
-        problems: Malformed content in the job's keys, or why it could not be read.
-        stale: ``status.is_stale``: the chief may be gone.
+    The chief's fields are ``JobStatus``'s. ``waiting_workers`` is the index's
+    count when the listing's waiter reads were spent before this job's (a
+    problem says so); ``oldest_wait`` is by this host's clock against the worker's.
     """
 
     job: str
@@ -258,23 +247,11 @@ def list_jobs(
     """Find the jobs of each pattern (each team) and read each one, in bounded work.
 
     A job the user may not read is listed with the refusal as its problem; a
-    job whose keys vanished between the scan and its read is left out.
-
-    Args:
-        config: Where Redis is and who to be; its job is ignored.
-        client: A redis-py client; one is made (and closed) if omitted.
-        pattern: A job name, or a glob such as ``team-a-*`` (if ``patterns`` is not given).
-        patterns: The teams' patterns, each with its fair share of ``limit`` (the
-            most jobs read) and of ``LISTING_WAITER_BUDGET``.
-        scan_calls: Most ``SCAN`` calls per master (``MAX_SCAN_CALLS`` if ``None``).
-        retry_seconds: How long the scan, and each batch of reads, retries.
-        now: The clock that waits are measured to (Unix time).
-
-    Raises:
-        ConfigurationError: An invalid pattern, or more than ``MAX_PATTERNS``.
-        RedisUnavailable: Redis stayed unreachable (``RedisBusy``: it answered BUSY).
-        RedisRefused: Redis refused the scan or the reads (authentication, ACL,
-            no Functions library).
+    job whose keys vanished between the scan and its read is left out. The
+    ``patterns`` (else ``pattern``) each get a fair share of ``limit`` and of
+    ``LISTING_WAITER_BUDGET``; ``config``'s job is ignored; the scan, and each
+    batch of reads, retries for ``retry_seconds``. Raises ``ConfigurationError``
+    for an invalid pattern or too many, else as ``status.operator_read``.
     """
     chosen = validate_patterns((pattern,) if patterns is None else patterns)
     made: list[RedisClient] = []
@@ -300,13 +277,6 @@ def list_jobs(
     try:
         most = MAX_SCAN_CALLS if scan_calls is None else scan_calls
         found: Found = retried(lambda: scan_jobs(active(), chosen, limit, most), "list the jobs")
-        if not found.complete:
-            log.warning(
-                "the scan for jobs stopped after %d SCAN calls of %d keys (per master): some "
-                "jobs may be missing",
-                most,
-                SCAN_COUNT,
-            )
         shares = fair_shares([len(names) for names in found.names], limit)
         selected = [found.lowest(n)[:share] for n, share in enumerate(shares)]
         waiter_shares = fair_shares(
@@ -333,21 +303,37 @@ def list_jobs(
         )
         for n in range(len(chosen))
     )
-    for part in listed:
-        if part.found > part.read:
-            log.warning(
-                "%d jobs match %r: only %d are read (its share of %d jobs per listing)",
-                part.found,
-                part.pattern,
-                part.read,
-                limit,
-            )
-    return JobListing(
+    listing = JobListing(
         tuple(sorted(summaries, key=lambda summary: summary.job)),
         complete=not any(part.truncated for part in listed),
         patterns=listed,
         scan_complete=found.complete,
     )
+    for line in truncation_lines(listing):
+        log.warning("%s", line)
+    return listing
+
+
+def truncation_lines(listing: JobListing) -> list[str]:
+    """What a truncated listing left out, one line per pattern (none: nothing): the
+    one wording of the log, ``stepbarrier jobs``'s table and its stderr."""
+    lines = []
+    if not listing.scan_complete:
+        lines.append(
+            "the scan for jobs stopped at its bound of SCAN calls: jobs past it are not listed"
+        )
+    for part in listing.patterns:
+        if part.found > part.read:
+            lines.append(
+                f"{part.found:,} jobs match {part.pattern!r}: only {part.read:,} are listed "
+                "(the lowest names; its share of the jobs one listing reads)"
+            )
+    if any(part.pattern == "*" for part in listing.patterns) and lines:
+        lines.append(
+            "give each team's pattern (--job 'team-a-*' --job 'team-b-*'): each then gets "
+            "its own share, and one team's jobs never hide another's"
+        )
+    return lines
 
 
 def _by_node(client: RedisClient, keys: list[JobKeys]) -> list[list[int]]:

@@ -1,13 +1,9 @@
 """Telling a job that is not there: no key of it holds anything, and which jobs are.
 
-``stepbarrier status``, ``wait`` and ``reset`` say so when a job has no keys
-(a typo in ``--job`` is the usual cause) and name a few jobs a short ``SCAN``
-finds (``SUGGEST_SCAN_CALLS`` calls per master), the closest to the job's name
-first ("did you mean"); a user that may not ``SCAN`` learns how to list them.
-
-A job of named barriers only (``stepbarrier arrive``, no chief state) is there
-too: ``reset`` looks for its barrier index and epoch (``has_barrier_keys``),
-whether or not one of its barriers is open.
+What the commands say: docs/cli.md#a-job-that-is-not-there. A job of named
+barriers only (``stepbarrier arrive``, no chief state) is there too: ``reset``
+looks for its barrier index and epoch (``has_barrier_keys``), whether or not one
+of its barriers is open.
 """
 
 from __future__ import annotations
@@ -35,15 +31,10 @@ SUGGEST_SCAN_CALLS = 10
 
 @dataclass(frozen=True)
 class OtherJobs:
-    """Jobs found on the Redis, for a message about a job that is not there.
-
-    Attributes:
-        names: Up to ``SUGGEST`` job names, sorted.
-        more: More jobs exist, or the short scan did not see the whole keyspace.
-        may_scan: False if the user may not run ``SCAN``.
-        close: The names found closest to the job's (a typo's likely meaning),
-            best first, whether or not among ``names``.
-    """
+    """Jobs found on the Redis, for a message about a job that is not there: up to
+    ``SUGGEST`` ``names``, ``more`` if there are others (or the short scan did not
+    see the whole keyspace), and the ``close`` ones (a typo's likely meaning), best
+    first, whether or not among ``names``."""
 
     names: tuple[str, ...] = ()
     more: bool = False

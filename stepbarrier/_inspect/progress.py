@@ -5,11 +5,10 @@ The tasks report their own step into the job's progress hash
 reads it in bounded work, and ``judge_tasks`` judges each task against the
 chief by the rules docs/who-is-slow.md states (and why those thresholds).
 
-Every worker may write the hash, so the read is bounded whatever it holds:
-``HLEN``, then ``HSTRLEN`` of the fields ``0`` .. ``span - 1`` (the hash's size
-plus ``SPAN_MARGIN``, at most ``MAX_TASKS_READ``), then ``HMGET`` of those of at
-most ``MAX_PROGRESS_VALUE`` bytes; what does not parse is a problem, and the
-tasks beyond are counted (``tasks_more``), not read.
+Every worker may write the hash (the package's bounded-read rule): ``HLEN``,
+then ``HSTRLEN`` of the fields ``0`` .. ``span - 1`` (the hash's size plus
+``SPAN_MARGIN``, at most ``MAX_TASKS_READ``), then ``HMGET`` of those of at most
+``MAX_PROGRESS_VALUE`` bytes; the tasks beyond are counted (``tasks_more``), not read.
 """
 
 from __future__ import annotations
@@ -88,16 +87,11 @@ def judge_tasks(
     straggler_steps: int | None = None,
     chief_idle_s: float = 0.0,
 ) -> tuple[TaskProgress, ...]:
-    """Each task's progress, by task id, judged against the chief (no I/O).
+    """Each task's progress (``ProgressRead.entries``), by task id, judged against
+    the chief (no I/O); ``now_ms`` is Redis's time of the node that holds the hash.
 
-    Args:
-        entries: ``ProgressRead.entries``.
-        chief_live: The chief's heartbeat is within the stall timeout and the
-            job is not done.
-        now_ms: Redis's time (ms) of the node that holds the hash.
-        chief_idle_s: How long the chief's training loop had been quiet at its
-            last write (the state's ``idle_ms``): its publisher heartbeats while
-            the loop hangs.
+    ``chief_idle_s`` is how long the chief's training loop had been quiet at its
+    last write (the state's ``idle_ms``): its publisher heartbeats while the loop hangs.
     """
     threshold = straggler_threshold(chief_step, straggler_steps)
     chief = entries.get(CHIEF_TASK)
@@ -124,12 +118,8 @@ def judge_tasks(
 
 
 def read_progress(client: RedisClient, keys: JobKeys, problems: list[str]) -> ProgressRead:
-    """The job's progress hash, read in bounded work; what could not be read, or
-    is malformed, is appended to ``problems``.
-
-    Raises:
-        redis.RedisError: A transient failure (the caller retries it).
-    """
+    """The job's progress hash; what could not be read, or is malformed, is
+    appended to ``problems`` (a transient failure raises: the caller retries it)."""
     first = client.pipeline(transaction=False)
     first.hlen(keys.progress)
     (size,) = replies_of(first)

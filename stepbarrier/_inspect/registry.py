@@ -1,18 +1,15 @@
 """The job's registry of waiting workers, read through its index, never a keyspace SCAN.
 
 The targets sorted set (member: waiter id, score: its target step) indexes the
-live waiters; each has its entry, the hash ``JobKeys.waiter(id)``. Any holder of
-a worker's password may write both at any size, so they are read in bounded
-work (at most ``MAX_INDEXED`` members with ``LIMIT``; of an entry only its known
-fields, once ``HLEN`` and ``HSTRLEN`` showed it no larger than the library's),
-and what is malformed or oversized is a line in ``problems``, never an exception.
+live waiters; each has its entry, the hash ``JobKeys.waiter(id)``. Both are read
+in bounded work (the package's rule): at most ``MAX_INDEXED`` members; of an
+entry only its known fields, once its sizes showed it no larger than the library's.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -89,8 +86,7 @@ def raise_transient(replies: list[Any]) -> None:
 
 
 def replies_of(pipe: Any) -> list[Any]:
-    """The replies of a pipeline, each error in its place, but one that a retry may
-    cure raised (``raise_transient``)."""
+    """The replies of a pipeline, each error in its place (``raise_transient``'s aside)."""
     replies = list(pipe.execute(raise_on_error=False))
     raise_transient(replies)
     return replies
@@ -99,7 +95,7 @@ def replies_of(pipe: Any) -> list[Any]:
 def read_index(code: RedisCode, key: str, *, start: int = 0, count: int) -> object:
     """``count`` members of the sorted set ``key`` from rank ``start`` with raw scores
     (``index_read``: none over ``MAX_ARGUMENT`` bytes sent, they are counted), for
-    ``parse_index``; an error in its place, but one that a retry may cure raised."""
+    ``parse_index``; errors as ``replies_of``."""
     replies = code.replies([index_call(key, start=start, count=count)])
     raise_transient(replies)
     return as_refused(replies[0])
@@ -162,19 +158,13 @@ def entry_key(keys: JobKeys, waiter_id: bytes) -> bytes:
     return keys.waiter_prefix.encode() + waiter_id
 
 
-EntriesRead = list[WaiterInfo] | redis.exceptions.NoPermissionError
-"""One job's waiters read by ``read_entries_of``, or the refusal of its entries."""
-
-
 def read_entries_of(
     client: RedisClient, jobs: list[tuple[JobKeys, list[tuple[bytes, int]], list[str]]]
-) -> list[EntriesRead]:
+) -> list[list[WaiterInfo] | redis.exceptions.NoPermissionError]:
     """The entries of the indexed waiters of several jobs (``(keys, index, problems)``
-    each), in two round trips of O(1) commands, whatever they hold: the sizes
-    (``HLEN``, ``HSTRLEN`` of each known field), then the known fields (``HMGET``)
-    of those not oversized. An entry that is gone has expired (its waiter died or
-    left): it is skipped. A job whose entries this user may not read gets the
-    refusal in its place.
+    each), in two round trips: the sizes, then the known fields of those not
+    oversized. An entry that is gone has expired (its waiter died or left): it is
+    skipped. A job whose entries this user may not read gets the refusal in its place.
     """
     width = 1 + len(ENTRY_FIELDS)
     indexed = [(keys, waiter_id, target) for keys, index, _ in jobs for waiter_id, target in index]
@@ -188,20 +178,25 @@ def read_entries_of(
             pipe.hstrlen(key, name)
     sizes = replies_of(pipe)
     refused: dict[int, redis.exceptions.NoPermissionError] = {}
+
+    def failed(number: int, waiter_id: bytes, reply: object) -> bool:
+        """Whether ``reply`` is an error: the job's refusal, or a problem of the entry."""
+        if isinstance(reply, redis.exceptions.NoPermissionError):
+            refused[number] = reply
+        elif isinstance(reply, Exception):
+            name = type(reply).__name__
+            jobs[number][2].append(f"waiter entry {preview(waiter_id)} unreadable: {name}")
+        return isinstance(reply, Exception)
+
     readable: list[tuple[int, bytes, int]] = []  # (job number, waiter id, target)
     position = 0
     for number, (_keys, index, problems) in enumerate(jobs):
         for waiter_id, target in index:
             replies = sizes[position * width : (position + 1) * width]
             position += 1
-            failed = next((r for r in replies if isinstance(r, Exception)), None)
-            if isinstance(failed, redis.exceptions.NoPermissionError):
-                refused[number] = failed
-            elif failed is not None:
-                problems.append(
-                    f"waiter entry {preview(waiter_id)} unreadable: {type(failed).__name__}"
-                )
-            elif replies[0] > MAX_FIELDS or max(replies[1:]) > MAX_VALUE:
+            if failed(number, waiter_id, next((r for r in replies if isinstance(r, Exception)), 0)):
+                continue
+            if replies[0] > MAX_FIELDS or max(replies[1:]) > MAX_VALUE:
                 problems.append(
                     f"waiter entry {preview(waiter_id)} is oversized ({replies[0]} fields, the "
                     f"longest known one {max(replies[1:])} bytes; an entry has at most "
@@ -217,16 +212,10 @@ def read_entries_of(
             pipe.hmget(entry_key(jobs[number][0], waiter_id), ENTRY_FIELDS)
         replies = replies_of(pipe)
         for (number, waiter_id, target), raw in zip(readable, replies, strict=True):
-            problems = jobs[number][2]
-            if isinstance(raw, redis.exceptions.NoPermissionError):
-                refused[number] = raw
-            elif isinstance(raw, Exception):
-                problems.append(
-                    f"waiter entry {preview(waiter_id)} unreadable: {type(raw).__name__}"
-                )
-            elif entry := parse_entry(
-                dict(zip(ENTRY_FIELDS, raw, strict=True)), waiter_id, target, problems
-            ):
+            if failed(number, waiter_id, raw):
+                continue
+            fields = dict(zip(ENTRY_FIELDS, raw, strict=True))
+            if entry := parse_entry(fields, waiter_id, target, jobs[number][2]):
                 waiters[number].append(entry)
     return [refused.get(number, found) for number, found in enumerate(waiters)]
 
@@ -274,16 +263,3 @@ def parse_since(raw: object) -> float | None:
         return None
     value = float(text)
     return value if value < SINCE_LIMIT else None
-
-
-def indexed_keys(client: RedisClient, keys: JobKeys, *, page: int, limit: int) -> Iterator[bytes]:
-    """Registry keys of every indexed waiter (at most ``limit``), read ``page`` at a time.
-
-    Scores are not checked: whatever is indexed belongs to the job.
-    """
-    for start in range(0, limit, page):
-        members = client.zrangebyscore(keys.targets, "-inf", "+inf", start=start, num=page)
-        for member in members:
-            yield entry_key(keys, to_bytes(member))
-        if len(members) < page:
-            return

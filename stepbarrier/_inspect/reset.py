@@ -6,11 +6,10 @@ finding: the reset begins a new barrier epoch, so every barrier begun before it
 is stale at once, however many there are (up to ``MAX_RESET_BARRIERS`` that the
 barrier index names are deleted too, to tidy up; the others expire).
 
-Bounded work: whoever may write the job's keys may fill its indexes by hand, so
-no call of a reset is long: the entries go by ``UNLINK`` (a large one's memory
-is freed off Redis's main thread) in batches before the reset function, which
-takes at most ``RESET_BATCH`` entries and ``MAX_RESET_BARRIERS`` barriers (it
-refuses more) and deletes the indexes whole.
+Bounded work (the package's rule): the entries go by ``UNLINK`` (a large one's
+memory is freed off Redis's main thread) in batches before the reset function,
+which takes at most ``RESET_BATCH`` entries and ``MAX_RESET_BARRIERS`` barriers
+(it refuses more) and deletes the indexes whole.
 """
 
 from __future__ import annotations
@@ -18,10 +17,9 @@ from __future__ import annotations
 import redis
 
 from stepbarrier._config.settings import BarrierConfig
-from stepbarrier._inspect.registry import indexed_keys, to_bytes
+from stepbarrier._inspect.registry import entry_key, to_bytes
 from stepbarrier._inspect.status import BARRIER_MEMBER, operator_read
 from stepbarrier._protocol.calls import reset_job_call
-from stepbarrier._protocol.keys import JobKeys
 from stepbarrier._protocol.library import MAX_RESET_KEYS
 from stepbarrier._redis.client import RedisClient
 from stepbarrier._redis.functions import RedisCode, publish_command
@@ -29,13 +27,11 @@ from stepbarrier._redis.functions import RedisCode, publish_command
 RESET_MARKER_TTL = 24 * 3600
 """Seconds the reset marker stays, so waiters that reconnect later still abort."""
 RESET_BATCH = 1000
-"""Registry keys deleted per command (the last batch goes with the reset script)."""
+"""Registry keys deleted per command."""
 MAX_RESET_WAITERS = 100_000
 """Most registry entries one reset deletes; any others expire by their TTL."""
 MAX_RESET_BARRIERS = MAX_RESET_KEYS - RESET_BATCH - 1
-"""Most barrier hashes one reset deletes (those the index names first); the
-others are stale by the new epoch, and expire by their TTL. (The one key less:
-the job's progress hash, which the reset deletes too.)"""
+"""Most barrier hashes one reset deletes (the one key less: the progress hash)."""
 
 
 def reset_job(config: BarrierConfig, client: RedisClient | None = None) -> int:
@@ -52,12 +48,19 @@ def reset_job(config: BarrierConfig, client: RedisClient | None = None) -> int:
     keys = config.keys
 
     def run(active: RedisClient) -> int:
-        entries = _indexed(active, config)
+        # whatever is indexed belongs to the job: the scores are not checked
+        waiters = _indexed(active, keys.targets, most=MAX_RESET_WAITERS, page=RESET_BATCH)
+        entries = [entry_key(keys, waiter) for waiter in waiters]
         batches = [entries[i : i + RESET_BATCH] for i in range(0, len(entries), RESET_BATCH)]
         last = batches.pop() if batches else []
         removed = sum(int(active.unlink(*batch)) for batch in batches)
         removed += int(active.exists(*last)) if last else 0
-        barriers = reset_barrier_keys(active, keys)  # to tidy up: the new epoch makes all stale
+        # only a barrier's name can name a barrier the library made
+        named = _indexed(
+            active, keys.barrier_index, most=MAX_RESET_BARRIERS, page=MAX_RESET_BARRIERS
+        )
+        prefix = keys.barrier_prefix.encode()
+        barriers = [prefix + name for name in named if BARRIER_MEMBER.fullmatch(name)]
         call = reset_job_call(
             keys,
             marker_ttl=RESET_MARKER_TTL,
@@ -70,30 +73,22 @@ def reset_job(config: BarrierConfig, client: RedisClient | None = None) -> int:
     return operator_read(config, client, run, action="reset the job")
 
 
-def reset_barrier_keys(client: RedisClient, keys: JobKeys) -> list[bytes]:
-    """The hashes of at most ``MAX_RESET_BARRIERS`` barriers the job's index names
-    (one bounded read: ``LIMIT``, whatever the index holds).
+def _indexed(client: RedisClient, key: str, *, most: int, page: int) -> list[bytes]:
+    """The members of the index ``key``, at most ``most``, ``page`` per ``LIMIT`` read.
 
     Raises:
         redis.exceptions.NoPermissionError: The user may not read the index.
     """
+    members: list[bytes] = []
     try:
-        members = client.zrangebyscore(
-            keys.barrier_index, "-inf", "+inf", start=0, num=MAX_RESET_BARRIERS
-        )
+        while len(members) < most:
+            num = min(page, most - len(members))
+            got = client.zrangebyscore(key, "-inf", "+inf", start=len(members), num=num)
+            members += map(to_bytes, got)
+            if len(got) < num:
+                break
     except redis.exceptions.NoPermissionError:
         raise
     except redis.ResponseError:
-        return []  # not a sorted set: reset deletes it, and there is nothing to follow
-    prefix = keys.barrier_prefix.encode()
-    # only a barrier's name can name a barrier the library made
-    return [prefix + to_bytes(m) for m in members if BARRIER_MEMBER.fullmatch(to_bytes(m))]
-
-
-def _indexed(client: RedisClient, config: BarrierConfig) -> list[bytes]:
-    try:
-        return list(indexed_keys(client, config.keys, page=RESET_BATCH, limit=MAX_RESET_WAITERS))
-    except redis.exceptions.NoPermissionError:
-        raise
-    except redis.ResponseError:
-        return []  # not a sorted set: no index to follow, and the script deletes it
+        return []  # not a sorted set: nothing to follow, and the reset script deletes it
+    return members

@@ -1,10 +1,7 @@
 """What an operator sees: the chief's state, who waits for what, the open barriers.
 
-``read_status`` only reads (the ``monitor`` user is enough) and never fails on
-malformed content: it reports it in ``JobStatus.problems``. Whoever holds a
-worker's (or the chief's) password may write any key by hand, at any size, so
-every read is bounded and an oversized key is reported, not read. A Redis busy
-with a script (BUSY) fails the read (retried, then said as such).
+``read_status`` only reads (the ``monitor`` user is enough), in bounded work
+(the package's rule), and reports malformed content in ``JobStatus.problems``.
 
 The barriers. Reading an open barrier whole, as a waiting task reads its own,
 cost Redis about half a second per 100,000 parties in one command: ten planted
@@ -12,9 +9,9 @@ barriers stalled Redis for every team at each ``status`` refresh (issue 34). So
 ``read_open_barriers`` uses only commands of constant cost, and the read-only
 ``index_read`` (which sends no megabyte member a worker planted in the index).
 
-The chief's liveness of every operator's view (and of ``publish``'s refusal) is
-``stale_limit``/``is_stale`` (``freshness``'s rule) and ``chief_heard`` (the
-stall timeout); no waiter decides by either.
+The chief's liveness of every operator's view (and of ``publish``'s refusal,
+``find_live_chief``) is ``stale_limit``/``is_stale`` (``freshness``'s rule) and
+``chief_heard`` (the stall timeout); no waiter decides by either.
 """
 
 from __future__ import annotations
@@ -51,7 +48,7 @@ from stepbarrier._inspect.registry import (
 from stepbarrier._protocol import freshness
 from stepbarrier._protocol.barrier_library import MAX_BARRIER_INDEX
 from stepbarrier._protocol.barrier_record import MAX_PARTIES, epoch_token, split_member
-from stepbarrier._protocol.calls import read_call
+from stepbarrier._protocol.calls import may_write_call, read_call
 from stepbarrier._protocol.keys import JobKeys
 from stepbarrier._protocol.library import (
     BARRIER_FIELDS,
@@ -93,18 +90,13 @@ class JobStatus:
     the ages by Redis's clock; ``None``: not stored, or not plausible.
 
     Attributes:
-        chief: ``host:pid`` of the chief, with control characters escaped.
-        reset_at: Unix time of the last reset, if the job was reset since.
         beat: The state's write counter (``status --json`` only): it starts from
             the Redis clock in microseconds, so only its moving means something
             (docs/protocol.md#observed-writes).
-        waiters: Registered waiters, lowest target first (at most ``MAX_INDEXED``).
-            Self-reported, as are ``tasks``: what a process holding a worker's
-            password wrote about itself.
-        barriers: Open named barriers, latest arrival first (at most ``STATUS_BARRIERS``).
+        waiters: Registered waiters, lowest target first. Self-reported, as are
+            ``tasks``: what a process holding a worker's password wrote about itself.
         tasks: Each task's progress, judged against the chief (docs/who-is-slow.md).
         tasks_more: Tasks in the job's progress hash that were not read.
-        straggler_threshold: As applied to ``tasks``.
     """
 
     job: str
@@ -197,6 +189,28 @@ def chief_heard(status: JobStatus, stall_timeout: float) -> bool:
     return status.heartbeat_age is not None and status.heartbeat_age <= stall_timeout
 
 
+def find_live_chief(
+    config: BarrierConfig, client: RedisClient | None = None
+) -> tuple[JobStatus, float] | None:
+    """The job's status and its stale limit while a chief heartbeats (not stale), else ``None``.
+
+    Asked before a hand-run ``publish``, which starts a new chief generation that
+    wins for good: the running chief would stop publishing and its workers would
+    follow the hand-set step. A user that may not publish at all learns that
+    first: ``RedisRefused`` unless the job's state is writable.
+    """
+
+    def check(active: RedisClient) -> JobStatus:
+        RedisCode(active, config).call(*may_write_call(config.keys.state))
+        return read_status(config, active)
+
+    status = operator_read(config, client, check, action="publish the step")
+    limit = stale_limit(status, config.heartbeat)
+    if limit is None or is_stale(status, config.heartbeat):
+        return None
+    return status, limit
+
+
 def read_status(
     config: BarrierConfig,
     client: RedisClient | None = None,
@@ -207,21 +221,10 @@ def read_status(
     tasks: bool = True,
     straggler_steps: int | None = None,
 ) -> JobStatus:
-    """Read the job's state and registry, in bounded work whatever the keys hold.
-
-    Args:
-        client: A redis-py client; one is made (and closed) if omitted.
-        waiters: Read the registered waiters (a few commands each); without them
-            ``JobStatus.waiters`` is empty (``summary`` counts a large job's).
-        max_waiters: Most waiters read (the lowest targets).
-        barriers: Read the open barriers.
-        tasks: Read each task's progress and judge it (``config.stall_timeout``).
-        straggler_steps: ``progress.straggler_threshold``'s.
-
-    Raises:
-        RedisUnavailable: Redis was unreachable for ``STATUS_RETRY_SECONDS``.
-        RedisRefused: Redis refused the read (authentication, ACL).
-    """
+    """Read the job's state, its waiters (at most ``max_waiters``, the lowest
+    targets; ``summary`` counts a large job's), its open barriers and its tasks'
+    progress (judged by ``config.stall_timeout``), each unless turned off;
+    raises as ``operator_read``."""
     max_waiters = max(0, max_waiters)
 
     def read(active: RedisClient) -> JobStatus:
@@ -280,7 +283,12 @@ def operator_read(
     operation: Callable[[RedisClient], T],
     action: str = "read the job's status",
 ) -> T:
-    """``with_client`` as an operator's reads run it: retried for ``STATUS_RETRY_SECONDS``."""
+    """``with_client`` as an operator's reads run it: retried for ``STATUS_RETRY_SECONDS``.
+
+    Raises:
+        RedisUnavailable: Redis stayed unreachable (``RedisBusy``: it answered BUSY).
+        RedisRefused: Redis refused (authentication, ACL, no Functions library).
+    """
     return with_client(config, client, operation, action=action, retry_seconds=STATUS_RETRY_SECONDS)
 
 
@@ -343,14 +351,9 @@ def _age(now_ms: int, then_ms: int | None) -> float | None:
 
 
 def fair_shares(wants: Sequence[int], total: int) -> list[int]:
-    """How much of ``total`` each claimant gets, in the order of ``wants``.
-
-    An operator's read has a fixed budget (the task fields a status checks, the
-    jobs and waiter entries a listing reads) and several claimants for it (a
-    job's barriers, a listing's teams), any of which a role may have inflated.
-    Each gets ``min(want, its fair share)``: the claimants that want least are
-    served first, and what they leave is split evenly among the rest (max-min
-    fairness), so one that wants a million takes the rest, never another's share.
+    """How much of ``total`` each claimant gets, in the order of ``wants``: max-min
+    fairness, so a claimant a role inflated (a job's barriers, a listing's teams)
+    takes what the others leave, never another's share.
 
     Example:
         >>> fair_shares([3, 1_000_000, 50], 100)
@@ -382,13 +385,8 @@ def read_open_barriers(
     client: RedisClient, keys: JobKeys, now_ms: int, problems: list[str], code: RedisCode
 ) -> tuple[OpenBarrier, ...]:
     """The job's open barriers, latest arrival first (at most ``STATUS_BARRIERS``), their
-    ages measured to ``now_ms`` (Redis's time); malformed content goes to ``problems``.
-
-    Constant cost per command: ``ZCARD`` of the index and at most
-    ``MAX_BARRIER_INDEX_READ`` members; ``TYPE``, ``HLEN`` and ``HSTRLEN`` of their
-    own fields before ``HMGET`` of them; who arrived by ``HSTRLEN`` of task fields
-    (never their values), ``TASKS_CHECKED`` in all, shared by ``fair_shares``.
-    A transient failure raises (the caller retries it).
+    ages measured to ``now_ms`` (Redis's time); who arrived is told by ``HSTRLEN`` of
+    the task fields (never their values), ``TASKS_CHECKED`` in all, by ``fair_shares``.
     """
     members = _newest_members(client, code, keys, problems)
     if members is None:

@@ -18,9 +18,8 @@ from rich.table import Table
 from rich.text import Text
 
 from stepbarrier._config.settings import BarrierConfig
-from stepbarrier._inspect.live_chief import is_stale
 from stepbarrier._inspect.missing import is_missing
-from stepbarrier._inspect.status import JobStatus, read_status
+from stepbarrier._inspect.status import JobStatus, is_stale, read_status
 from stepbarrier._redis.client import RedisClient, make_client
 from stepbarrier.cli._guidance import missing_job_message, one_line
 from stepbarrier.cli._views.output import interactive

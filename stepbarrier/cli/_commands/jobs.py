@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import click
 
 from stepbarrier._config.checks import MAX_JOB_NAME
-from stepbarrier._inspect.listing import MAX_JOBS, list_jobs, validate_patterns
+from stepbarrier._inspect.listing import MAX_JOBS, list_jobs, truncation_lines, validate_patterns
 from stepbarrier._redis.failures import describe_redis
 from stepbarrier.cli._context import (
     EXIT_BUSY,
@@ -40,7 +40,7 @@ from stepbarrier.cli._exporter import (
     MIN_READ_INTERVAL,
     serve,
 )
-from stepbarrier.cli._views.jobs import jobs_view, truncation_lines
+from stepbarrier.cli._views.jobs import jobs_view
 from stepbarrier.cli._views.output import show
 from stepbarrier.errors import ConfigurationError
 

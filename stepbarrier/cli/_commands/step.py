@@ -13,11 +13,10 @@ from typing import Any
 import click
 
 from stepbarrier._chief.publisher import StepPublisher
-from stepbarrier._inspect.live_chief import HAND_PUBLISHED, find_live_chief
 from stepbarrier._inspect.missing import has_barrier_keys, is_missing
 from stepbarrier._inspect.reset import reset_job
-from stepbarrier._inspect.status import read_status
-from stepbarrier._protocol.freshness import GRACE
+from stepbarrier._inspect.status import find_live_chief, read_status
+from stepbarrier._protocol.freshness import GRACE, HAND_PUBLISHED
 from stepbarrier._protocol.wire import MAX_STEP
 from stepbarrier._worker.waiter import StepWaiter
 from stepbarrier.cli._context import (

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from rich.console import Group, JustifyMethod, RenderableType
 from rich.text import Text
 
-from stepbarrier._inspect.listing import JobListing, JobSummary
+from stepbarrier._inspect.listing import JobListing, JobSummary, truncation_lines
 from stepbarrier.cli._views.output import bare_table
 from stepbarrier.cli._views.status import describe_age, describe_duration
 
@@ -47,27 +47,6 @@ PROBLEMS: tuple[str, JustifyMethod, bool, Cell] = (
     lambda job: Text(str(len(job.problems)), style="red") if job.problems else "",
 )
 """The column counting each job's problems, when one has any."""
-
-
-def truncation_lines(listing: JobListing) -> list[str]:
-    """What a truncated listing left out, one line per pattern (none: nothing)."""
-    lines = []
-    if not listing.scan_complete:
-        lines.append(
-            "the scan for jobs stopped at its bound of SCAN calls: jobs past it are not listed"
-        )
-    for part in listing.patterns:
-        if part.found > part.read:
-            lines.append(
-                f"{part.found:,} jobs match {part.pattern!r}: only {part.read:,} are listed "
-                "(the lowest names; its share of the jobs one listing reads)"
-            )
-    if any(part.pattern == "*" for part in listing.patterns) and lines:
-        lines.append(
-            "give each team's pattern (--job 'team-a-*' --job 'team-b-*'): each then gets "
-            "its own share, and one team's jobs never hide another's"
-        )
-    return lines
 
 
 def jobs_view(listing: JobListing, *, where: str) -> RenderableType:

@@ -14,13 +14,7 @@ import io
 import sys
 
 from rich.console import Console, RenderableType
-from rich.progress_bar import ProgressBar
 from rich.table import Column, Table
-
-BAR_WIDTH = 30
-"""Characters of the longest histogram bar, and of the widest progress bar."""
-MIN_BAR = 10
-"""Characters of the narrowest progress bar (a narrow terminal)."""
 
 
 def interactive(console: Console) -> bool:
@@ -61,14 +55,3 @@ def bare_table(*columns: Column | str, title: str | None = None) -> Table:
 def number(header: str) -> Column:
     """A column of numbers: right-justified, never wrapped (at 80 columns too)."""
     return Column(header, justify="right", no_wrap=True)
-
-
-def progress_columns() -> list[Column]:
-    """The columns of ``progress_cells``: the bar takes what room is left."""
-    return [Column("progress", min_width=MIN_BAR, max_width=BAR_WIDTH), number("")]
-
-
-def progress_cells(step: int, target: int) -> list[RenderableType]:
-    """A progress bar toward ``target`` with the chief at ``step``, and ``done/target``."""
-    done = min(step, target)
-    return [ProgressBar(total=target, completed=done), f"{done}/{target}"]

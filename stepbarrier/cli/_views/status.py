@@ -13,6 +13,7 @@ import math
 import time
 
 from rich.console import Group, RenderableType
+from rich.progress_bar import ProgressBar
 from rich.table import Column, Table
 from rich.text import Text
 
@@ -23,13 +24,7 @@ from stepbarrier._inspect.status import JobStatus, OpenBarrier, is_stale, stale_
 from stepbarrier._inspect.summary import WaiterSummary
 from stepbarrier._protocol.barrier_record import describe_tasks
 from stepbarrier._protocol.freshness import FENCE
-from stepbarrier.cli._views.output import (
-    BAR_WIDTH,
-    bare_table,
-    number,
-    progress_cells,
-    progress_columns,
-)
+from stepbarrier.cli._views.output import bare_table, number
 
 UNKNOWN = "?"
 """Shown for a time a waiter's entry does not hold plausibly."""
@@ -38,6 +33,10 @@ MIN_HOST = 16
 TASKS_LISTED = 20
 """Most tasks the terminal lists (stuck first, then stragglers, then the most
 behind); the others are counted under the table (``--json`` lists every one read)."""
+BAR_WIDTH = 30
+"""Characters of the longest histogram bar, and of the widest progress bar."""
+MIN_BAR = 10
+"""Characters of the narrowest progress bar (a narrow terminal)."""
 
 
 def describe_duration(seconds: float | None, unknown: str = "never") -> str:
@@ -272,6 +271,17 @@ def _histogram(summary: WaiterSummary) -> Table:
         bar = "#" * max(1 if waiters else 0, round(BAR_WIDTH * waiters / most))
         table.add_row(steps, f"{waiters:,}", bar)
     return table
+
+
+def progress_columns() -> list[Column]:
+    """The columns of ``progress_cells``: the bar takes what room is left."""
+    return [Column("progress", min_width=MIN_BAR, max_width=BAR_WIDTH), number("")]
+
+
+def progress_cells(step: int, target: int) -> list[RenderableType]:
+    """A progress bar toward ``target`` with the chief at ``step``, and ``done/target``."""
+    done = min(step, target)
+    return [ProgressBar(total=target, completed=done), f"{done}/{target}"]
 
 
 def _seconds(seconds: float | None, suffix: str = "") -> str:
