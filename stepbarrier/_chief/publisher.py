@@ -428,33 +428,28 @@ class StepPublisher(BackgroundWriter):
             self._wake.set()
 
     def _finish(self, done: bool) -> None:
-        for _ in range(2):
-            # a final step written on probation vouches for nothing: wait it out and
-            # write it again, so that the finished job releases its waiters; within
-            # the close's deadline, or once Redis answers its whole timeout (a lost
-            # Redis cut the deadline short)
-            wait = min(self._state.probation_until, self._close_deadline) - self._clock()
+        """The final write, retried until the close's deadline while Redis answers, and
+        for ``LOST_REDIS_WAIT`` at most once it was found unreachable. One written on
+        probation vouches for nothing: the probation is waited out and the step written
+        once more, so that the finished job releases its waiters, within the close's
+        whole timeout now that Redis answers (a lost Redis cut the deadline short)."""
+        deadline, lost, tries, again = self._close_deadline, False, 0, True
+        while True:
+            wait = min(self._state.probation_until, deadline) - self._clock()
             if wait > 0:
                 time.sleep(wait + 0.001)
-            if not self._final_write(done):
-                return  # _stop() reports it
-            if not self.active or self._state.probation_until <= self._clock():
-                return
-            self._close_deadline = max(self._close_deadline, self._answered_deadline)
-
-    def _final_write(self, done: bool) -> bool:
-        """The final write, retried until the close's deadline while Redis answers, and
-        for ``LOST_REDIS_WAIT`` at most once it was found unreachable."""
-        deadline, lost, tries = self._close_deadline, False, 0
-        while True:
             if self._try_write(done=done) is not None:
-                return True
+                if not (again and self.active and self._state.probation_until > self._clock()):
+                    return
+                self._close_deadline = max(self._close_deadline, self._answered_deadline)
+                deadline, lost, tries, again = self._close_deadline, False, 0, False
+                continue
             tries += 1
             if self._outage.failing and not lost:  # counted from this failure, not the next
                 lost, deadline = True, min(deadline, self._clock() + LOST_REDIS_WAIT)
             left = deadline - self._clock()
             if not self._outage.failing or left <= 0:
-                return False
+                return  # _stop() reports it
             time.sleep(min(self._outage.delay(tries), left))
 
     def _try_write(self, *, done: bool) -> bool | None:
