@@ -15,6 +15,7 @@ import socket
 
 import redis
 
+from stepbarrier._barriers.wait import MAX_INDEXED_BARRIERS
 from stepbarrier._chief.publisher import StepPublisher
 from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._protocol.barrier_record import split_member
@@ -25,9 +26,6 @@ log = logging.getLogger("stepbarrier._barriers.finish")
 
 FINISH_TIMEOUT = 10.0
 """Seconds the chief keeps trying to mark the job done if Redis is unreachable."""
-INDEX_READ = 1000
-"""The most barrier index entries read (the library keeps the index below this; a
-longer one was inflated by hand, and gets no more read)."""
 
 
 def finish_job(config: BarrierConfig, final_step: int, client: RedisClient | None = None) -> bool:
@@ -96,8 +94,8 @@ def expire_run_barriers(config: BarrierConfig, ttl: int, client: RedisClient | N
     index, prefix = config.keys.barrier_index, config.keys.barrier_prefix.encode()
 
     def run(active: RedisClient) -> int:
-        try:
-            found = active.zrangebyscore(index, "-inf", "+inf", start=0, num=INDEX_READ)
+        try:  # a longer index was inflated by hand: it gets no more read
+            found = active.zrangebyscore(index, "-inf", "+inf", start=0, num=MAX_INDEXED_BARRIERS)
         except redis.exceptions.NoPermissionError:
             raise
         except redis.ResponseError:

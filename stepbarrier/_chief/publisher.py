@@ -1,12 +1,9 @@
 """The chief's side: hand over the global step, and let a thread publish it.
 
-``publish(step)`` is on the training thread's hot path: it stores the number and,
-when the step crosses a waiting worker's target, sets an event (no I/O, no
-exception because Redis is down). A writer thread writes once per heartbeat and
-once per crossed threshold, whatever the step rate; the targets come back with
-every write and at once through the ``RegistrationListener``. What each write and
-reply mean is ``PublisherState``'s to decide; the heartbeat speaks for the
-training loop and goes on through a ``pause`` (docs/protocol.md#loop-alive).
+``publish(step)`` is on the training thread's hot path: no I/O, and no exception
+because Redis is down. A writer thread writes once per heartbeat and once per
+crossed threshold (the targets come with every write, and at once from the
+``RegistrationListener``), whatever the step rate; ``PublisherState`` decides.
 """
 
 from __future__ import annotations
@@ -498,15 +495,11 @@ class StepPublisher(BackgroundWriter):
 
 
 class RegistrationListener(BackgroundWriter):
-    """The chief's ear: calls ``on_target(step)``, from its thread, for every valid target
-    a new waiter pushes onto the job's registrations list, so that a step is announced
-    the moment it is crossed even if its waiter registered after the chief's last write
-    (losing it costs only speed: every write returns the pending targets too).
-
-    Bounded work, for anyone who may register may flood the list: each wake takes at
-    most ``REGISTRATION_BATCH`` entries and hands over only the ``REPORT_PER_WAKE``
-    lowest targets (the publisher needs the lowest above its step; a late joiner's
-    makes it write at once, which brings back the pending ones from the index).
+    """The chief's ear: calls ``on_target(step)`` for every valid target a new waiter
+    pushes, so that a step is announced the moment it is crossed even if its waiter
+    registered after the chief's last write (a lost one costs only speed: every write
+    returns the pending targets too). Bounded work, for anyone who may register may
+    flood the list: the publisher needs only the lowest targets above its step.
     """
 
     def __init__(self, config: BarrierConfig, on_target: Callable[[int], None]) -> None:
