@@ -1,14 +1,8 @@
 """Named barriers of a job: every task waits until tasks ``0..parties-1`` have arrived.
 
-The start and end of training are the usual ones. The wait is push-based and
-race-free (``stepbarrier._barriers.wait``); a reset of the job aborts it.
-
-Limits: A barrier has no idea whether a task that has not arrived is still alive:
-the stall timeout ends a wait after ``stall_timeout`` seconds without a new
-arrival, the overall timeout after ``timeout``, both naming the missing tasks. A
-task that arrived and then died still counts. A barrier's keys live ``key_ttl``
-after its latest arrival: a task that arrives again after that finds no barrier
-and waits at a new one.
+What a barrier cannot know (whether a task that has not arrived is alive): see
+docs/python-api.md#named-barriers. A task that arrived and then died still counts;
+one that arrives again ``key_ttl`` after the latest arrival waits at a new barrier.
 """
 
 from __future__ import annotations
@@ -42,8 +36,7 @@ class Barrier(LazyClient):
     """A named barrier of the job in ``config``, for ``parties`` tasks.
 
     Task ids are ``config.task_id`` (the chief is 0, worker *i* of ``TF_CONFIG``
-    is *i* + 1). Each name is one barrier per run: use "epoch-3", not "epoch"
-    again. Barriers of another run id (``config.run_id``) are other barriers.
+    is *i* + 1). Each name is one barrier per run (``config.run_id``).
 
     Args:
         config: The job's settings (``task_id``, ``timeout``, ``stall_timeout``,
@@ -183,8 +176,7 @@ class BarrierWait(ChannelWait[bool]):
                 code.close()
 
     def _code(self) -> RedisCode:
-        """This wait's code runner, on the barrier's client (bounded calls, on a
-        connection of their own, closed at the end)."""
+        """This wait's code runner (on a connection of its own, closed at the end)."""
         if self._code_of is None:
             self._code_of = RedisCode(self.barrier._connected(), self.config)
         return self._code_of

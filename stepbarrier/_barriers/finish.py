@@ -13,7 +13,9 @@ import logging
 import os
 import socket
 
-from stepbarrier._barriers.index import barrier_keys
+import redis
+
+from stepbarrier._barriers.wait import MAX_INDEXED_BARRIERS
 from stepbarrier._chief.publisher import StepPublisher
 from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._protocol.barrier_record import split_member
@@ -83,22 +85,28 @@ def end_barrier_epoch(config: BarrierConfig, client: RedisClient | None = None) 
 
 def expire_run_barriers(config: BarrierConfig, ttl: int, client: RedisClient | None = None) -> int:
     """Let this run's barriers the index names expire within ``ttl`` seconds (never
-    later than they would); only to tidy up, as ``end_barrier_epoch`` made them stale.
+    later than they would); only to tidy up, as ``end_barrier_epoch`` made them stale
+    (a barrier the index no longer names is stale all the same).
 
     Returns:
         How many barriers were given the shorter TTL.
     """
-    prefix = config.keys.barrier_prefix.encode()
+    index, prefix = config.keys.barrier_index, config.keys.barrier_prefix.encode()
 
     def run(active: RedisClient) -> int:
-        mine = []
-        for key in barrier_keys(active, config.keys):
-            member = key[len(prefix) :].decode("utf-8", "replace")
-            if split_member(member)[1] == config.run_id:
-                mine.append(key)
+        try:  # a longer index was inflated by hand: it gets no more read
+            found = active.zrangebyscore(index, "-inf", "+inf", start=0, num=MAX_INDEXED_BARRIERS)
+        except redis.exceptions.NoPermissionError:
+            raise
+        except redis.ResponseError:
+            return 0  # not a sorted set: reset deletes it, and there is nothing to follow
+        members = [m if isinstance(m, bytes) else str(m).encode() for m in found]
+        mine = [
+            m for m in members if split_member(m.decode("utf-8", "replace"))[1] == config.run_id
+        ]
         pipe = active.pipeline(transaction=False)
-        for key in mine:
-            pipe.expire(key, ttl, lt=True)
+        for member in mine:
+            pipe.expire(prefix + member, ttl, lt=True)
         return sum(bool(done) for done in pipe.execute()) if mine else 0
 
     return with_client(config, client, run, action="expire the run's barriers", retry_seconds=5.0)

@@ -1,12 +1,9 @@
 """The chief's side: hand over the global step, and let a thread publish it.
 
-``publish(step)`` is on the training thread's hot path: it stores the number and,
-when the step crosses a waiting worker's target, sets an event (no I/O, no
-exception because Redis is down). A writer thread writes once per heartbeat and
-once per crossed threshold, whatever the step rate; the targets come back with
-every write and at once through the ``RegistrationListener``. What each write and
-reply mean is ``PublisherState``'s to decide; the heartbeat speaks for the
-training loop and goes on through a ``pause`` (docs/protocol.md#loop-alive).
+``publish(step)`` is on the training thread's hot path: no I/O, and no exception
+because Redis is down. A writer thread writes once per heartbeat and once per
+crossed threshold (the targets come with every write, and at once from the
+``RegistrationListener``), whatever the step rate; ``PublisherState`` decides.
 """
 
 from __future__ import annotations
@@ -428,33 +425,28 @@ class StepPublisher(BackgroundWriter):
             self._wake.set()
 
     def _finish(self, done: bool) -> None:
-        for _ in range(2):
-            # a final step written on probation vouches for nothing: wait it out and
-            # write it again, so that the finished job releases its waiters; within
-            # the close's deadline, or once Redis answers its whole timeout (a lost
-            # Redis cut the deadline short)
-            wait = min(self._state.probation_until, self._close_deadline) - self._clock()
+        """The final write, retried until the close's deadline while Redis answers, and
+        for ``LOST_REDIS_WAIT`` at most once it was found unreachable. One written on
+        probation vouches for nothing: the probation is waited out and the step written
+        once more, so that the finished job releases its waiters, within the close's
+        whole timeout now that Redis answers (a lost Redis cut the deadline short)."""
+        deadline, lost, tries, again = self._close_deadline, False, 0, True
+        while True:
+            wait = min(self._state.probation_until, deadline) - self._clock()
             if wait > 0:
                 time.sleep(wait + 0.001)
-            if not self._final_write(done):
-                return  # _stop() reports it
-            if not self.active or self._state.probation_until <= self._clock():
-                return
-            self._close_deadline = max(self._close_deadline, self._answered_deadline)
-
-    def _final_write(self, done: bool) -> bool:
-        """The final write, retried until the close's deadline while Redis answers, and
-        for ``LOST_REDIS_WAIT`` at most once it was found unreachable."""
-        deadline, lost, tries = self._close_deadline, False, 0
-        while True:
             if self._try_write(done=done) is not None:
-                return True
+                if not (again and self.active and self._state.probation_until > self._clock()):
+                    return
+                self._close_deadline = max(self._close_deadline, self._answered_deadline)
+                deadline, lost, tries, again = self._close_deadline, False, 0, False
+                continue
             tries += 1
             if self._outage.failing and not lost:  # counted from this failure, not the next
                 lost, deadline = True, min(deadline, self._clock() + LOST_REDIS_WAIT)
             left = deadline - self._clock()
             if not self._outage.failing or left <= 0:
-                return False
+                return  # _stop() reports it
             time.sleep(min(self._outage.delay(tries), left))
 
     def _try_write(self, *, done: bool) -> bool | None:
@@ -503,15 +495,11 @@ class StepPublisher(BackgroundWriter):
 
 
 class RegistrationListener(BackgroundWriter):
-    """The chief's ear: calls ``on_target(step)``, from its thread, for every valid target
-    a new waiter pushes onto the job's registrations list, so that a step is announced
-    the moment it is crossed even if its waiter registered after the chief's last write
-    (losing it costs only speed: every write returns the pending targets too).
-
-    Bounded work, for anyone who may register may flood the list: each wake takes at
-    most ``REGISTRATION_BATCH`` entries and hands over only the ``REPORT_PER_WAKE``
-    lowest targets (the publisher needs the lowest above its step; a late joiner's
-    makes it write at once, which brings back the pending ones from the index).
+    """The chief's ear: calls ``on_target(step)`` for every valid target a new waiter
+    pushes, so that a step is announced the moment it is crossed even if its waiter
+    registered after the chief's last write (a lost one costs only speed: every write
+    returns the pending targets too). Bounded work, for anyone who may register may
+    flood the list: the publisher needs only the lowest targets above its step.
     """
 
     def __init__(self, config: BarrierConfig, on_target: Callable[[int], None]) -> None:

@@ -257,7 +257,65 @@ class PublisherState:
                 # results describe the old generation and must not count
                 self.wake.set()
                 return False
-            return self._apply(result, seq)
+            if result.status == scripts.SUPERSEDED:
+                self._end(
+                    "superseded",
+                    f"a newer chief (generation {result.stored_generation}) has taken over; this "
+                    f"chief (generation {self.generation}) stops publishing",
+                )
+                return False
+            if result.status == scripts.WAS_RESET:
+                self._end(
+                    "reset",
+                    "the job was reset (stepbarrier reset) after this chief began; it stops "
+                    "publishing and waiting workers abort. Start a new chief to run the job again",
+                )
+                return False
+            if result.status == scripts.NOTHING_TO_JOIN:
+                return False  # no live chief state of this run yet: try again next heartbeat
+            if result.status == scripts.OTHER_GENERATION:
+                if self.joined is None and self.generation is None:
+                    # not yet joined: the generation found is the one to report into,
+                    # with the steps handed over from now on. Those handed over before
+                    # may have been read before that generation began (a chief that
+                    # restored an older checkpoint meanwhile): they are not written
+                    self.joined = self.generation = result.stored_generation or 0
+                    self._joined_after = self.handover.handed  # every one before this reply
+                    self.stored_seq = max(self.stored_seq, self._joined_after)
+                    self.stored.notify_all()
+                    return False
+                # another chief generation took over: a contributor reports only into
+                # the generation it joined (its steps may be an earlier run's, or read
+                # before that chief restored an older checkpoint), so it stops
+                self._end(
+                    "superseded",
+                    f"the job now has chief generation {result.stored_generation}; this worker "
+                    f"reported into generation {self.generation} only and stops reporting",
+                )
+                return False
+            new_probation = not self.contributor and result.probation != self._probation_id
+            if new_probation and result.probation:
+                # a newer chief whose state Redis forgot may exist (docs/protocol.md#probation)
+                self.probation_until = self._clock() + FENCE
+                self._vouched_step = -1  # the stored vouch was dropped
+                log.info(
+                    "job %s: this chief's write made the job's state anew (a new job, or Redis "
+                    "forgot the state); its step releases workers after %.1f s of probation",
+                    self._config.job,
+                    FENCE,
+                )
+            if not self.contributor:
+                self._probation_id = result.probation
+            if self._sent[1] and not result.probation:
+                self._vouched_step = max(self._vouched_step, self._sent[0])
+            stored = -1 if result.stored_step is None else result.stored_step
+            self._stored_step = stored
+            self._registered_targets = {t for t in self._registered_targets if t > stored}
+            self.pending = result.targets
+            self._refresh_threshold()
+            self.stored_seq = max(self.stored_seq, seq)
+            self.stored.notify_all()
+            return True
 
     def refused(self, error: str, *, forbidden: bool) -> None:
         """A write failed for good (``forbidden``: the user may not write): ends ``flush``
@@ -275,68 +333,6 @@ class PublisherState:
                     "docs/tensorflow-keras.md#workers-keep-the-step-moving)",
                     level=self.level,
                 )
-
-    def _apply(self, result: WriteResult, seq: int) -> bool:
-        """Take in a write's reply (holding the lock)."""
-        if result.status == scripts.SUPERSEDED:
-            self._end(
-                "superseded",
-                f"a newer chief (generation {result.stored_generation}) has taken over; this "
-                f"chief (generation {self.generation}) stops publishing",
-            )
-            return False
-        if result.status == scripts.WAS_RESET:
-            self._end(
-                "reset",
-                "the job was reset (stepbarrier reset) after this chief began; it stops "
-                "publishing and waiting workers abort. Start a new chief to run the job again",
-            )
-            return False
-        if result.status == scripts.NOTHING_TO_JOIN:
-            return False  # no live chief state of this run yet: try again next heartbeat
-        if result.status == scripts.OTHER_GENERATION:
-            if self.joined is None and self.generation is None:
-                # not yet joined: the generation found is the one to report into,
-                # with the steps handed over from now on. Those handed over before
-                # may have been read before that generation began (a chief that
-                # restored an older checkpoint meanwhile): they are not written
-                self.joined = self.generation = result.stored_generation or 0
-                self._joined_after = self.handover.handed  # every one before this reply
-                self.stored_seq = max(self.stored_seq, self._joined_after)
-                self.stored.notify_all()
-                return False
-            # another chief generation took over: a contributor reports only into
-            # the generation it joined (its steps may be an earlier run's, or read
-            # before that chief restored an older checkpoint), so it stops
-            self._end(
-                "superseded",
-                f"the job now has chief generation {result.stored_generation}; this worker "
-                f"reported into generation {self.generation} only and stops reporting",
-            )
-            return False
-        new_probation = not self.contributor and result.probation != self._probation_id
-        if new_probation and result.probation:
-            # a newer chief whose state Redis forgot may exist (docs/protocol.md#probation)
-            self.probation_until = self._clock() + FENCE
-            self._vouched_step = -1  # the stored vouch was dropped
-            log.info(
-                "job %s: this chief's write made the job's state anew (a new job, or Redis "
-                "forgot the state); its step releases workers after %.1f s of probation",
-                self._config.job,
-                FENCE,
-            )
-        if not self.contributor:
-            self._probation_id = result.probation
-        if self._sent[1] and not result.probation:
-            self._vouched_step = max(self._vouched_step, self._sent[0])
-        stored = -1 if result.stored_step is None else result.stored_step
-        self._stored_step = stored
-        self._registered_targets = {t for t in self._registered_targets if t > stored}
-        self.pending = result.targets
-        self._refresh_threshold()
-        self.stored_seq = max(self.stored_seq, seq)
-        self.stored.notify_all()
-        return True
 
     def _end(self, why: str, message: str, *, level: int | None = None) -> None:
         """Stop this writer for good (holding the lock)."""
