@@ -41,12 +41,12 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
     ) from exc
 
 from stepbarrier._chief.publisher import StepPublisher
+from stepbarrier._config.schedule import target_step
 from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._integrations import settings
 from stepbarrier._integrations.barrier_arrival import EndBarrier, StartBarrier
 from stepbarrier._integrations.progress import TaskProgress
 from stepbarrier._integrations.publisher import ChiefPublishing
-from stepbarrier._integrations.wait_until_step import target_step
 from stepbarrier._worker.waiter import StepWaiter
 from stepbarrier.errors import ConfigurationError
 

@@ -42,6 +42,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
 
 from stepbarrier._chief.publisher import StepPublisher
 from stepbarrier._config.environment import job_in_env
+from stepbarrier._config.schedule import target_step
 from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._integrations import settings
 from stepbarrier._integrations.barrier_arrival import EndBarrier, StartBarrier, check_task
@@ -53,7 +54,6 @@ from stepbarrier._integrations.fetch_schedule import (
 )
 from stepbarrier._integrations.progress import TaskProgress
 from stepbarrier._integrations.publisher import ChiefPublishing
-from stepbarrier._integrations.wait_until_step import target_step
 from stepbarrier._worker.waiter import SOURCE_SOCKET_TIMEOUT, StepSource, StepWaiter
 
 __all__ = [
