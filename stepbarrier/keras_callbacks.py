@@ -93,8 +93,7 @@ class StepPublisherCallback(keras.callbacks.Callback):  # type: ignore[misc]
 
     def on_train_begin(self, logs: Mapping[str, Any] | None = None) -> None:
         self._chief.configure()
-        self._chief.new_session()
-        self._chief.started(_iterations(self.model))
+        self._chief.new_session(_iterations(self.model))
 
     def on_train_batch_end(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
         if self._chief.publisher is not None:

@@ -314,12 +314,11 @@ class GlobalStepPublisherHook(tf.compat.v1.train.SessionRunHook):  # type: ignor
         self._chief.configure()
 
     def after_create_session(self, session: Any, coord: Any) -> None:
-        publisher = self._chief.new_session()
         self._global_step = _step_tensor(self._variable)
         step = int(session.run(self._global_step))
         self._lead.restart(step)
         self._fetches.restart(step)
-        self._chief.started(step)
+        publisher = self._chief.new_session(step)
         log.info("job %s: chief session starts at global step %d", publisher.config.job, step)
 
     def before_run(self, run_context: Any) -> Any:

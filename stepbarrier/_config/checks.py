@@ -11,7 +11,7 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 from urllib.parse import SplitResult, parse_qsl, unquote_plus, urlsplit
 
 from stepbarrier._protocol.wire import NAME
@@ -439,12 +439,6 @@ class Validated(Kind):
 
     def parse(self, text: str, name: str) -> Any:
         return self.check(text, name)
-
-
-class Setting(NamedTuple):  # a BarrierConfig field that a variable gives
-    field: str
-    variable: str
-    kind: Kind
 
 
 class Sentinels(Kind):

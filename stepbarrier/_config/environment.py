@@ -12,10 +12,10 @@ import hashlib
 import os
 import re
 import stat
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from stepbarrier._config.checks import Kind, Setting, choice, integer, validate_name
+from stepbarrier._config.checks import Kind, choice, integer, validate_name
 from stepbarrier._config.defaults import LAUNCHER_RANKS, Role, RunIdSource, TaskIdSource
 from stepbarrier._config.tf_config import (
     NO_ROLE_TASK_TYPES,
@@ -163,7 +163,7 @@ _READ_APART = frozenset(
 
 
 def settings_from_env(
-    env: Mapping[str, str], settings: Iterable[Setting], task: HostTask | None = None
+    env: Mapping[str, str], settings: Mapping[str, Mapping[str, Any]], task: HostTask | None = None
 ) -> dict[str, Any]:
     """The ``BarrierConfig`` arguments that ``env`` gives, each read and checked as its
     kind says; an unset (or blank) variable gives nothing. The role and task id come
@@ -175,9 +175,9 @@ def settings_from_env(
             variable="STEPBARRIER_JOB",
         )
     values = {
-        entry.field: _read(env, entry.variable, entry.kind)
-        for entry in settings
-        if entry.variable not in _READ_APART and _get(env, entry.variable) is not None
+        name: _read(env, setting["variable"], setting["kind"])
+        for name, setting in settings.items()
+        if setting["variable"] not in _READ_APART and _get(env, setting["variable"]) is not None
     }
     task = task or task_from_env(env)
     values["role"], values["task_id"], values["task_id_source"] = task[:3]

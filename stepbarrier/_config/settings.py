@@ -21,7 +21,6 @@ from stepbarrier._config.checks import (
     FLAG,
     Kind,
     Sentinels,
-    Setting,
     Validated,
     check_url,
     choice,
@@ -48,10 +47,7 @@ from stepbarrier._config.environment import (
     ROLE,
     TASK_ID,
     HostTask,
-    barrier_parties_from_env,
-    barrier_role,
     settings_from_env,
-    task_from_env,
 )
 from stepbarrier._config.schedule import schedule_wait_until_step, validate_schedule
 from stepbarrier._protocol.freshness import FENCE, MAX_HEARTBEAT
@@ -226,7 +222,7 @@ class BarrierConfig:
             ConfigurationError: A variable is missing or invalid; the message names
                 it and says what was expected (never its value if it is a secret).
         """
-        return _config_from_env(os.environ if environ is None else environ)
+        return config_from_env(environ)
 
 
 def _origin(source: str | None, launchers: Mapping[Any, str]) -> str:
@@ -236,41 +232,27 @@ def _origin(source: str | None, launchers: Mapping[Any, str]) -> str:
     return f"from {source}, {launchers[source]}" if source in launchers else f"from {source}"
 
 
-def _config_from_env(env: Mapping[str, str], task: HostTask | None = None) -> BarrierConfig:
+def config_from_env(
+    environ: Mapping[str, str] | None, task: HostTask | None = None
+) -> BarrierConfig:
+    """``BarrierConfig.from_env``, with the role and task id ``task`` if it was read
+    already (``hooks_from_env`` reads it first: a ps or evaluator task reads no more)."""
+    env = os.environ if environ is None else environ
     values = {**_DEFAULTS, **settings_from_env(env, SETTINGS, task)}
-    check_relations(values, lambda name: _VARIABLE_OF.get(name, name))
+    check_relations(values, lambda name: SETTINGS[name]["variable"] if name in SETTINGS else name)
     config = BarrierConfig(**values)
     _log_run_id(config)
     return config
 
 
-def host_from_env(
-    environ: Mapping[str, str] | None, parties: int | None, *, barriers: bool
-) -> tuple[BarrierConfig | None, int | None]:
-    """This host's configuration (``None`` for a ps or evaluator task: no part in the
-    barrier) and its barriers' parties (``None`` unless ``barriers``), for
-    ``hooks_from_env`` and ``callbacks_from_env``. ``TF_CONFIG`` is read once, the
-    role first, so that a ps or evaluator task reads nothing else."""
-    env = os.environ if environ is None else environ
-    task = task_from_env(env)
-    if barrier_role(task) is None:
-        return None, None
-    config = _config_from_env(env, task)
-    if not barriers:
-        return config, None
-    return config, barrier_parties_from_env(env, parties, tf_config=task.tf_config)
-
-
-SETTINGS = tuple(
-    Setting(item.name, item.metadata["variable"], item.metadata["kind"])
-    for item in fields(BarrierConfig)
-    if item.metadata["variable"] is not None
+SETTINGS = {item.name: item.metadata for item in fields(BarrierConfig) if item.metadata["variable"]}
+"""The fields that variables give, each with its ``variable`` and ``kind``, in the
+order ``from_env`` reads them."""
+ENVIRONMENT_VARIABLES = (
+    *(s["variable"] for s in SETTINGS.values()),
+    "STEPBARRIER_REDIS_PASSWORD_FILE",
 )
-"""The settings that variables give, in the order ``from_env`` reads them."""
-ENVIRONMENT_VARIABLES = (*(entry.variable for entry in SETTINGS), "STEPBARRIER_REDIS_PASSWORD_FILE")
 """Every ``STEPBARRIER_*`` variable ``from_env`` reads, for documentation and tooling."""
-
-_VARIABLE_OF = {entry.field: entry.variable for entry in SETTINGS}
 _DEFAULTS = {
     item.name: item.default for item in fields(BarrierConfig) if item.default is not MISSING
 }

@@ -29,20 +29,17 @@ class ChiefPublishing:
             self.config = BarrierConfig.from_env()
         return self.config
 
-    def new_session(self) -> StepPublisher:
+    def new_session(self, step: int) -> StepPublisher:
+        """A new generation starts at ``step``: publish it, and report it as task 0's progress."""
         if self.publisher is None:
             paused, self._paused = self._paused, None
             active = paused if paused is not None and paused.active else None
             self.publisher = active or StepPublisher(self.configure())
         self.publisher.new_generation()
-        return self.publisher
-
-    def started(self, step: int) -> None:
-        """The session's first step: publish it, and report it as task 0's progress."""
-        assert self.publisher is not None, "new_session() was not called"
         self.publisher.publish(step)
         self._progress.start(self.config)
         self._progress.report(step)
+        return self.publisher
 
     def publish(self, step: int) -> None:
         if self.publisher is not None:
