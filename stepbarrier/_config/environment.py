@@ -13,12 +13,13 @@ import os
 import re
 import stat
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 from stepbarrier._config.checks import Kind, choice, integer, validate_name
 from stepbarrier._config.defaults import LAUNCHER_RANKS, Role, RunIdSource, TaskIdSource
 from stepbarrier._config.tf_config import (
     NO_ROLE_TASK_TYPES,
+    HostTask,
     load_tf_config,
     task_from_tf_config,
     trainer_count,
@@ -54,7 +55,7 @@ def barrier_role(task: HostTask) -> Role | None:
     Raises:
         ConfigurationError: No variable gives a role.
     """
-    role, tf_type = task.role, task.tf_type
+    role, tf_type = task.role, task.type
     if role is not None or tf_type in NO_ROLE_TASK_TYPES:
         return role
     how = (
@@ -100,17 +101,6 @@ def barrier_parties_from_env(
     return found
 
 
-class HostTask(NamedTuple):
-    """This host's role and task id, where the task id came from, and the task type
-    and the content of ``TF_CONFIG`` if it had to be read (``task_from_env``)."""
-
-    role: Role | None
-    task_id: int | None
-    task_id_source: TaskIdSource | None
-    tf_type: str | None = None
-    tf_config: dict[str, Any] | None = None
-
-
 def task_from_env(environ: Mapping[str, str] | None = None) -> HostTask:
     """This host's barrier role and task id, from the first variable that gives one,
     by the rules of docs/configuration.md#task-id-and-role. A variable is read (and
@@ -130,7 +120,7 @@ def task_from_env(environ: Mapping[str, str] | None = None) -> HostTask:
     tf_config = load_tf_config(env.get("TF_CONFIG"))
     tf_task = task_from_tf_config(tf_config)
     if task_id is None and tf_task.task_id is not None:
-        task_id, source = tf_task.task_id, "TF_CONFIG"
+        task_id, source = tf_task.task_id, tf_task.task_id_source
     role = role or tf_task.role
     if (role is not None and task_id is not None) or tf_task.type is not None:
         return HostTask(role, task_id, source, tf_task.type, tf_config)

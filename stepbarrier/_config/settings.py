@@ -46,10 +46,10 @@ from stepbarrier._config.defaults import (
 from stepbarrier._config.environment import (
     ROLE,
     TASK_ID,
-    HostTask,
     settings_from_env,
 )
 from stepbarrier._config.schedule import schedule_wait_until_step, validate_schedule
+from stepbarrier._config.tf_config import HostTask
 from stepbarrier._protocol.freshness import FENCE, MAX_HEARTBEAT
 from stepbarrier._protocol.keys import JobKeys
 from stepbarrier._protocol.wire import MAX_STEP
