@@ -40,15 +40,8 @@ def validate_schedule(spec: str, *, variable: str = "schedule") -> str:
 
 
 def schedule_wait_until_step(task_id: int, spec: str) -> int:
-    """The step a task waits for under a schedule.
-
-    Args:
-        task_id: The task's id, the chief being 0.
-        spec: ``"log:K"`` gives ``int(K * log(task_id + 1))`` (TensorFlow's ramp),
-            ``"linear:K"`` gives ``int(K * task_id)``, ``"none"`` gives 0.
-
-    Returns:
-        The step to wait for; 0 means "do not wait".
+    """The step task ``task_id`` (the chief being 0) waits for under schedule ``spec``,
+    by docs/configuration.md#schedules' table (0: "do not wait").
 
     Raises:
         ConfigurationError: The spec or the task id is invalid.

@@ -1,8 +1,7 @@
 """The barrier's settings: ``BarrierConfig``, and the one description of each setting.
 
 Each field says, once, its type, default, ``STEPBARRIER_*`` variable and kind
-(``checks.Kind``); ``SETTINGS`` lists them for the environment reader, the CLI's
-options and the docs' table (checked by a test).
+(``checks.Kind``), which checks its value from the environment and from code alike.
 """
 
 from __future__ import annotations
@@ -210,13 +209,9 @@ class BarrierConfig:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> BarrierConfig:
-        """Build the configuration from ``STEPBARRIER_*`` variables and ``TF_CONFIG``.
-
-        One INFO line says which run id is in force, and where it came from, the
-        first time a process reads it (and when it changes).
-
-        Args:
-            environ: The variables to read; ``os.environ`` when ``None``.
+        """Build the configuration from ``environ`` (``None``: ``os.environ``): the
+        ``STEPBARRIER_*`` variables, ``TF_CONFIG`` and the launchers'
+        (docs/configuration.md). The run id in force is said in one INFO line.
 
         Raises:
             ConfigurationError: A variable is missing or invalid; the message names
