@@ -45,8 +45,7 @@ from stepbarrier._config.schedule import target_step
 from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._integrations import settings
 from stepbarrier._integrations.barrier_arrival import EndBarrier, StartBarrier
-from stepbarrier._integrations.progress import TaskProgress
-from stepbarrier._integrations.publisher import ChiefPublishing
+from stepbarrier._integrations.progress import ChiefPublishing, TaskProgress
 from stepbarrier._worker.waiter import StepWaiter
 from stepbarrier.errors import ConfigurationError
 

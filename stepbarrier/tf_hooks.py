@@ -52,8 +52,7 @@ from stepbarrier._integrations.fetch_schedule import (
     FetchSchedule,
     StepLead,
 )
-from stepbarrier._integrations.progress import TaskProgress
-from stepbarrier._integrations.publisher import ChiefPublishing
+from stepbarrier._integrations.progress import ChiefPublishing, TaskProgress
 from stepbarrier._worker.waiter import SOURCE_SOCKET_TIMEOUT, StepSource, StepWaiter
 
 __all__ = [
