@@ -12,7 +12,7 @@ import os
 import re
 import stat
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, get_args
 
 from stepbarrier._config.checks import Kind, choice, integer, validate_name
 from stepbarrier._config.defaults import LAUNCHER_RANKS, Role, RunIdSource, TaskIdSource
@@ -28,7 +28,7 @@ from stepbarrier._protocol.progress import MAX_TASK_ID
 from stepbarrier._protocol.wire import RUN_ID
 from stepbarrier.errors import ConfigurationError
 
-ROLE = choice("chief", "worker")
+ROLE = choice(*get_args(Role))
 TASK_ID = integer(0, MAX_TASK_ID)
 
 

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from functools import cached_property
-from typing import Any
+from typing import Any, get_args
 from urllib.parse import urlsplit
 
 from stepbarrier._config.checks import (
@@ -100,7 +100,7 @@ class BarrierConfig:
     schedule: str | None = setting(None, _SCHEDULE, "STEPBARRIER_SCHEDULE")
     timeout: float | None = setting(None, seconds(), "STEPBARRIER_TIMEOUT")
     stall_timeout: float = setting(DEFAULT_STALL_TIMEOUT, seconds(), "STEPBARRIER_STALL_TIMEOUT")
-    on_timeout: OnTimeout = setting("raise", choice("raise", "proceed"), "STEPBARRIER_ON_TIMEOUT")
+    on_timeout: OnTimeout = setting("raise", choice(*get_args(OnTimeout)), "STEPBARRIER_ON_TIMEOUT")
     heartbeat: float = setting(DEFAULT_HEARTBEAT, seconds(), "STEPBARRIER_HEARTBEAT")
     key_ttl: int = setting(7 * 24 * 3600, integer(60, _TTL), "STEPBARRIER_KEY_TTL")
     fallback_interval: float = setting(FALLBACK_INTERVAL, seconds(5.0))
