@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import SplitResult, parse_qsl, unquote_plus, urlsplit
 
+from stepbarrier._protocol.progress import MAX_TASK_ID
 from stepbarrier._protocol.wire import NAME
 from stepbarrier.errors import ConfigurationError
 
@@ -426,6 +427,9 @@ def _whole(text: str) -> int | None:
 
 def _number(value: object, *types: type) -> bool:
     return isinstance(value, types) and not isinstance(value, bool)
+
+
+TASK_ID = integer(0, MAX_TASK_ID)
 
 
 @dataclass(frozen=True)

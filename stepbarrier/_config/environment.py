@@ -14,7 +14,7 @@ import stat
 from collections.abc import Mapping
 from typing import Any, get_args
 
-from stepbarrier._config.checks import Kind, choice, integer, validate_name
+from stepbarrier._config.checks import TASK_ID, Kind, choice, validate_name
 from stepbarrier._config.defaults import LAUNCHER_RANKS, Role, RunIdSource, TaskIdSource
 from stepbarrier._config.tf_config import (
     NO_ROLE_TASK_TYPES,
@@ -24,12 +24,10 @@ from stepbarrier._config.tf_config import (
     trainer_count,
 )
 from stepbarrier._protocol.barrier_record import validate_parties
-from stepbarrier._protocol.progress import MAX_TASK_ID
 from stepbarrier._protocol.wire import RUN_ID
 from stepbarrier.errors import ConfigurationError
 
 ROLE = choice(*get_args(Role))
-TASK_ID = integer(0, MAX_TASK_ID)
 
 
 def _get(env: Mapping[str, str], name: str) -> str | None:

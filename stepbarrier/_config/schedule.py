@@ -11,6 +11,7 @@ import math
 import numbers
 import re
 
+from stepbarrier._config.checks import TASK_ID
 from stepbarrier._protocol.wire import MAX_STEP, MAX_STEP_TEXT
 from stepbarrier.errors import ConfigurationError
 
@@ -51,11 +52,7 @@ def schedule_wait_until_step(task_id: int, spec: str) -> int:
         13
     """
     normalised = validate_schedule(spec)
-    if isinstance(task_id, bool) or not isinstance(task_id, int) or task_id < 0:
-        raise ConfigurationError(
-            f"task_id must be a non-negative integer, got {task_id!r}",
-            variable="task_id",
-        )
+    TASK_ID.check(task_id, "task_id")
     if normalised == "none":
         return 0
     kind, _, factor_text = normalised.partition(":")

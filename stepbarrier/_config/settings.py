@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 from stepbarrier._config.checks import (
     FILE,
     FLAG,
+    TASK_ID,
     Kind,
     Sentinels,
     Validated,
@@ -44,7 +45,6 @@ from stepbarrier._config.defaults import (
 )
 from stepbarrier._config.environment import (
     ROLE,
-    TASK_ID,
     settings_from_env,
 )
 from stepbarrier._config.schedule import schedule_wait_until_step, validate_schedule
