@@ -352,12 +352,9 @@ def _check_argument(
 
 @dataclass(frozen=True)
 class Kind:
-    """One kind of setting: how its variable's text is read (``parse``: stripped, not
-    blank), and what its value must be (``check``: given in code). Each returns the
-    value or raises ``ConfigurationError`` naming ``name`` (the variable or field,
-    maybe with what it is in parentheses), what was expected and the bad value, cut
-    short. No secret is a setting of a kind.
-    """
+    """One kind of setting: ``parse`` reads its variable's text (stripped, not blank),
+    ``check`` a value given in code; each returns the value or raises ``ConfigurationError``
+    naming ``name``, what was expected and the bad value, cut short (so no secret has one)."""
 
     expected: str = "text"
     convert: Callable[[str], Any] = str
