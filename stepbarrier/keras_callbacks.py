@@ -41,12 +41,11 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
     ) from exc
 
 from stepbarrier._chief.publisher import StepPublisher
+from stepbarrier._config.schedule import target_step
 from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._integrations import settings
 from stepbarrier._integrations.barrier_arrival import EndBarrier, StartBarrier
-from stepbarrier._integrations.progress import TaskProgress
-from stepbarrier._integrations.publisher import ChiefPublishing
-from stepbarrier._integrations.wait_until_step import target_step
+from stepbarrier._integrations.progress import ChiefPublishing, TaskProgress
 from stepbarrier._worker.waiter import StepWaiter
 from stepbarrier.errors import ConfigurationError
 
@@ -93,8 +92,7 @@ class StepPublisherCallback(keras.callbacks.Callback):  # type: ignore[misc]
 
     def on_train_begin(self, logs: Mapping[str, Any] | None = None) -> None:
         self._chief.configure()
-        self._chief.new_session()
-        self._chief.started(_iterations(self.model))
+        self._chief.new_session(_iterations(self.model))
 
     def on_train_batch_end(self, batch: int, logs: Mapping[str, Any] | None = None) -> None:
         if self._chief.publisher is not None:

@@ -42,6 +42,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
 
 from stepbarrier._chief.publisher import StepPublisher
 from stepbarrier._config.environment import job_in_env
+from stepbarrier._config.schedule import target_step
 from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._integrations import settings
 from stepbarrier._integrations.barrier_arrival import EndBarrier, StartBarrier, check_task
@@ -51,9 +52,7 @@ from stepbarrier._integrations.fetch_schedule import (
     FetchSchedule,
     StepLead,
 )
-from stepbarrier._integrations.progress import TaskProgress
-from stepbarrier._integrations.publisher import ChiefPublishing
-from stepbarrier._integrations.wait_until_step import target_step
+from stepbarrier._integrations.progress import ChiefPublishing, TaskProgress
 from stepbarrier._worker.waiter import SOURCE_SOCKET_TIMEOUT, StepSource, StepWaiter
 
 __all__ = [
@@ -314,12 +313,11 @@ class GlobalStepPublisherHook(tf.compat.v1.train.SessionRunHook):  # type: ignor
         self._chief.configure()
 
     def after_create_session(self, session: Any, coord: Any) -> None:
-        publisher = self._chief.new_session()
         self._global_step = _step_tensor(self._variable)
         step = int(session.run(self._global_step))
         self._lead.restart(step)
         self._fetches.restart(step)
-        self._chief.started(step)
+        publisher = self._chief.new_session(step)
         log.info("job %s: chief session starts at global step %d", publisher.config.job, step)
 
     def before_run(self, run_context: Any) -> Any:

@@ -11,9 +11,10 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 from urllib.parse import SplitResult, parse_qsl, unquote_plus, urlsplit
 
+from stepbarrier._protocol.progress import MAX_TASK_ID
 from stepbarrier._protocol.wire import NAME
 from stepbarrier.errors import ConfigurationError
 
@@ -351,12 +352,9 @@ def _check_argument(
 
 @dataclass(frozen=True)
 class Kind:
-    """One kind of setting: how its variable's text is read (``parse``: stripped, not
-    blank), and what its value must be (``check``: given in code). Each returns the
-    value or raises ``ConfigurationError`` naming ``name`` (the variable or field,
-    maybe with what it is in parentheses), what was expected and the bad value, cut
-    short. No secret is a setting of a kind.
-    """
+    """One kind of setting: ``parse`` reads its variable's text (stripped, not blank),
+    ``check`` a value given in code; each returns the value or raises ``ConfigurationError``
+    naming ``name``, what was expected and the bad value, cut short (so no secret has one)."""
 
     expected: str = "text"
     convert: Callable[[str], Any] = str
@@ -428,6 +426,9 @@ def _number(value: object, *types: type) -> bool:
     return isinstance(value, types) and not isinstance(value, bool)
 
 
+TASK_ID = integer(0, MAX_TASK_ID)
+
+
 @dataclass(frozen=True)
 class Validated(Kind):
     """A text that ``validate`` checks and may normalise (a job name, a run id, a schedule)."""
@@ -439,12 +440,6 @@ class Validated(Kind):
 
     def parse(self, text: str, name: str) -> Any:
         return self.check(text, name)
-
-
-class Setting(NamedTuple):  # a BarrierConfig field that a variable gives
-    field: str
-    variable: str
-    kind: Kind
 
 
 class Sentinels(Kind):

@@ -1,9 +1,8 @@
 """The one place that reads ``STEPBARRIER_*`` variables, ``TF_CONFIG`` and the launchers'.
 
-Each variable is read as its setting's kind says (``settings.SETTINGS``); the role
-and task id (``task_from_env``) and the run id (``run_id_from_env``) may come from
-several. An error names the variable, never a secret. ``settings`` builds the
-``BarrierConfig`` from what this module reads, so this module does not import it.
+Each variable is read as its setting's kind says (``settings.SETTINGS``); an error
+names the variable, never a secret. ``settings`` builds the ``BarrierConfig`` from
+what this module reads, so this module does not import it.
 """
 
 from __future__ import annotations
@@ -12,24 +11,23 @@ import hashlib
 import os
 import re
 import stat
-from collections.abc import Iterable, Mapping
-from typing import Any, NamedTuple
+from collections.abc import Mapping
+from typing import Any, get_args
 
-from stepbarrier._config.checks import Kind, Setting, choice, integer, validate_name
+from stepbarrier._config.checks import TASK_ID, Kind, choice, validate_name
 from stepbarrier._config.defaults import LAUNCHER_RANKS, Role, RunIdSource, TaskIdSource
 from stepbarrier._config.tf_config import (
     NO_ROLE_TASK_TYPES,
+    HostTask,
     load_tf_config,
     task_from_tf_config,
     trainer_count,
 )
 from stepbarrier._protocol.barrier_record import validate_parties
-from stepbarrier._protocol.progress import MAX_TASK_ID
 from stepbarrier._protocol.wire import RUN_ID
 from stepbarrier.errors import ConfigurationError
 
-ROLE = choice("chief", "worker")
-TASK_ID = integer(0, MAX_TASK_ID)
+ROLE = choice(*get_args(Role))
 
 
 def _get(env: Mapping[str, str], name: str) -> str | None:
@@ -47,14 +45,9 @@ def barrier_role_from_env(environ: Mapping[str, str] | None = None) -> Role | No
 
 
 def barrier_role(task: HostTask) -> Role | None:
-    """The barrier role of ``task``: ``"chief"``, ``"worker"``, or ``None`` for a ps or
-    evaluator task of ``TF_CONFIG`` (unless ``STEPBARRIER_ROLE`` gives one). Asked
-    first, so that a ps or evaluator task needs no ``STEPBARRIER_*`` variable.
-
-    Raises:
-        ConfigurationError: No variable gives a role.
-    """
-    role, tf_type = task.role, task.tf_type
+    """The barrier role of ``task`` (``None``: a ps or evaluator task, which needs no
+    ``STEPBARRIER_*`` variable); ``ConfigurationError`` if no variable gives one."""
+    role, tf_type = task.role, task.type
     if role is not None or tf_type in NO_ROLE_TASK_TYPES:
         return role
     how = (
@@ -100,17 +93,6 @@ def barrier_parties_from_env(
     return found
 
 
-class HostTask(NamedTuple):
-    """This host's role and task id, where the task id came from, and the task type
-    and the content of ``TF_CONFIG`` if it had to be read (``task_from_env``)."""
-
-    role: Role | None
-    task_id: int | None
-    task_id_source: TaskIdSource | None
-    tf_type: str | None = None
-    tf_config: dict[str, Any] | None = None
-
-
 def task_from_env(environ: Mapping[str, str] | None = None) -> HostTask:
     """This host's barrier role and task id, from the first variable that gives one,
     by the rules of docs/configuration.md#task-id-and-role. A variable is read (and
@@ -130,7 +112,7 @@ def task_from_env(environ: Mapping[str, str] | None = None) -> HostTask:
     tf_config = load_tf_config(env.get("TF_CONFIG"))
     tf_task = task_from_tf_config(tf_config)
     if task_id is None and tf_task.task_id is not None:
-        task_id, source = tf_task.task_id, "TF_CONFIG"
+        task_id, source = tf_task.task_id, tf_task.task_id_source
     role = role or tf_task.role
     if (role is not None and task_id is not None) or tf_task.type is not None:
         return HostTask(role, task_id, source, tf_task.type, tf_config)
@@ -163,21 +145,19 @@ _READ_APART = frozenset(
 
 
 def settings_from_env(
-    env: Mapping[str, str], settings: Iterable[Setting], task: HostTask | None = None
+    env: Mapping[str, str], settings: Mapping[str, Mapping[str, Any]], task: HostTask | None = None
 ) -> dict[str, Any]:
-    """The ``BarrierConfig`` arguments that ``env`` gives, each read and checked as its
-    kind says; an unset (or blank) variable gives nothing. The role and task id come
-    from ``task`` (else ``task_from_env``). ``ConfigurationError`` names a missing or
-    invalid variable."""
+    """The ``BarrierConfig`` arguments that ``env`` gives (an unset or blank variable
+    gives none); the role and task id are ``task``'s, if it was read already."""
     if _get(env, "STEPBARRIER_JOB") is None:
         raise ConfigurationError(
             "STEPBARRIER_JOB is required: name the job, e.g. STEPBARRIER_JOB=mnist-42",
             variable="STEPBARRIER_JOB",
         )
     values = {
-        entry.field: _read(env, entry.variable, entry.kind)
-        for entry in settings
-        if entry.variable not in _READ_APART and _get(env, entry.variable) is not None
+        name: _read(env, setting["variable"], setting["kind"])
+        for name, setting in settings.items()
+        if setting["variable"] not in _READ_APART and _get(env, setting["variable"]) is not None
     }
     task = task or task_from_env(env)
     values["role"], values["task_id"], values["task_id_source"] = task[:3]
@@ -202,10 +182,8 @@ _COUNT = re.compile(r"[0-9]{1,18}")
 def run_id_from_env(
     environ: Mapping[str, str] | None = None,
 ) -> tuple[str | None, RunIdSource | None]:
-    """The run id in force, and the variable it came from, by the rules of
-    docs/configuration.md#run-id: ``(None, "STEPBARRIER_RUN_ID")`` when that is set
-    empty, ``(None, None)`` when none is set. Only an invalid ``STEPBARRIER_RUN_ID``
-    raises ``ConfigurationError``: a launcher's id is mapped (``launcher_run_id``)."""
+    """The run id in force and the variable it came from (docs/configuration.md#run-id);
+    only an invalid ``STEPBARRIER_RUN_ID`` is refused, a launcher's id is mapped."""
     env = os.environ if environ is None else environ
     explicit = env.get("STEPBARRIER_RUN_ID")
     if explicit is not None:
@@ -231,10 +209,8 @@ def run_id_from_env(
 
 
 def launcher_run_id(text: str) -> str:
-    """A launcher's id (non-empty) as a run id: itself when valid, else mapped
-    deterministically (``job/7:a``: ``job_7_a-3585317eb9ed3b7b``), so that every
-    process of the run maps it alike and two ids stay different. It is never
-    refused: the user did not choose its form (docs/configuration.md#run-id)."""
+    """A launcher's id (non-empty) as a run id: itself, or mapped alike in every process
+    (docs/configuration.md#run-id); never refused, as the user did not choose its form."""
     if RUN_ID.fullmatch(text) is not None:
         return text
     # surrogatepass: an undecodable byte of the environment maps too, never raises
@@ -247,11 +223,9 @@ MAX_PASSWORD_FILE = 4096
 
 
 def read_password_file(path: str, *, name: str, variable: str) -> str:
-    """The text of the password file at ``path``, without its trailing newlines
-    (empty: the caller's to judge). Only a regular file (or a link to one) of at
-    most ``MAX_PASSWORD_FILE`` bytes is read: a device, a pipe or a directory might
-    never end, or block. Else ``ConfigurationError`` names it as ``name`` (e.g.
-    ``--password-file``), never its content, with ``variable`` as its variable."""
+    """The text of the password file at ``path``, without its trailing newlines (empty:
+    the caller's to judge); only a regular file of at most ``MAX_PASSWORD_FILE`` bytes,
+    as a device or a pipe might never end. An error names it as ``name``, never its content."""
     shown = repr(path[:200])
 
     def refuse(why: str) -> ConfigurationError:

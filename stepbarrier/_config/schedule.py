@@ -1,4 +1,4 @@
-"""Ramps that spread workers' start over the chief's first steps.
+"""The step a worker waits for: ramps that spread workers' start, and a ``wait_until_step``.
 
 TensorFlow documents ``wait_until_step = int(K * log(task_id + 1))`` for its
 ``GlobalStepWaiterHook`` (task 0 being the chief); a schedule spec names such
@@ -8,9 +8,11 @@ a ramp so that every host can compute its own step from its task id.
 from __future__ import annotations
 
 import math
+import numbers
 import re
 
-from stepbarrier._protocol.wire import MAX_STEP
+from stepbarrier._config.checks import TASK_ID
+from stepbarrier._protocol.wire import MAX_STEP, MAX_STEP_TEXT
 from stepbarrier.errors import ConfigurationError
 
 _SPEC = re.compile(r"^\s*(log|linear)\s*:\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*$")
@@ -39,15 +41,8 @@ def validate_schedule(spec: str, *, variable: str = "schedule") -> str:
 
 
 def schedule_wait_until_step(task_id: int, spec: str) -> int:
-    """The step a task waits for under a schedule.
-
-    Args:
-        task_id: The task's id, the chief being 0.
-        spec: ``"log:K"`` gives ``int(K * log(task_id + 1))`` (TensorFlow's ramp),
-            ``"linear:K"`` gives ``int(K * task_id)``, ``"none"`` gives 0.
-
-    Returns:
-        The step to wait for; 0 means "do not wait".
+    """The step task ``task_id`` (the chief being 0) waits for under schedule ``spec``,
+    by docs/configuration.md#schedules' table (0: "do not wait").
 
     Raises:
         ConfigurationError: The spec or the task id is invalid.
@@ -57,11 +52,7 @@ def schedule_wait_until_step(task_id: int, spec: str) -> int:
         13
     """
     normalised = validate_schedule(spec)
-    if isinstance(task_id, bool) or not isinstance(task_id, int) or task_id < 0:
-        raise ConfigurationError(
-            f"task_id must be a non-negative integer, got {task_id!r}",
-            variable="task_id",
-        )
+    TASK_ID.check(task_id, "task_id")
     if normalised == "none":
         return 0
     kind, _, factor_text = normalised.partition(":")
@@ -74,3 +65,42 @@ def schedule_wait_until_step(task_id: int, spec: str) -> int:
             variable="schedule",
         )
     return int(value)
+
+
+def target_step(wait_until_step: object, *, name: str = "wait_until_step") -> int:
+    """The first global step at which TensorFlow's hook would release a worker: a real
+    number *t* gives ``math.ceil(t)`` (``20 * math.log(2)``: 14), ``t <= 0`` (``-inf``
+    too) 0, "do not wait". ``name`` is the argument's, for error messages.
+
+    Raises:
+        TypeError: It is not a real number, or it is a ``bool``.
+        ConfigurationError: It is NaN, ``+inf`` or above ``MAX_STEP``.
+    """
+    if isinstance(wait_until_step, bool):
+        raise TypeError(f"{name} must be a number of steps, got the bool {wait_until_step}")
+    if isinstance(wait_until_step, numbers.Integral):
+        step = int(wait_until_step)
+    elif not isinstance(wait_until_step, numbers.Real):
+        raise TypeError(f"{name} must be a number of steps, got {type(wait_until_step).__name__}")
+    elif math.isnan(wait_until_step):
+        raise ConfigurationError(
+            f"{name} must be a number of steps, got NaN (no step is >= NaN: TensorFlow's "
+            "hook would wait forever)",
+            variable=name,
+        )
+    elif wait_until_step <= 0:  # TensorFlow's hook starts at once, -inf included
+        step = 0
+    elif math.isinf(wait_until_step):
+        raise ConfigurationError(
+            f"{name} must be finite, got {wait_until_step!r} (TensorFlow's hook would wait "
+            "forever)",
+            variable=name,
+        )
+    else:
+        step = int(math.ceil(wait_until_step))  # noqa: RUF046 - a __ceil__ may return any Integral
+    if step > MAX_STEP:
+        raise ConfigurationError(
+            f"{name} must be at most {MAX_STEP} ({MAX_STEP_TEXT}), got a larger number",
+            variable=name,
+        )
+    return step

@@ -1,8 +1,7 @@
 """The barrier's settings: ``BarrierConfig``, and the one description of each setting.
 
 Each field says, once, its type, default, ``STEPBARRIER_*`` variable and kind
-(``checks.Kind``); ``SETTINGS`` lists them for the environment reader, the CLI's
-options and the docs' table (checked by a test).
+(``checks.Kind``), which checks its value from the environment and from code alike.
 """
 
 from __future__ import annotations
@@ -13,15 +12,15 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from functools import cached_property
-from typing import Any
+from typing import Any, get_args
 from urllib.parse import urlsplit
 
 from stepbarrier._config.checks import (
     FILE,
     FLAG,
+    TASK_ID,
     Kind,
     Sentinels,
-    Setting,
     Validated,
     check_url,
     choice,
@@ -46,14 +45,10 @@ from stepbarrier._config.defaults import (
 )
 from stepbarrier._config.environment import (
     ROLE,
-    TASK_ID,
-    HostTask,
-    barrier_parties_from_env,
-    barrier_role,
     settings_from_env,
-    task_from_env,
 )
 from stepbarrier._config.schedule import schedule_wait_until_step, validate_schedule
+from stepbarrier._config.tf_config import HostTask
 from stepbarrier._protocol.freshness import FENCE, MAX_HEARTBEAT
 from stepbarrier._protocol.keys import JobKeys
 from stepbarrier._protocol.wire import MAX_STEP
@@ -105,7 +100,7 @@ class BarrierConfig:
     schedule: str | None = setting(None, _SCHEDULE, "STEPBARRIER_SCHEDULE")
     timeout: float | None = setting(None, seconds(), "STEPBARRIER_TIMEOUT")
     stall_timeout: float = setting(DEFAULT_STALL_TIMEOUT, seconds(), "STEPBARRIER_STALL_TIMEOUT")
-    on_timeout: OnTimeout = setting("raise", choice("raise", "proceed"), "STEPBARRIER_ON_TIMEOUT")
+    on_timeout: OnTimeout = setting("raise", choice(*get_args(OnTimeout)), "STEPBARRIER_ON_TIMEOUT")
     heartbeat: float = setting(DEFAULT_HEARTBEAT, seconds(), "STEPBARRIER_HEARTBEAT")
     key_ttl: int = setting(7 * 24 * 3600, integer(60, _TTL), "STEPBARRIER_KEY_TTL")
     fallback_interval: float = setting(FALLBACK_INTERVAL, seconds(5.0))
@@ -118,8 +113,8 @@ class BarrierConfig:
     use_eval: bool = setting(False, FLAG, "STEPBARRIER_USE_EVAL")
     redis_cluster: bool = setting(False, FLAG, "STEPBARRIER_REDIS_CLUSTER")
     tls_insecure: bool = setting(False, FLAG, "STEPBARRIER_TLS_INSECURE")
-    run_id_source: RunIdSource | None = setting(None, _TEXT)
-    task_id_source: TaskIdSource | None = setting(None, _TEXT)
+    run_id_source: RunIdSource | None = setting(None, choice(*RUN_ID_SOURCES))
+    task_id_source: TaskIdSource | None = setting(None, choice(*TASK_ID_SOURCES))
     # GlobalStepWaiterHook's report_every when the hook is given none: 0 never
     # reports; None leaves the hook's default
     report_every: int | None = setting(None, integer(0, 1_000_000), "STEPBARRIER_REPORT_EVERY")
@@ -214,19 +209,15 @@ class BarrierConfig:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> BarrierConfig:
-        """Build the configuration from ``STEPBARRIER_*`` variables and ``TF_CONFIG``.
-
-        One INFO line says which run id is in force, and where it came from, the
-        first time a process reads it (and when it changes).
-
-        Args:
-            environ: The variables to read; ``os.environ`` when ``None``.
+        """Build the configuration from ``environ`` (``None``: ``os.environ``): the
+        ``STEPBARRIER_*`` variables, ``TF_CONFIG`` and the launchers'
+        (docs/configuration.md). The run id in force is said in one INFO line.
 
         Raises:
             ConfigurationError: A variable is missing or invalid; the message names
                 it and says what was expected (never its value if it is a secret).
         """
-        return _config_from_env(os.environ if environ is None else environ)
+        return config_from_env(environ)
 
 
 def _origin(source: str | None, launchers: Mapping[Any, str]) -> str:
@@ -236,41 +227,27 @@ def _origin(source: str | None, launchers: Mapping[Any, str]) -> str:
     return f"from {source}, {launchers[source]}" if source in launchers else f"from {source}"
 
 
-def _config_from_env(env: Mapping[str, str], task: HostTask | None = None) -> BarrierConfig:
+def config_from_env(
+    environ: Mapping[str, str] | None, task: HostTask | None = None
+) -> BarrierConfig:
+    """``BarrierConfig.from_env``, with the role and task id ``task`` if it was read
+    already (``hooks_from_env`` reads it first: a ps or evaluator task reads no more)."""
+    env = os.environ if environ is None else environ
     values = {**_DEFAULTS, **settings_from_env(env, SETTINGS, task)}
-    check_relations(values, lambda name: _VARIABLE_OF.get(name, name))
+    check_relations(values, lambda name: SETTINGS[name]["variable"] if name in SETTINGS else name)
     config = BarrierConfig(**values)
     _log_run_id(config)
     return config
 
 
-def host_from_env(
-    environ: Mapping[str, str] | None, parties: int | None, *, barriers: bool
-) -> tuple[BarrierConfig | None, int | None]:
-    """This host's configuration (``None`` for a ps or evaluator task: no part in the
-    barrier) and its barriers' parties (``None`` unless ``barriers``), for
-    ``hooks_from_env`` and ``callbacks_from_env``. ``TF_CONFIG`` is read once, the
-    role first, so that a ps or evaluator task reads nothing else."""
-    env = os.environ if environ is None else environ
-    task = task_from_env(env)
-    if barrier_role(task) is None:
-        return None, None
-    config = _config_from_env(env, task)
-    if not barriers:
-        return config, None
-    return config, barrier_parties_from_env(env, parties, tf_config=task.tf_config)
-
-
-SETTINGS = tuple(
-    Setting(item.name, item.metadata["variable"], item.metadata["kind"])
-    for item in fields(BarrierConfig)
-    if item.metadata["variable"] is not None
+SETTINGS = {item.name: item.metadata for item in fields(BarrierConfig) if item.metadata["variable"]}
+"""The fields that variables give, each with its ``variable`` and ``kind``, in the
+order ``from_env`` reads them."""
+ENVIRONMENT_VARIABLES = (
+    *(s["variable"] for s in SETTINGS.values()),
+    "STEPBARRIER_REDIS_PASSWORD_FILE",
 )
-"""The settings that variables give, in the order ``from_env`` reads them."""
-ENVIRONMENT_VARIABLES = (*(entry.variable for entry in SETTINGS), "STEPBARRIER_REDIS_PASSWORD_FILE")
 """Every ``STEPBARRIER_*`` variable ``from_env`` reads, for documentation and tooling."""
-
-_VARIABLE_OF = {entry.field: entry.variable for entry in SETTINGS}
 _DEFAULTS = {
     item.name: item.default for item in fields(BarrierConfig) if item.default is not MISSING
 }
@@ -315,8 +292,8 @@ def check_relations(values: Mapping[str, Any], name_of: Callable[[str], str]) ->
         )
     if values["redis_cluster"]:
         _check_cluster(values, refuse)
-    _check_source("run_id", values, RUN_ID_SOURCES, refuse)
-    _check_source("task_id", values, TASK_ID_SOURCES, refuse)
+    _check_source("run_id", values, refuse)
+    _check_source("task_id", values, refuse)
 
 
 def _literal(text: str) -> str:
@@ -350,19 +327,10 @@ def _check_cluster(values: Mapping[str, Any], refuse: Callable[..., Configuratio
 
 
 def _check_source(
-    name: str,
-    values: Mapping[str, Any],
-    sources: tuple[str, ...],
-    refuse: Callable[..., ConfigurationError],
+    name: str, values: Mapping[str, Any], refuse: Callable[..., ConfigurationError]
 ) -> None:
     value, source = values[name], values[f"{name}_source"]
     what = name.replace("_", " ")
-    if source is not None and source not in sources:
-        raise refuse(
-            f"{{}} must be None or one of {', '.join(sources)} (the variable the {what} came "
-            f"from), got {_literal(repr(str(source)[:80]))}",
-            f"{name}_source",
-        )
     # only STEPBARRIER_RUN_ID can say "no run id" (set empty); a launcher's variable,
     # TF_CONFIG or a rank always gives one
     if value is None and source not in (None, "STEPBARRIER_RUN_ID"):

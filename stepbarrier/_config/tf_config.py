@@ -9,10 +9,9 @@ checked: a ``TF_CONFIG`` that TensorFlow accepts is refused only when it gives n
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-from stepbarrier._config.defaults import Role
+from stepbarrier._config.defaults import Role, TaskIdSource
 from stepbarrier._protocol.progress import MAX_TASK_ID
 from stepbarrier.errors import ConfigurationError
 
@@ -22,33 +21,35 @@ NO_ROLE_TASK_TYPES = ("ps", "evaluator")
 """Task types that take no part in the barrier: they get no hooks or callbacks."""
 
 
-@dataclass(frozen=True)
-class TfTask:
-    """The task ``TF_CONFIG`` gives this host: its type (``None``: no task), barrier
-    role (``None`` for ps, evaluator and unknown types) and global task id."""
+class HostTask(NamedTuple):
+    """This host's barrier role (``None`` for ps, evaluator and unknown types), task id
+    and the variable it came from; its task type (``None``: no task) and the content
+    of ``TF_CONFIG``, if that had to be read."""
 
-    type: str | None = None
     role: Role | None = None
     task_id: int | None = None
+    task_id_source: TaskIdSource | None = None
+    type: str | None = None
+    tf_config: dict[str, Any] | None = None
 
 
-def task_from_tf_config(spec: dict[str, Any]) -> TfTask:
+def task_from_tf_config(spec: dict[str, Any]) -> HostTask:
     """The task, barrier role and global task id (the chief tasks first) that
     ``TF_CONFIG`` (loaded) gives; ``ConfigurationError`` if it makes this host a
     worker but its index or the cluster's chief job is unusable."""
     task = spec.get("task")
     if not isinstance(task, dict) or "type" not in task:
-        return TfTask()
+        return HostTask()
     kind = str(task["type"])
     if kind in CHIEF_TASK_TYPES:
-        return TfTask(kind, "chief", 0)
+        return HostTask("chief", 0, "TF_CONFIG", kind)
     if kind != "worker":
-        return TfTask(kind)
+        return HostTask(type=kind)
     index = _task_index(task)
     chiefs = _chief_tasks(spec.get("cluster", {}))
     if chiefs is None and index == 0:
-        return TfTask(kind, "chief", 0)
-    return TfTask(kind, "worker", index + (chiefs or 0))
+        return HostTask("chief", 0, "TF_CONFIG", kind)
+    return HostTask("worker", index + (chiefs or 0), "TF_CONFIG", kind)
 
 
 def trainer_count(spec: dict[str, Any]) -> int | None:

@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from stepbarrier._config.settings import BarrierConfig, host_from_env
+from stepbarrier._config.environment import barrier_parties_from_env, barrier_role, task_from_env
+from stepbarrier._config.settings import BarrierConfig, config_from_env
 
 
 def from_env(
@@ -23,9 +24,13 @@ def from_env(
 ) -> list[Any]:
     """This host's hooks or callbacks (see ``hooks_from_env``), made by ``publisher``
     (the chief's), ``waiter`` (a worker's) and the barriers' ``start`` and ``end``."""
-    config, count = host_from_env(environ, parties, barriers=start_barrier or end_barrier)
-    if config is None:
-        return []  # a ps or evaluator task takes no part in the barrier
+    task = task_from_env(environ)  # TF_CONFIG is read once, the role first
+    if barrier_role(task) is None:
+        return []  # a ps or evaluator task takes no part in the barrier, and reads no more
+    config = config_from_env(environ, task)
+    count = None
+    if start_barrier or end_barrier:
+        count = barrier_parties_from_env(environ, parties, tf_config=task.tf_config)
     before = [start(count, config=config, timeout=barrier_timeout)] if start_barrier else []
     after = [end(count, config=config, timeout=barrier_timeout)] if end_barrier else []
     if config.role == "chief":

@@ -12,7 +12,7 @@ from fractions import Fraction
 import pytest
 
 from stepbarrier import ConfigurationError
-from stepbarrier._integrations.wait_until_step import target_step
+from stepbarrier._config.schedule import target_step
 from stepbarrier._protocol.wire import MAX_STEP
 
 
