@@ -27,7 +27,7 @@ from stepbarrier._redis.retries import call_with_retries
 from stepbarrier._redis.subscription import Subscription
 from stepbarrier._worker.snapshot import Snapshot, parse_snapshot
 from stepbarrier._worker.timing import READ, READ_SOURCE, LastChance, Receive, WaitTiming
-from stepbarrier.errors import RedisUnavailable
+from stepbarrier.errors import RedisRefused, RedisUnavailable
 
 log = logging.getLogger("stepbarrier._worker.waiter")
 
@@ -133,22 +133,31 @@ class ChannelWait(Generic[R]):
     def _read_source(self) -> R | None:
         return None  # (only a step wait has an outside witness)
 
-    def _listen(self, released: R | None) -> R:
-        """Act as the rules say until something releases the wait."""
-        timing = self.timing
-        while released is None:
-            action = timing.next_action(self.clock())
-            if isinstance(action, Receive):
-                released = self._receive(action.timeout)
-            elif action is READ:
-                released = self._read()
-            elif action is READ_SOURCE:
-                released = self._read_source()
-            elif isinstance(action, LastChance):
-                released = timing.after_last_chance(action.limit, self._last_chance())
-            else:  # RESUBSCRIBE
-                released = self._reconnect()
-        return released
+    def _listen(self, first: Callable[[], R | None]) -> R:
+        """``first()``, then act as the rules say until something releases the wait. A
+        Redis the retries could not reach, or that refused, ends the wait as the rules
+        say (``on_redis_lost``), or the wait goes on without it, unsubscribed."""
+        timing, act = self.timing, first
+        while True:
+            try:
+                released = act()
+                while released is None:
+                    action = timing.next_action(self.clock())
+                    if isinstance(action, Receive):
+                        released = self._receive(action.timeout)
+                    elif action is READ:
+                        released = self._read()
+                    elif action is READ_SOURCE:
+                        released = self._read_source()
+                    elif isinstance(action, LastChance):
+                        released = timing.after_last_chance(action.limit, self._last_chance())
+                    else:  # RESUBSCRIBE
+                        released = self._reconnect()
+                return released
+            except (RedisUnavailable, RedisRefused) as exc:
+                timing.on_redis_lost(exc)
+                self._close_pubsub()
+                act = _nothing
 
     def _receive(self, timeout: float) -> R | None:
         pubsub = self.pubsub
@@ -221,6 +230,10 @@ class ChannelWait(Generic[R]):
         pubsub, self.pubsub = self.pubsub, None
         if pubsub is not None:
             pubsub.close()
+
+
+def _nothing() -> None:
+    return None
 
 
 class WaiterLink:

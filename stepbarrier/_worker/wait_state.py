@@ -23,7 +23,7 @@ from stepbarrier._protocol.wire import (
 )
 from stepbarrier._worker.snapshot import Snapshot
 from stepbarrier._worker.timing import PROGRESS_EVERY, Limit, WaitTiming
-from stepbarrier.errors import BarrierAborted, BarrierTimeout, RedisUnavailable
+from stepbarrier.errors import BarrierAborted, BarrierTimeout, RedisRefused, RedisUnavailable
 
 Mark = tuple[int, int]
 """Which write a state or announcement is: ``(generation, beat)``, in order."""
@@ -429,9 +429,13 @@ class WaitRules(WaitTiming):
             )
         return self.released(step, by=str(self.outside))
 
-    def on_redis_lost(self, exc: Exception, *, refused: bool) -> None:
-        """Redis is lost, or refuses: the outside witness alone, and Redis tried again
-        every ``REDIS_RETRY_EVERY`` seconds (never after a refusal: that needs an operator)."""
+    def on_redis_lost(self, exc: RedisUnavailable | RedisRefused) -> None:
+        """Without an outside witness, the wait ends; with one, it goes on on the witness
+        alone, and tries Redis again every ``REDIS_RETRY_EVERY`` seconds (never after a
+        refusal: that needs an operator)."""
+        if self.outside is None:
+            super().on_redis_lost(exc)
+        refused = isinstance(exc, RedisRefused)
         now = self.clock()
         self.read_at = math.inf if refused else now + REDIS_RETRY_EVERY
         self.resubscribe = False

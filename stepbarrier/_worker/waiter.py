@@ -252,24 +252,14 @@ class _Wait(ChannelWait[int]):
         )
 
     def run(self) -> int:
-        rules = self.rules
         try:
-            released = self._read_source()  # before Redis is touched
-            subscribe = True
-            while released is None:
-                try:
-                    released = self._listen(self._reconnect() if subscribe else None)
-                except (RedisUnavailable, RedisRefused) as exc:
-                    if self.source is None:
-                        if isinstance(exc, RedisRefused):
-                            raise
-                        raise rules.unreachable(exc) from exc
-                    self._close_pubsub()  # the source alone, until the rules try Redis
-                    rules.on_redis_lost(exc, refused=isinstance(exc, RedisRefused))
-                    subscribe = False
-            return released
+            return self._listen(self._start)
         except _SourceReleased as outcome:
             return int(outcome.args[0])
+
+    def _start(self) -> int | None:
+        released = self._read_source()  # before Redis is touched
+        return self._reconnect() if released is None else released
 
     # -- the outside witness -----------------------------------------------------
 
