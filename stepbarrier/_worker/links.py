@@ -265,20 +265,30 @@ class WaiterLink:
     def register_and_read(self) -> Snapshot:
         """Register (or refresh the entry), then read the state: one round trip."""
         registered, reply = self._code().replies(self._calls, timeout=self._call_timeout())
-        if isinstance(reply, Exception):
-            raise reply
-        if isinstance(registered, Exception):
-            if not is_out_of_memory(registered):
-                raise registered
-            warn_unregistered(self._config.job, registered)
-            return replace(parse_snapshot(reply), full=True)
-        self.registered = True
-        return parse_snapshot(reply)
+        snapshot = registered_read(self._config.job, registered, reply)
+        if not snapshot.full:
+            self.registered = True
+        return snapshot
 
     def leave(self, timeout: float) -> None:
         """Remove the registry entry and its target (one try; raises on failure)."""
         if self.registered:
             self._code().call(*calls.leave_call(self._keys, self.id), timeout=timeout)
+
+
+def registered_read(job: str, registered: Any, read: Any) -> Snapshot:
+    """The read made after a registration whose reply was ``registered`` (``None``: none
+    was sent); raises an error of either, but a full Redis's refusal of the registration
+    (the wait goes on by reading; said once)."""
+    if isinstance(registered, Exception) and not is_out_of_memory(registered):
+        raise registered
+    snapshot = read if isinstance(read, Snapshot | BaseException) else parse_snapshot(read)
+    if isinstance(snapshot, BaseException):
+        raise snapshot
+    if isinstance(registered, Exception):
+        warn_unregistered(job, registered)
+        return replace(snapshot, full=True)
+    return snapshot
 
 
 _unregistered_warned: set[str] = set()
