@@ -91,14 +91,11 @@ class LazyClient:
 
 
 class ChannelWait(Generic[R]):
-    """The I/O of one threaded wait on ``channel``, as its rules (``timing``) say.
-
-    A subclass reads (``_read``) and judges a message (``_on_message``), each
-    returning what releases the wait (``R``) or ``None``. Every call is retried
-    until the wait's nearest limit, each try bounded by the time left to it
-    (``CALL_FLOOR`` at least): the wait ends within its limits against a Redis that
-    hangs too. ``sleep`` sleeps between retries, and while Redis is lost.
-    """
+    """The I/O of one threaded wait on ``channel``, as its rules (``timing``) say: a
+    subclass reads (``_read``) and judges a message (``_on_message``), each returning
+    what releases the wait (``R``) or ``None``. Each try of a call is bounded by the
+    time left to the wait's nearest limit, so that a Redis that hangs cannot hold it
+    past its limits."""
 
     survivable: tuple[type[Exception], ...] = (RedisUnavailable,)
     """What the last chance's read may fail with, the wait going on to its end."""
@@ -239,10 +236,9 @@ def _nothing() -> None:
 class WaiterLink:
     """One step wait's entry in the job's registry, registered by each read.
 
-    ``code`` returns the waiter's code runner, ``call_timeout`` the seconds the next
-    call may take; ``waiter_id``: an id a waiter's earlier wait left (its entry, if
-    still there, is written over: no wake of the chief unless the target is new to the
-    index), a new one if omitted.
+    ``waiter_id``: an id a waiter's earlier wait left, so that its entry, if still
+    there, is written over (no wake of the chief unless the target is new to the
+    index); a new one if omitted.
     """
 
     def __init__(

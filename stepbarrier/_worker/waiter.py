@@ -317,9 +317,9 @@ class _Wait(ChannelWait[int]):
         return super()._subscribe()
 
     def leave(self) -> None:
-        """Unregister (one try within ``LEAVE_WITHIN``, none if Redis is lost or its last
-        call went unanswered: the entry expires by itself), and keep the subscription for
-        the next wait: closing it would cost every release a socket shutdown."""
+        """Unregister (one try, none if Redis is lost or its last call went unanswered:
+        the entry expires), and keep the subscription for the next wait: closing it
+        would cost every release a socket shutdown."""
         if self.rules.redis_lost:
             self._close_pubsub()
             return
