@@ -187,13 +187,10 @@ class SharedSubscription:
             self._shut()
 
     async def ensure(self, timeout: float | None = None) -> int:
-        """The number of a confirmed subscription, opened now if there is none (one
-        try, shared by concurrent callers: one cancelled, or whose ``timeout``
-        passes, does not cancel it for the others).
-
-        Raises:
-            redis.RedisError: It failed, or was not confirmed in time.
-        """
+        """The number of a confirmed subscription, opened now if there is none (one try,
+        shared by concurrent callers: one cancelled, or whose ``timeout`` passes, does
+        not cancel it for the others); ``redis.RedisError`` if it failed or was not
+        confirmed in time."""
         if self._pubsub is not None:
             return self.number
         if self._opening is None:

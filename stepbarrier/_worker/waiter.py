@@ -162,22 +162,12 @@ class StepWaiter(LazyClient):
     def follow(
         self, every: int, start: int | None = None, timeout: float | None = None
     ) -> Iterator[Crossed]:
-        """Yield, in order, every multiple of ``every`` that the chief's step reaches.
-
-        None is skipped: multiples the chief moved past at once are each yielded
-        (``Crossed(multiple, step)``), with the step seen. Each is awaited as ``wait``
-        awaits a step, and raises as it does; the following ends when the job finishes
-        (its last step below the next multiple) or a wait ends under
-        ``on_timeout="proceed"``. ``TypeError``, ``ValueError``: ``every`` or ``start``
-        is not a step.
-
-        Args:
-            every: The interval in steps (a positive integer).
-            start: Yield the multiples from the first at or above ``start``;
-                ``None``: from the first above the step the chief has reached
-                when the following begins.
-            timeout: The limit of each wait for the next multiple (``None``:
-                ``config.timeout``).
+        """Yield, in order, every multiple of ``every`` that the chief's step reaches, none
+        skipped, as ``Crossed(multiple, step)``; ``start`` and ``timeout`` as
+        docs/following.md#in-python says. Each is awaited as ``wait`` awaits a step, and
+        raises as it does (``TypeError``, ``ValueError``: ``every`` or ``start`` is not a
+        step); the following ends when the job finishes short of the next multiple, or a
+        wait ends under ``on_timeout="proceed"``.
 
         Example:
             ```python
