@@ -93,9 +93,9 @@ class LazyClient:
 class ChannelWait(Generic[R]):
     """The I/O of one threaded wait on ``channel``, as its rules (``timing``) say: a
     subclass reads (``_read``) and judges a message (``_on_message``), each returning
-    what releases the wait (``R``) or ``None``. Each try of a call is bounded by the
-    time left to the wait's nearest limit, so that a Redis that hangs cannot hold it
-    past its limits."""
+    what releases the wait (``R``) or ``None``. A call is retried until the wait's
+    nearest limit, each try bounded by the time left to it: a Redis that hangs cannot
+    hold the wait past its limits."""
 
     survivable: tuple[type[Exception], ...] = (RedisUnavailable,)
     """What the last chance's read may fail with, the wait going on to its end."""
