@@ -163,7 +163,7 @@ class BarrierWait(ChannelWait[bool]):
         try:
             if self._arrive(read_marker=wait):
                 return True
-            return self._listen(self._reconnect()) if wait else False
+            return self._listen(self._reconnect) if wait else False
         except RedisUnavailable as exc:
             error = self.rules.unreachable(exc)
             if error is exc:

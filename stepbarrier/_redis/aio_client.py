@@ -29,13 +29,9 @@ from stepbarrier._redis.client import (
 from stepbarrier._redis.failures import REDIS_ERRORS, translate
 from stepbarrier._redis.functions import (
     CodeCommands,
-    explain_refusal,
-    library_loaded,
-    library_source,
+    load_library,
     needs_refresh,
-    no_functions,
     raise_first,
-    raise_if_lost,
 )
 from stepbarrier._redis.retries import retry_settings
 
@@ -210,15 +206,13 @@ class AsyncRedisCode:
         return replies
 
     async def _load_or_explain(self, missing: BaseException) -> None:
-        if no_functions(missing):
-            raise explain_refusal(self._config, missing) from missing
+        """``RedisCode._load_or_explain``."""
+        steps = load_library(self._config, missing)
         async with self._load_lock:
-            loaded = await _reply(self._client.function_load(library_source(), replace=False))
-        raise_if_lost(loaded)
-        if library_loaded(loaded):
-            return
-        listed = await _reply(self._client.function_list(library="stepbarrier_v*"))
-        raise explain_refusal(self._config, missing, listed) from loaded
+            with contextlib.suppress(StopIteration):
+                command = next(steps)
+                while True:
+                    command = steps.send(await _reply(self._client.execute_command(*command)))
 
 
 async def _reply(command: Awaitable[Any]) -> Any:

@@ -5,10 +5,11 @@ who loads the library: docs/reliability-security.md#no-role-runs-code-of-its-own
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
 from redis import exceptions as rex
@@ -330,28 +331,39 @@ class RedisCode:
 
     def _load_or_explain(self, missing: BaseException) -> None:
         with self._lock:  # one thread loads it; the others then find it there
-            self._load_library(missing, self._reply)
+            self._load_library(missing, self._send)
 
-    def _reply(self, command: tuple[Any, ...]) -> Any:
-        try:
-            return self._client.execute_command(*command)  # type: ignore[no-untyped-call]
-        except rex.RedisError as exc:
-            return exc
+    def _send(self, command: tuple[Any, ...]) -> Any:
+        return self._client.execute_command(*command)  # type: ignore[no-untyped-call]
 
     def _load_library(self, missing: BaseException, run: Callable[[tuple[Any, ...]], Any]) -> None:
-        """Load the library with ``run`` (one command: its reply, an error reply in its
-        place), or explain why it cannot be (``RedisRefused``)."""
-        if no_functions(missing):
-            raise explain_refusal(self._config, missing) from missing
-        loaded = run(("FUNCTION LOAD", library_source()))
-        raise_if_lost(loaded)
-        if library_loaded(loaded):
-            return
-        try:
-            listed = run(("FUNCTION LIST", "LIBRARYNAME", "stepbarrier_v*"))
-        except rex.RedisError as exc:
-            listed = exc
-        raise explain_refusal(self._config, missing, listed) from loaded
+        """``load_library``, each command sent with ``run``."""
+        steps = load_library(self._config, missing)
+        with contextlib.suppress(StopIteration):
+            command = next(steps)
+            while True:
+                try:
+                    reply = run(command)
+                except rex.RedisError as exc:
+                    reply = exc
+                command = steps.send(reply)
+
+
+def load_library(config: BarrierConfig, missing: BaseException) -> Generator[Any, Any, None]:
+    """Load the library, or explain why it cannot be (``RedisRefused``): yields the
+    commands to send, and is sent each one's reply (an error reply in its place)."""
+    if no_functions(missing):
+        raise explain_refusal(config, missing) from missing
+    loaded = yield ("FUNCTION LOAD", library_source())
+    if isinstance(loaded, (rex.ConnectionError, rex.TimeoutError)) or (
+        isinstance(loaded, rex.RedisError) and is_transient(loaded)
+    ):
+        # a Redis restarted while loading, a replica not yet synced (READONLY), BUSY,
+        # LOADING: no refusal to load it; the caller retries, or says what it is
+        raise loaded
+    if isinstance(loaded, Exception) and "already exists" not in str(loaded):
+        listed = yield ("FUNCTION LIST", "LIBRARYNAME", "stepbarrier_v*")
+        raise explain_refusal(config, missing, listed) from loaded
 
 
 def _as_sent(calls: Sequence[Call]) -> tuple[list[Call], list[int]]:
@@ -382,22 +394,6 @@ def function_command(name: str, keys: Sequence[Any], args: Sequence[Any]) -> tup
     """The ``FCALL`` (``FCALL_RO`` for read-only code) that runs ``name``."""
     command = "FCALL_RO" if scripts.BODIES[name][1] else "FCALL"
     return (command, function_name(name), len(keys), *keys, *args)
-
-
-def library_loaded(reply: Any) -> bool:
-    """True if ``FUNCTION LOAD``'s reply says the library is there (maybe loaded by another)."""
-    return not isinstance(reply, Exception) or "already exists" in str(reply)
-
-
-def raise_if_lost(reply: Any) -> None:
-    """Raise ``reply`` if it is a failure of the connection or a transient one (a Redis
-    restarted while the library was being loaded, a replica not yet synced answering
-    READONLY, BUSY, LOADING): the caller retries it, or says what it is; it is no
-    refusal to load the library."""
-    if isinstance(reply, (rex.ConnectionError, rex.TimeoutError)) or (
-        isinstance(reply, rex.RedisError) and is_transient(reply)
-    ):
-        raise reply
 
 
 def explain_refusal(

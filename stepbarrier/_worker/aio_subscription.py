@@ -1,22 +1,10 @@
 """The links every wait of an ``AsyncStepWaiter`` shares: one subscription, one connection.
 
-``SharedSubscription`` parses each announcement once and wakes only the waits whose
-target its step reached (bisecting their sorted targets), or all of them for what
-concerns all (a reset, a finished job; a new chief generation, read once for all,
-each wait judging that read without waking unless it ends). The others take in a
-step below their target from ``latest`` when they next act: a chief crossing
-10,000 targets costs each announcement a lookup, not 10,000 wake-ups. A broken
-subscription hands every wait ``Lost``: it subscribes again and reads, as a
-``StepWaiter`` does after a reconnect. The subscription outlives the last wait by
-``fallback_interval``, and the waits' listening timeouts share one timer
-(``Alarms``): a disconnection, or a timer's cancellation (the event loop orders its
-timers in Python), on every release's path would cost each release.
-
-``CallBatcher`` sends the waits' registrations, reads and unregistrations on one
-connection in the order they came, in pipelines of at most ``MAX_BATCH`` calls, one
-at a time, reading the state once per pipeline after its registrations (the
-race-free order); a wait whose entry is fresh does not register again, so 2,000
-waits reading at once (a new chief generation) cost one read.
+A chief crossing 10,000 targets must cost each announcement a lookup, not 10,000
+wake-ups: ``SharedSubscription`` wakes only the waits it concerns, their listening
+timeouts share one timer (``Alarms``: the event loop orders its timers in Python),
+and ``CallBatcher`` sends their calls in pipelines, so 2,000 waits reading at once
+(a new chief generation) cost one read.
 """
 
 from __future__ import annotations
@@ -30,7 +18,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -42,9 +30,8 @@ from stepbarrier._protocol.keys import JobKeys
 from stepbarrier._protocol.wire import StepAnnouncement, parse_announcement, preview
 from stepbarrier._redis.aio_client import AsyncRedisCode, within
 from stepbarrier._redis.client import CONNECT_TIMEOUT
-from stepbarrier._redis.functions import is_out_of_memory
 from stepbarrier._redis.subscription import SubscriptionLost
-from stepbarrier._worker.links import wait_read_call, warn_unregistered
+from stepbarrier._worker.links import registered_read, wait_read_call
 from stepbarrier._worker.snapshot import Snapshot, parse_snapshot
 
 log = logging.getLogger("stepbarrier.aio")
@@ -125,7 +112,16 @@ class Alarms:
 class SharedSubscription:
     """The job's subscription and the mailboxes it feeds. ``connect(lost_before)``
     returns the client to subscribe on and whether the channel is sharded; ``read``
-    reads the state once, for every wait."""
+    reads the state once, for every wait.
+
+    Each announcement is parsed once and wakes the waits whose target its step
+    reached (bisecting their sorted targets), or all of them for a reset or a
+    finished job; a new chief generation is read once for all, each wait judging
+    that read. The others take in a step below their target from ``latest`` when
+    they next act. A broken subscription hands every wait ``Lost``: it subscribes
+    again and reads, as a ``StepWaiter`` does. The subscription outlives the last
+    wait by ``fallback_interval``: a disconnection on every release's path would
+    cost each release."""
 
     def __init__(
         self,
@@ -191,13 +187,10 @@ class SharedSubscription:
             self._shut()
 
     async def ensure(self, timeout: float | None = None) -> int:
-        """The number of a confirmed subscription, opened now if there is none (one
-        try, shared by concurrent callers: one cancelled, or whose ``timeout``
-        passes, does not cancel it for the others).
-
-        Raises:
-            redis.RedisError: It failed, or was not confirmed in time.
-        """
+        """The number of a confirmed subscription, opened now if there is none (one try,
+        shared by concurrent callers: one cancelled, or whose ``timeout`` passes, does
+        not cancel it for the others); ``redis.RedisError`` if it failed or was not
+        confirmed in time."""
         if self._pubsub is not None:
             return self.number
         if self._opening is None:
@@ -361,8 +354,9 @@ class _Request:
 
 
 class CallBatcher:
-    """Queues the waits' calls and sends them in pipelines, one at a time (``code``
-    returns the code runner)."""
+    """Queues the waits' calls and sends them in the order they came, in pipelines of
+    at most ``MAX_BATCH`` calls, one at a time, reading the state once per pipeline
+    after its registrations (the race-free order); ``code`` returns the code runner."""
 
     def __init__(self, code: Callable[[], AsyncRedisCode], keys: JobKeys) -> None:
         self._code = code
@@ -437,22 +431,16 @@ class CallBatcher:
             future = request.future
             if future.done():
                 continue  # its wait was cancelled
-            refused = reply if isinstance(reply, Exception) else None
-            if refused is not None and not (
-                # a full Redis refuses the registration, not the read: go on reading
-                request.reads and is_out_of_memory(refused) and isinstance(snapshot, Snapshot)
-            ):
-                future.set_exception(refused)
-            elif not request.reads:
-                future.set_result(None)
-            elif not isinstance(snapshot, Snapshot):
-                assert snapshot is not None  # (read by this batch)
-                future.set_exception(snapshot)
-            elif refused is not None:
-                warn_unregistered(self._job, refused)
-                future.set_result(replace(snapshot, full=True))
-            else:
-                future.set_result(snapshot)
+            if not request.reads:
+                if isinstance(reply, Exception):
+                    future.set_exception(reply)
+                else:
+                    future.set_result(None)
+                continue
+            try:
+                future.set_result(registered_read(self._job, reply, snapshot))
+            except Exception as exc:
+                future.set_exception(exc)
 
     @staticmethod
     def _fail(batch: list[_Request], exc: BaseException) -> None:

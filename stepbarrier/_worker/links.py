@@ -27,7 +27,7 @@ from stepbarrier._redis.retries import call_with_retries
 from stepbarrier._redis.subscription import Subscription
 from stepbarrier._worker.snapshot import Snapshot, parse_snapshot
 from stepbarrier._worker.timing import READ, READ_SOURCE, LastChance, Receive, WaitTiming
-from stepbarrier.errors import RedisUnavailable
+from stepbarrier.errors import RedisRefused, RedisUnavailable
 
 log = logging.getLogger("stepbarrier._worker.waiter")
 
@@ -91,14 +91,11 @@ class LazyClient:
 
 
 class ChannelWait(Generic[R]):
-    """The I/O of one threaded wait on ``channel``, as its rules (``timing``) say.
-
-    A subclass reads (``_read``) and judges a message (``_on_message``), each
-    returning what releases the wait (``R``) or ``None``. Every call is retried
-    until the wait's nearest limit, each try bounded by the time left to it
-    (``CALL_FLOOR`` at least): the wait ends within its limits against a Redis that
-    hangs too. ``sleep`` sleeps between retries, and while Redis is lost.
-    """
+    """The I/O of one threaded wait on ``channel``, as its rules (``timing``) say: a
+    subclass reads (``_read``) and judges a message (``_on_message``), each returning
+    what releases the wait (``R``) or ``None``. A call is retried until the wait's
+    nearest limit, each try bounded by the time left to it: a Redis that hangs cannot
+    hold the wait past its limits."""
 
     survivable: tuple[type[Exception], ...] = (RedisUnavailable,)
     """What the last chance's read may fail with, the wait going on to its end."""
@@ -133,22 +130,31 @@ class ChannelWait(Generic[R]):
     def _read_source(self) -> R | None:
         return None  # (only a step wait has an outside witness)
 
-    def _listen(self, released: R | None) -> R:
-        """Act as the rules say until something releases the wait."""
-        timing = self.timing
-        while released is None:
-            action = timing.next_action(self.clock())
-            if isinstance(action, Receive):
-                released = self._receive(action.timeout)
-            elif action is READ:
-                released = self._read()
-            elif action is READ_SOURCE:
-                released = self._read_source()
-            elif isinstance(action, LastChance):
-                released = timing.after_last_chance(action.limit, self._last_chance())
-            else:  # RESUBSCRIBE
-                released = self._reconnect()
-        return released
+    def _listen(self, first: Callable[[], R | None]) -> R:
+        """``first()``, then act as the rules say until something releases the wait. A
+        Redis the retries could not reach, or that refused, ends the wait as the rules
+        say (``on_redis_lost``), or the wait goes on without it, unsubscribed."""
+        timing, act = self.timing, first
+        while True:
+            try:
+                released = act()
+                while released is None:
+                    action = timing.next_action(self.clock())
+                    if isinstance(action, Receive):
+                        released = self._receive(action.timeout)
+                    elif action is READ:
+                        released = self._read()
+                    elif action is READ_SOURCE:
+                        released = self._read_source()
+                    elif isinstance(action, LastChance):
+                        released = timing.after_last_chance(action.limit, self._last_chance())
+                    else:  # RESUBSCRIBE
+                        released = self._reconnect()
+                return released
+            except (RedisUnavailable, RedisRefused) as exc:
+                timing.on_redis_lost(exc)
+                self._close_pubsub()
+                act = _nothing
 
     def _receive(self, timeout: float) -> R | None:
         pubsub = self.pubsub
@@ -223,13 +229,16 @@ class ChannelWait(Generic[R]):
             pubsub.close()
 
 
+def _nothing() -> None:
+    return None
+
+
 class WaiterLink:
     """One step wait's entry in the job's registry, registered by each read.
 
-    ``code`` returns the waiter's code runner, ``call_timeout`` the seconds the next
-    call may take; ``waiter_id``: an id a waiter's earlier wait left (its entry, if
-    still there, is written over: no wake of the chief unless the target is new to the
-    index), a new one if omitted.
+    ``waiter_id``: an id a waiter's earlier wait left, so that its entry, if still
+    there, is written over (no wake of the chief unless the target is new to the
+    index); a new one if omitted.
     """
 
     def __init__(
@@ -252,20 +261,30 @@ class WaiterLink:
     def register_and_read(self) -> Snapshot:
         """Register (or refresh the entry), then read the state: one round trip."""
         registered, reply = self._code().replies(self._calls, timeout=self._call_timeout())
-        if isinstance(reply, Exception):
-            raise reply
-        if isinstance(registered, Exception):
-            if not is_out_of_memory(registered):
-                raise registered
-            warn_unregistered(self._config.job, registered)
-            return replace(parse_snapshot(reply), full=True)
-        self.registered = True
-        return parse_snapshot(reply)
+        snapshot = registered_read(self._config.job, registered, reply)
+        if not snapshot.full:
+            self.registered = True
+        return snapshot
 
     def leave(self, timeout: float) -> None:
         """Remove the registry entry and its target (one try; raises on failure)."""
         if self.registered:
             self._code().call(*calls.leave_call(self._keys, self.id), timeout=timeout)
+
+
+def registered_read(job: str, registered: Any, read: Any) -> Snapshot:
+    """The read made after a registration whose reply was ``registered`` (``None``: none
+    was sent); raises an error of either, but a full Redis's refusal of the registration
+    (the wait goes on by reading; said once)."""
+    if isinstance(registered, Exception) and not is_out_of_memory(registered):
+        raise registered
+    snapshot = read if isinstance(read, Snapshot | BaseException) else parse_snapshot(read)
+    if isinstance(snapshot, BaseException):
+        raise snapshot
+    if isinstance(registered, Exception):
+        warn_unregistered(job, registered)
+        return replace(snapshot, full=True)
+    return snapshot
 
 
 _unregistered_warned: set[str] = set()

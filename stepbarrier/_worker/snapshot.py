@@ -12,21 +12,12 @@ from stepbarrier._protocol.wire import ChiefState, parse_int, parse_state
 
 @dataclass(frozen=True)
 class Snapshot:
-    """What one ``register_and_read`` read.
+    """What one ``register_and_read`` read."""
 
-    Attributes:
-        now_ms: Redis's clock, in milliseconds (for operators' views only).
-        reset_marker: The job's reset marker (an opaque token), if one is there.
-        state: The chief's stored state (empty, possibly with a problem, if absent
-            or malformed).
-        full: Redis refused the wait's registration because it is out of memory
-            (so it refuses the chief's writes too).
-    """
-
-    now_ms: int
-    reset_marker: str | None
-    state: ChiefState
-    full: bool = False
+    now_ms: int  # Redis's clock (for operators' views only)
+    reset_marker: str | None  # an opaque token
+    state: ChiefState  # empty, possibly with a problem, if absent or malformed
+    full: bool = False  # Redis refused the registration: out of memory (the chief's too)
 
 
 def parse_snapshot(reply: Any) -> Snapshot:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from stepbarrier.errors import BarrierTimeout, TimeoutLimit
+from stepbarrier.errors import BarrierTimeout, RedisRefused, RedisUnavailable, TimeoutLimit
 
 PROGRESS_EVERY = 30.0
 """Seconds between progress lines while a wait goes on."""
@@ -104,7 +104,19 @@ class WaitTiming:
             f"gave up after {self.clock() - self.started:.1f} s ({limit})", limit=limit
         )
 
+    def unreachable(self, exc: RedisUnavailable) -> BarrierTimeout | RedisUnavailable:
+        """The error for a wait whose retries ran out (``exc``, or a timeout)."""
+        return exc
+
     # -- the decisions -------------------------------------------------------------
+
+    def on_redis_lost(self, exc: RedisUnavailable | RedisRefused) -> None:
+        """Redis stayed unreachable through the retries, or refused: raise what ends the
+        wait (a refusal as it is; a subclass may go on without Redis)."""
+        error = exc if isinstance(exc, RedisRefused) else self.unreachable(exc)
+        if error is exc:
+            raise exc
+        raise error from exc
 
     def subscribed(self) -> None:
         self.resubscribe = False

@@ -23,7 +23,7 @@ from stepbarrier._protocol.wire import (
 )
 from stepbarrier._worker.snapshot import Snapshot
 from stepbarrier._worker.timing import PROGRESS_EVERY, Limit, WaitTiming
-from stepbarrier.errors import BarrierAborted, BarrierTimeout, RedisUnavailable
+from stepbarrier.errors import BarrierAborted, BarrierTimeout, RedisRefused, RedisUnavailable
 
 Mark = tuple[int, int]
 """Which write a state or announcement is: ``(generation, beat)``, in order."""
@@ -179,49 +179,42 @@ class WaitRules(WaitTiming):
             return None
         if announcement.reset:
             return READ_NOW  # a hint: the reset marker decides
-        step, generation = announcement.step, announcement.generation
-        assert step is not None and generation is not None
-        if announcement.run_id != self.run_id or generation < self.generation:
+        if not self.take_in(announcement, self.clock()):
             # another run's chief (it neither releases nor aborts us), or an older
             # chief's write, overtaken by what we read
             return None
-        mark = (generation, announcement.beat)
-        now = self.clock()
-        self._observed(mark, now, announcement.idle_ms)
+        step, generation = announcement.step, announcement.generation
+        assert step is not None and generation is not None
         if generation > self.generation:
             # a generation not read yet: the state and reset marker decide, and no
             # lower generation counts from now on (the model's zombie-after-finish)
             self.generation = generation
             return READ_NOW
-        read_mark = self.read_mark
-        if read_mark is None or mark >= read_mark:  # not an older write announced late
-            if step != self.last_step:
-                self.last_progress = now
-            self.last_step = step
         done, pinned = announcement.done, announcement.pinned
         if step >= self.target and announcement.vouch and not (done or pinned):
             # (_judge's release of a live, vouched step: the release of most waits)
             return self.released(step, "an announcement")
         return self._judge(step, announcement, live=True, by="an announcement")
 
-    def take_in(self, announcement: StepAnnouncement | None, at: float) -> None:
-        """Take in, as ``on_announcement`` does but never a release or an abort, an
-        announcement heard at ``clock()`` time ``at`` that ``AsyncStepWaiter``'s shared
-        subscription judged not to concern this wait (inline in ``on_announcement``:
-        every wake runs it)."""
+    def take_in(self, announcement: StepAnnouncement | None, at: float) -> bool:
+        """Take in an announcement heard at ``clock()`` time ``at``, never a release or an
+        abort (``on_announcement`` judges it then; ``AsyncStepWaiter``'s waits take in so
+        those their shared subscription judged not to concern them): False if it is
+        another run's, or of an older chief generation than the wait has read."""
         self.reads_without_message = 0
         if announcement is None or announcement.step is None or announcement.generation is None:
-            return
+            return False
         if announcement.run_id != self.run_id or announcement.generation < self.generation:
-            return
+            return False
         mark = (announcement.generation, announcement.beat)
         self._observed(mark, at, announcement.idle_ms)
         if announcement.generation == self.generation and (
-            self.read_mark is None or mark >= self.read_mark
+            self.read_mark is None or mark >= self.read_mark  # not an older write, late
         ):
             if announcement.step != self.last_step and at > self.last_progress:
                 self.last_progress = at
             self.last_step = announcement.step
+        return True
 
     def on_snapshot(self, snapshot: Snapshot, after: StepAnnouncement | None = None) -> int | None:
         """Judge a read of the stored state (the truth): the releasing step, or ``None``;
@@ -429,9 +422,13 @@ class WaitRules(WaitTiming):
             )
         return self.released(step, by=str(self.outside))
 
-    def on_redis_lost(self, exc: Exception, *, refused: bool) -> None:
-        """Redis is lost, or refuses: the outside witness alone, and Redis tried again
-        every ``REDIS_RETRY_EVERY`` seconds (never after a refusal: that needs an operator)."""
+    def on_redis_lost(self, exc: RedisUnavailable | RedisRefused) -> None:
+        """Without an outside witness, the wait ends; with one, it goes on on the witness
+        alone, and tries Redis again every ``REDIS_RETRY_EVERY`` seconds (never after a
+        refusal: that needs an operator)."""
+        if self.outside is None:
+            super().on_redis_lost(exc)
+        refused = isinstance(exc, RedisRefused)
         now = self.clock()
         self.read_at = math.inf if refused else now + REDIS_RETRY_EVERY
         self.resubscribe = False

@@ -162,22 +162,12 @@ class StepWaiter(LazyClient):
     def follow(
         self, every: int, start: int | None = None, timeout: float | None = None
     ) -> Iterator[Crossed]:
-        """Yield, in order, every multiple of ``every`` that the chief's step reaches.
-
-        None is skipped: multiples the chief moved past at once are each yielded
-        (``Crossed(multiple, step)``), with the step seen. Each is awaited as ``wait``
-        awaits a step, and raises as it does; the following ends when the job finishes
-        (its last step below the next multiple) or a wait ends under
-        ``on_timeout="proceed"``. ``TypeError``, ``ValueError``: ``every`` or ``start``
-        is not a step.
-
-        Args:
-            every: The interval in steps (a positive integer).
-            start: Yield the multiples from the first at or above ``start``;
-                ``None``: from the first above the step the chief has reached
-                when the following begins.
-            timeout: The limit of each wait for the next multiple (``None``:
-                ``config.timeout``).
+        """Yield, in order, every multiple of ``every`` that the chief's step reaches, none
+        skipped, as ``Crossed(multiple, step)``; ``start`` and ``timeout`` as
+        docs/following.md#in-python says. Each is awaited as ``wait`` awaits a step, and
+        raises as it does (``TypeError``, ``ValueError``: ``every`` or ``start`` is not a
+        step); the following ends when the job finishes short of the next multiple, or a
+        wait ends under ``on_timeout="proceed"``.
 
         Example:
             ```python
@@ -252,24 +242,14 @@ class _Wait(ChannelWait[int]):
         )
 
     def run(self) -> int:
-        rules = self.rules
         try:
-            released = self._read_source()  # before Redis is touched
-            subscribe = True
-            while released is None:
-                try:
-                    released = self._listen(self._reconnect() if subscribe else None)
-                except (RedisUnavailable, RedisRefused) as exc:
-                    if self.source is None:
-                        if isinstance(exc, RedisRefused):
-                            raise
-                        raise rules.unreachable(exc) from exc
-                    self._close_pubsub()  # the source alone, until the rules try Redis
-                    rules.on_redis_lost(exc, refused=isinstance(exc, RedisRefused))
-                    subscribe = False
-            return released
+            return self._listen(self._start)
         except _SourceReleased as outcome:
             return int(outcome.args[0])
+
+    def _start(self) -> int | None:
+        released = self._read_source()  # before Redis is touched
+        return self._reconnect() if released is None else released
 
     # -- the outside witness -----------------------------------------------------
 
@@ -327,9 +307,9 @@ class _Wait(ChannelWait[int]):
         return super()._subscribe()
 
     def leave(self) -> None:
-        """Unregister (one try within ``LEAVE_WITHIN``, none if Redis is lost or its last
-        call went unanswered: the entry expires by itself), and keep the subscription for
-        the next wait: closing it would cost every release a socket shutdown."""
+        """Unregister (one try, none if Redis is lost or its last call went unanswered:
+        the entry expires), and keep the subscription for the next wait: closing it
+        would cost every release a socket shutdown."""
         if self.rules.redis_lost:
             self._close_pubsub()
             return
