@@ -80,11 +80,15 @@ def exit_codes(
 ) -> str:
     """The "Exit codes:" epilog of one command: only the codes it can end with.
 
-    Each entry is a code (with its usual words) or ``(code, words)``; 130
-    (Ctrl-C) and 1 (a bug) end every list unless given.
+    Each entry is a code (with its usual words) or ``(code, words)``; 2 (usage)
+    follows the first unless given, and 130 (Ctrl-C) and 1 (a bug) end every list
+    unless given.
     """
     rows = [entry if isinstance(entry, tuple) else (entry, _EXIT_TEXT[entry]) for entry in entries]
     given = {code for code, _ in rows}
+    if EXIT_USAGE not in given:  # every command can be given a bad option
+        rows.insert(1, (EXIT_USAGE, _EXIT_TEXT[EXIT_USAGE]))
+        given.add(EXIT_USAGE)
     if EXIT_UNAVAILABLE in given and EXIT_BUSY not in given:
         # a command that can find Redis unreachable can find it busy: BUSY is
         # a RedisUnavailable too, told apart by its exit code
@@ -486,10 +490,34 @@ verbosity_options = _options(
 (``stepbarrier --debug status`` is ``stepbarrier status --debug``)."""
 
 
-reporting_warnings = functools.partial(reporting, quiet_level=logging.WARNING)
-"""``reporting`` that also shows the library's warnings without ``--verbose``: for a
-command that may run long (``wait``, ``arrive``, ``exporter``), a lost connection or
-a stalled chief is news while it runs, not only in the last line."""
+def command(
+    *codes: int | tuple[int, str],
+    options: Callable[[F], F] | None = connection_options,
+    group: click.Group | None = None,
+    long_running: bool = False,
+    epilog: str = "",
+) -> Callable[[Callable[..., Any]], click.Command]:
+    """A ``stepbarrier`` command (of ``group``, if given): ``options`` before its own,
+    ``--debug``/``--verbose`` after them, errors turned into one line and an exit code
+    (``reporting``), and an epilog listing ``codes`` (``exit_codes``), then ``epilog``.
+
+    ``long_running`` shows the library's warnings without ``--verbose`` too: for a
+    command that may run long (``wait``, ``arrive``, ``exporter``), a lost
+    connection or a stalled chief is news while it runs, not only in the last line.
+    """
+
+    def decorate(function: Callable[..., Any]) -> click.Command:
+        # reporting's options go last in --help, the command's own before them
+        own = function.__dict__.pop("__click_params__", [])
+        quiet_level = logging.WARNING if long_running else logging.CRITICAL
+        run: Any = reporting(function, quiet_level=quiet_level)
+        run.__click_params__.extend(own)
+        if options is not None:
+            run = options(run)
+        make = click.command if group is None else group.command
+        return make(epilog=exit_codes(*codes) + epilog)(run)
+
+    return decorate
 
 
 def fail(exc: BaseException, session: _Session) -> None:

@@ -22,15 +22,12 @@ from stepbarrier._config.checks import MAX_JOB_NAME
 from stepbarrier._inspect.listing import MAX_JOBS, list_jobs, validate_patterns
 from stepbarrier._redis.failures import describe_redis
 from stepbarrier.cli._context import (
-    EXIT_BUSY,
     EXIT_OK,
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
     Duration,
+    command,
     current_session,
-    exit_codes,
-    reporting,
-    reporting_warnings,
     server_options,
 )
 from stepbarrier.cli._exporter import (
@@ -104,8 +101,7 @@ def _pattern_option(metavar: str, help: str) -> Callable[[F], F]:
     )
 
 
-@click.command(epilog=exit_codes(EXIT_OK, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_BUSY))
-@server_options
+@command(EXIT_OK, EXIT_UNAVAILABLE, options=server_options)
 @_pattern_option(
     "PATTERN", "Only the jobs whose names match: a name, or a glob such as 'team-a-*'."
 )
@@ -116,7 +112,6 @@ def _pattern_option(metavar: str, help: str) -> Callable[[F], F]:
     help='Print one JSON object: "jobs" (one object per job), "complete", "scan_complete" '
     'and "patterns" (per pattern: jobs found, jobs read, "truncated").',
 )
-@reporting
 def jobs(patterns: tuple[str, ...], as_json: bool) -> None:
     """List every job on this Redis: run, step, heartbeat and who waits.
 
@@ -141,13 +136,12 @@ def jobs(patterns: tuple[str, ...], as_json: bool) -> None:
         click.echo(f"Warning: {line}", err=True)
 
 
-@click.command(
-    epilog=exit_codes(
-        (EXIT_OK, "stopped by Ctrl-C or SIGTERM"),
-        (EXIT_USAGE, "usage or configuration error, or the port is taken"),
-    )
+@command(
+    (EXIT_OK, "stopped by Ctrl-C or SIGTERM"),
+    (EXIT_USAGE, "usage or configuration error, or the port is taken"),
+    options=server_options,
+    long_running=True,  # Redis outages are logged
 )
-@server_options
 @click.option(
     "--port",
     type=click.IntRange(0, 65535),
@@ -179,7 +173,6 @@ def jobs(patterns: tuple[str, ...], as_json: bool) -> None:
     show_default=True,
     help="Serve a reading of Redis again to scrapes this soon after it.",
 )
-@reporting_warnings  # Redis outages are logged
 def exporter(
     port: int, bind: str, patterns: tuple[str, ...], max_jobs: int, min_interval: float
 ) -> None:

@@ -28,12 +28,9 @@ from stepbarrier.cli._context import (
     EXIT_STALE,
     EXIT_STUCK,
     EXIT_UNAVAILABLE,
-    EXIT_USAGE,
     Duration,
-    connection_options,
+    command,
     current_session,
-    exit_codes,
-    reporting,
     stall_timeout_option,
     stopped_like_ctrl_c,
 )
@@ -58,19 +55,14 @@ STRAGGLER_STEPS = click.option(
 )
 
 
-@click.command(
-    epilog=exit_codes(
-        (EXIT_OK, "success (with --check: the job is live, or done)"),
-        EXIT_USAGE,
-        EXIT_UNAVAILABLE,
-        EXIT_BUSY,
-        (EXIT_NO_JOB, "with --check: no such job on this Redis"),
-        EXIT_DEAD,
-        EXIT_STALE,
-        EXIT_STUCK,
-    )
+@command(
+    (EXIT_OK, "success (with --check: the job is live, or done)"),
+    EXIT_UNAVAILABLE,
+    (EXIT_NO_JOB, "with --check: no such job on this Redis"),
+    EXIT_DEAD,
+    EXIT_STALE,
+    EXIT_STUCK,
 )
-@connection_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option(
     "--check",
@@ -83,7 +75,6 @@ STRAGGLER_STEPS = click.option(
     f"for longer while the chief advances is stuck (default {DEFAULT_STALL_TIMEOUT:g} s)."
 )
 @STRAGGLER_STEPS
-@reporting
 def status(as_json: bool, check: bool, straggler_steps: int | None) -> None:
     """Show the chief's step, heartbeat and the waiting workers.
 
@@ -168,15 +159,11 @@ PIPED_EVERY = 30.0
 """Piped, ``watch`` prints a frame when the job changes, and at least this often."""
 
 
-@click.command(
-    epilog=exit_codes(
-        (EXIT_OK, "stopped by Ctrl-C, SIGTERM or SIGHUP, or (--until-done) the job is done"),
-        EXIT_USAGE,
-        (EXIT_UNAVAILABLE, "Redis unreachable at the first read (later outages are shown)"),
-        (EXIT_BUSY, "Redis busy running a script at the first read (later, it is shown)"),
-    )
+@command(
+    (EXIT_OK, "stopped by Ctrl-C, SIGTERM or SIGHUP, or (--until-done) the job is done"),
+    (EXIT_UNAVAILABLE, "Redis unreachable at the first read (later outages are shown)"),
+    (EXIT_BUSY, "Redis busy running a script at the first read (later, it is shown)"),
 )
-@connection_options
 @click.option("--until-done", is_flag=True, help="Stop (exit 0) once the chief marks the job done.")
 @click.option(
     "--interval",
@@ -190,7 +177,6 @@ PIPED_EVERY = 30.0
     f"(default {DEFAULT_STALL_TIMEOUT:g} s)."
 )
 @STRAGGLER_STEPS
-@reporting
 def watch(until_done: bool, interval: float, straggler_steps: int | None) -> None:
     """A live view of the job: each waiting worker's progress toward its step.
 

@@ -27,11 +27,8 @@ from stepbarrier.cli._context import (
     EXIT_TIMEOUT,
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
-    connection_options,
+    command,
     current_session,
-    exit_codes,
-    reporting,
-    reporting_warnings,
     stopped_like_ctrl_c,
     variable_option,
     wait_options,
@@ -42,16 +39,13 @@ from stepbarrier.cli._wait_progress import WaitProgress
 from stepbarrier.errors import RedisUnavailable
 
 
-@click.command(
-    epilog=exit_codes(
-        (EXIT_OK, "the step came (it is printed on stdout)"),
-        EXIT_USAGE,
-        EXIT_TIMEOUT,
-        EXIT_ABORTED,
-        EXIT_UNAVAILABLE,
-    )
+@command(
+    (EXIT_OK, "the step came (it is printed on stdout)"),
+    EXIT_TIMEOUT,
+    EXIT_ABORTED,
+    EXIT_UNAVAILABLE,
+    long_running=True,
 )
-@connection_options
 @variable_option(
     "--until",
     variable="STEPBARRIER_WAIT_UNTIL_STEP",
@@ -68,7 +62,6 @@ from stepbarrier.errors import RedisUnavailable
     "waited_seconds, released_by.",
 )
 @click.option("--quiet", "-q", is_flag=True, help="Show no progress on stderr.")
-@reporting_warnings
 def wait(as_json: bool, quiet: bool, **_: Any) -> None:
     """Wait like a worker until the chief's step reaches N; print the step seen.
 
@@ -98,18 +91,15 @@ def wait(as_json: bool, quiet: bool, **_: Any) -> None:
     click.echo(json.dumps({**data, "released_by": waiter.last_released_by}, sort_keys=True))
 
 
-@click.command(
-    epilog=exit_codes(
-        (EXIT_OK, "published"),
-        (
-            EXIT_USAGE,
-            "usage, configuration, authentication or permission error; also "
-            "refused because a chief still heartbeats (--force overrides)",
-        ),
-        EXIT_UNAVAILABLE,
-    )
+@command(
+    (EXIT_OK, "published"),
+    (
+        EXIT_USAGE,
+        "usage, configuration, authentication or permission error; also "
+        "refused because a chief still heartbeats (--force overrides)",
+    ),
+    EXIT_UNAVAILABLE,
 )
-@connection_options
 @click.argument("step", type=click.IntRange(0, MAX_STEP))
 @click.option(
     "--done", is_flag=True, help="Also mark the job finished (aborts workers still waiting)."
@@ -119,7 +109,6 @@ def wait(as_json: bool, quiet: bool, **_: Any) -> None:
     is_flag=True,
     help="Publish even while a chief heartbeats: that chief is superseded for good.",
 )
-@reporting
 def publish(step: int, done: bool, force: bool) -> None:
     """Pin the job's step: release every worker waiting for STEP or less.
 
@@ -169,17 +158,12 @@ class ChiefIsLive(click.ClickException):
     exit_code = EXIT_USAGE
 
 
-@click.command(
-    epilog=exit_codes(
-        (EXIT_OK, "reset"),
-        EXIT_USAGE,
-        EXIT_UNAVAILABLE,
-        (EXIT_NO_JOB, "no such job on this Redis: nothing was reset"),
-    )
+@command(
+    (EXIT_OK, "reset"),
+    EXIT_UNAVAILABLE,
+    (EXIT_NO_JOB, "no such job on this Redis: nothing was reset"),
 )
-@connection_options
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
-@reporting
 def reset(yes: bool) -> None:
     """Delete the job's keys; workers still waiting are aborted (exit 4), not left hanging.
 
