@@ -273,13 +273,8 @@ class JobsCollector:
 
     def collect(self) -> Iterator[Metric]:
         """The metrics of the current reading (read now if the last one is too old)."""
-        from prometheus_client.core import GaugeMetricFamily
-
         reading = self.reading()
-        for name, (text, value_of) in SERVER_GAUGES.items():
-            value = value_of(reading)
-            if value is not None:
-                yield GaugeMetricFamily(name, text, value=value)
+        yield from _families(SERVER_GAUGES, [], [((), reading)])
         listing = reading.listing
         if listing is None:
             return
@@ -300,7 +295,8 @@ def _families(
     labels: list[str],
     rows: Sequence[tuple[tuple[str, ...], T]],
 ) -> Iterator[Metric]:
-    """One gauge family per entry of ``gauges``, a series per row whose value is not ``None``."""
+    """One gauge family per entry of ``gauges``, a series per row whose value is not
+    ``None``; a family without labels is left out when it has no series."""
     from prometheus_client.core import GaugeMetricFamily
 
     for name, (text, value_of) in gauges.items():
@@ -309,7 +305,8 @@ def _families(
             value = value_of(row)
             if value is not None:
                 family.add_metric(list(label_values), float(value))
-        yield family
+        if labels or family.samples:
+            yield family
 
 
 TaskReader = Callable[[BarrierConfig, list[str]], dict[str, tuple[TaskProgress, ...]]]
