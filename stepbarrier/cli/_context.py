@@ -76,25 +76,28 @@ _EXIT_TEXT = {
 
 
 def exit_codes(
-    *entries: int | tuple[int, str], heading: str = "Exit codes:", width: int = 3
+    *entries: int | tuple[int, str],
+    redis: bool = False,
+    heading: str = "Exit codes:",
+    width: int = 3,
 ) -> str:
     """The "Exit codes:" epilog of one command: only the codes it can end with.
 
-    Each entry is a code (with its usual words) or ``(code, words)``; 2 (usage)
-    follows the first unless given, and 130 (Ctrl-C) and 1 (a bug) end every list
-    unless given.
+    Each entry is a code (with its usual words) or ``(code, words)``. Unless given,
+    2 (usage) is added, 5 and 8 too for a command that reads Redis (``redis``), each
+    in its place in the group's list; 130 (Ctrl-C) and 1 (a bug) end every list.
     """
     rows = [entry if isinstance(entry, tuple) else (entry, _EXIT_TEXT[entry]) for entry in entries]
-    given = {code for code, _ in rows}
-    if EXIT_USAGE not in given:  # every command can be given a bad option
-        rows.insert(1, (EXIT_USAGE, _EXIT_TEXT[EXIT_USAGE]))
-        given.add(EXIT_USAGE)
-    if EXIT_UNAVAILABLE in given and EXIT_BUSY not in given:
-        # a command that can find Redis unreachable can find it busy: BUSY is
-        # a RedisUnavailable too, told apart by its exit code
-        at = [code for code, _ in rows].index(EXIT_UNAVAILABLE) + 1
-        rows.insert(at, (EXIT_BUSY, _EXIT_TEXT[EXIT_BUSY]))
-        given.add(EXIT_BUSY)
+    order = list(_EXIT_TEXT)
+    # a command that can find Redis unreachable can find it busy: BUSY is a
+    # RedisUnavailable too, told apart by its exit code
+    for implied in EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_BUSY:
+        given = [code for code, _ in rows]
+        wanted = implied == EXIT_USAGE or redis or EXIT_UNAVAILABLE in given
+        if wanted and implied not in given:
+            later = (i for i, code in enumerate(given) if order.index(code) > order.index(implied))
+            rows.insert(next(later, len(rows)), (implied, _EXIT_TEXT[implied]))
+    given = [code for code, _ in rows]
     rows += [
         (code, _EXIT_TEXT[code]) for code in (EXIT_INTERRUPTED, EXIT_FAILED) if code not in given
     ]
@@ -495,11 +498,13 @@ def command(
     options: Callable[[F], F] | None = connection_options,
     group: click.Group | None = None,
     long_running: bool = False,
+    redis_errors: bool = True,
     epilog: str = "",
 ) -> Callable[[Callable[..., Any]], click.Command]:
     """A ``stepbarrier`` command (of ``group``, if given): ``options`` before its own,
     ``--debug``/``--verbose`` after them, errors turned into one line and an exit code
-    (``reporting``), and an epilog listing ``codes`` (``exit_codes``), then ``epilog``.
+    (``reporting``), and an epilog listing ``codes`` (``exit_codes``; with ``options``,
+    Redis unreachable or busy too unless ``redis_errors`` is false), then ``epilog``.
 
     ``long_running`` shows the library's warnings without ``--verbose`` too: for a
     command that may run long (``wait``, ``arrive``, ``exporter``), a lost
@@ -515,7 +520,8 @@ def command(
         if options is not None:
             run = options(run)
         make = click.command if group is None else group.command
-        return make(epilog=exit_codes(*codes) + epilog)(run)
+        redis = redis_errors and options is not None
+        return make(epilog=exit_codes(*codes, redis=redis) + epilog)(run)
 
     return decorate
 

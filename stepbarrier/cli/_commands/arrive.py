@@ -13,7 +13,6 @@ from stepbarrier.cli._context import (
     EXIT_ABORTED,
     EXIT_OK,
     EXIT_TIMEOUT,
-    EXIT_UNAVAILABLE,
     EXIT_USAGE,
     command,
     current_session,
@@ -35,7 +34,6 @@ from stepbarrier.cli._context import (
         "names the tasks that did not arrive",
     ),
     (EXIT_ABORTED, "aborted: the job was reset while this task waited"),
-    EXIT_UNAVAILABLE,
     long_running=True,
 )
 @click.argument("name")

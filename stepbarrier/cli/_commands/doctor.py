@@ -78,6 +78,7 @@ class _Report:
     (EXIT_OK, "every check passed"),
     (EXIT_FAILED, "a check failed (each says what to fix)"),
     (EXIT_USAGE, "usage or configuration error (the settings themselves are invalid)"),
+    redis_errors=False,  # each check says what it found
 )
 def doctor() -> None:
     """Check the connection, TLS, authentication, permissions, Redis and the library.

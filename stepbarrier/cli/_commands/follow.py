@@ -16,7 +16,6 @@ from stepbarrier.cli._context import (
     EXIT_COMMAND_FAILED,
     EXIT_OK,
     EXIT_TIMEOUT,
-    EXIT_UNAVAILABLE,
     command,
     current_session,
     stopped_like_ctrl_c,
@@ -28,7 +27,6 @@ from stepbarrier.cli._context import (
     (EXIT_OK, "the job finished (each multiple up to its last step was followed)"),
     (EXIT_TIMEOUT, "timeout while waiting for the next multiple"),
     (EXIT_ABORTED, "the job was reset"),
-    EXIT_UNAVAILABLE,
     EXIT_COMMAND_FAILED,
     long_running=True,
 )

@@ -17,7 +17,7 @@ from stepbarrier._redis.functions import (
     library_source,
     loaded_versions,
 )
-from stepbarrier.cli._context import EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, command
+from stepbarrier.cli._context import EXIT_OK, EXIT_USAGE, command
 from stepbarrier.cli._guidance import config_for_any_job
 
 RETRY_SECONDS = 5.0
@@ -36,7 +36,7 @@ def functions() -> None:
     """Manage the stepbarrier Functions library in Redis (Redis 7)."""
 
 
-@command((EXIT_OK, "loaded"), EXIT_UNAVAILABLE, group=functions)
+@command((EXIT_OK, "loaded"), group=functions)
 def install() -> None:
     """Load this version's library, or upgrade it in place (idempotent).
 
@@ -54,7 +54,6 @@ def install() -> None:
 @command(
     (EXIT_OK, "the needed version is loaded"),
     (EXIT_USAGE, "it is not loaded; or a usage, configuration, authentication or permission error"),
-    EXIT_UNAVAILABLE,
     group=functions,
 )
 def status() -> None:

@@ -23,7 +23,6 @@ from stepbarrier._inspect.listing import MAX_JOBS, list_jobs, validate_patterns
 from stepbarrier._redis.failures import describe_redis
 from stepbarrier.cli._context import (
     EXIT_OK,
-    EXIT_UNAVAILABLE,
     EXIT_USAGE,
     Duration,
     command,
@@ -101,7 +100,7 @@ def _pattern_option(metavar: str, help: str) -> Callable[[F], F]:
     )
 
 
-@command(EXIT_OK, EXIT_UNAVAILABLE, options=server_options)
+@command(EXIT_OK, options=server_options)
 @_pattern_option(
     "PATTERN", "Only the jobs whose names match: a name, or a glob such as 'team-a-*'."
 )
@@ -141,6 +140,7 @@ def jobs(patterns: tuple[str, ...], as_json: bool) -> None:
     (EXIT_USAGE, "usage or configuration error, or the port is taken"),
     options=server_options,
     long_running=True,  # Redis outages are logged
+    redis_errors=False,  # and ridden out
 )
 @click.option(
     "--port",

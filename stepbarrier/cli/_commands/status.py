@@ -57,7 +57,6 @@ STRAGGLER_STEPS = click.option(
 
 @command(
     (EXIT_OK, "success (with --check: the job is live, or done)"),
-    EXIT_UNAVAILABLE,
     (EXIT_NO_JOB, "with --check: no such job on this Redis"),
     EXIT_DEAD,
     EXIT_STALE,

@@ -40,7 +40,6 @@ from stepbarrier.cli._context import (
     EXIT_NO_JOB,
     EXIT_OK,
     EXIT_TIMEOUT,
-    EXIT_UNAVAILABLE,
     EXIT_USAGE,
     command,
     current_session,
@@ -58,7 +57,6 @@ from stepbarrier.errors import RedisUnavailable, StepBarrierError
     (EXIT_OK, "the step came (it is printed on stdout)"),
     EXIT_TIMEOUT,
     EXIT_ABORTED,
-    EXIT_UNAVAILABLE,
     long_running=True,
 )
 @variable_option(
@@ -113,7 +111,6 @@ def wait(as_json: bool, quiet: bool, **_: Any) -> None:
         "usage, configuration, authentication or permission error; also "
         "refused because a chief still heartbeats (--force overrides)",
     ),
-    EXIT_UNAVAILABLE,
 )
 @click.argument("step", type=click.IntRange(0, MAX_STEP))
 @click.option(
@@ -175,7 +172,6 @@ class ChiefIsLive(click.ClickException):
 
 @command(
     (EXIT_OK, "reset"),
-    EXIT_UNAVAILABLE,
     (EXIT_NO_JOB, "no such job on this Redis: nothing was reset"),
 )
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
