@@ -1,13 +1,11 @@
 """A Prometheus exporter of every job on a Redis (``stepbarrier exporter``;
 its metrics, bounds and teams: docs/operations.md#jobs-metrics-and-alerts).
 
-It reads Redis when scraped, at most once every ``MIN_READ_INTERVAL`` seconds
-(several Prometheus servers cost one read), through ``stepbarrier jobs``'s
-listing with bounds (``EXPORTED_JOBS``, ``SCRAPE_SCAN_CALLS``) that end a
-reading well within Prometheus's scrape timeout whatever the keyspace holds.
-Jobs are labelled ``job_name``, never ``job``: Prometheus's own target label (a
-clash would rename ours ``exported_job``). prometheus-client (the ``exporter``
-extra) is imported only when an exporter is made.
+A reading of Redis serves several Prometheus servers (``MIN_READ_INTERVAL``), and
+its bounds (``EXPORTED_JOBS``, ``SCRAPE_SCAN_CALLS``) end it well within
+Prometheus's scrape timeout whatever the keyspace holds. Jobs are labelled
+``job_name``: ``job`` is Prometheus's own target label (a clash would rename ours
+``exported_job``).
 """
 
 from __future__ import annotations

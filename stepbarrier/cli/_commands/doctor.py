@@ -83,8 +83,7 @@ class _Report:
 def doctor() -> None:
     """Check the connection, TLS, authentication, permissions, Redis and the library.
 
-    Tries the settings every command takes; nothing is written. Each failing
-    check says what to fix.
+    Tries the settings every command takes; nothing is written.
 
     \b
     Example:

@@ -1,9 +1,5 @@
-"""``stepbarrier jobs`` and ``stepbarrier exporter``: every job of a Redis, for operators.
-
-A thin click layer over ``stepbarrier._inspect.listing`` and ``stepbarrier.cli._exporter``.
-Neither needs ``STEPBARRIER_JOB`` (it is ignored): they cover every job, or those
-``--job`` matches, once per team (docs/operations.md#jobs-metrics-and-alerts).
-"""
+"""``stepbarrier jobs`` and ``stepbarrier exporter``: every job of a Redis, for operators
+(docs/operations.md#jobs-metrics-and-alerts)."""
 
 from __future__ import annotations
 
@@ -180,8 +176,7 @@ def exporter(
 
     The metrics: docs/operations.md#jobs-metrics-and-alerts. Redis is read when
     scraped, at most once per --min-interval; while it cannot be read the
-    exporter keeps serving, with stepbarrier_up 0. Each --job pattern gets its
-    fair share of --max-jobs. Runs until Ctrl-C or SIGTERM (exit 0).
+    exporter keeps serving, with stepbarrier_up 0.
 
     \b
     Example:

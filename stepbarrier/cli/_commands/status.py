@@ -1,7 +1,4 @@
-"""``stepbarrier status`` and ``stepbarrier watch``: one job as it stands, or live.
-
-A thin click layer: ``stepbarrier._inspect`` reads, ``cli._views.status`` draws.
-"""
+"""``stepbarrier status`` and ``stepbarrier watch``: one job as it stands, or live."""
 
 from __future__ import annotations
 
@@ -180,11 +177,10 @@ def watch(until_done: bool, interval: float, straggler_steps: int | None) -> Non
     """A live view of the job: each waiting worker's progress toward its step.
 
     More than 20 waiting workers are summarised: counts, the nearest targets and
-    a histogram, read from the job's index in a few commands. Runs until Ctrl-C
-    or SIGTERM (exit 0; the last frame stays). Redis outages are shown and
-    ridden out. Piped (a CI log), it prints a plain frame whenever the job
-    changes and at least every 30 s, each flushed at once, and a last frame
-    when it stops.
+    a histogram, read from the job's index in a few commands. Redis outages are
+    shown and ridden out. Piped (a CI log), it prints a plain frame whenever the
+    job changes and at least every 30 s, each flushed at once; the last frame
+    stays when it stops.
     """
     config = current_session().config()
 

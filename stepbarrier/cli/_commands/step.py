@@ -126,8 +126,7 @@ def publish(step: int, done: bool, force: bool) -> None:
 
     Each call is a new generation (docs/protocol.md#operator-publish): the
     stored step is replaced, even by a lower one, and a running chief is
-    superseded for good, so it is refused while a chief heartbeats, unless
-    --force. With --done the job also ends: workers waiting for more are aborted.
+    superseded for good.
 
     \b
     Example:
