@@ -145,14 +145,9 @@ METRIC_NAMES = frozenset([*JOB_GAUGES, *SERVER_GAUGES, *PATTERN_GAUGES, *TASK_GA
 
 @dataclass(frozen=True)
 class Reading:
-    """One reading of Redis.
-
-    Attributes:
-        taken_at: When it was taken (the collector's monotonic clock).
-        listing: The jobs, or ``None`` if Redis could not be read (``busy``: it
-            answered BUSY).
-        tasks: ``read_job_tasks``'s (``None``: not read).
-    """
+    """One reading of Redis, ``taken_at`` by the collector's clock: ``listing`` is
+    ``None`` if Redis could not be read (``busy``: it answered BUSY), ``tasks`` if
+    they were not read (else ``read_job_tasks``'s)."""
 
     taken_at: float
     duration: float

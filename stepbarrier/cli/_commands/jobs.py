@@ -10,7 +10,6 @@ import re
 import signal
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
 
 import click
 
@@ -21,6 +20,7 @@ from stepbarrier.cli._context import (
     EXIT_OK,
     EXIT_USAGE,
     Duration,
+    F,
     command,
     current_session,
     server_options,
@@ -35,8 +35,6 @@ from stepbarrier.cli._exporter import (
 from stepbarrier.cli._views.jobs import jobs_view, truncation_lines
 from stepbarrier.cli._views.output import show
 from stepbarrier.errors import ConfigurationError
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 ALL_JOBS = "all-jobs"
 """The job of the settings these commands build, whatever ``STEPBARRIER_JOB`` says:
