@@ -432,8 +432,8 @@ def wait_options(stall: str, task_id: str) -> Callable[[F], F]:
             "--timeout",
             variable="STEPBARRIER_TIMEOUT",
             type=Duration(),
-            help=f"Give up (exit {EXIT_TIMEOUT}) after this long (seconds, or 90s, 10m, 1h); "
-            "no limit by default.",
+            help=f"Give up (exit {EXIT_TIMEOUT}) after this long ({DURATION_EXAMPLES}); no "
+            "limit by default.",
         ),
         stall_timeout_option(
             f"Give up (exit {EXIT_TIMEOUT}) after this long without {stall} "
