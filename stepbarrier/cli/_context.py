@@ -76,21 +76,28 @@ _EXIT_TEXT = {
 
 
 def exit_codes(
-    *entries: int | tuple[int, str], heading: str = "Exit codes:", width: int = 3
+    *entries: int | tuple[int, str],
+    redis: bool = False,
+    heading: str = "Exit codes:",
+    width: int = 3,
 ) -> str:
     """The "Exit codes:" epilog of one command: only the codes it can end with.
 
-    Each entry is a code (with its usual words) or ``(code, words)``; 130
-    (Ctrl-C) and 1 (a bug) end every list unless given.
+    Each entry is a code (with its usual words) or ``(code, words)``. Unless given,
+    2 (usage) is added, 5 and 8 too for a command that reads Redis (``redis``), each
+    in its place in the group's list; 130 (Ctrl-C) and 1 (a bug) end every list.
     """
     rows = [entry if isinstance(entry, tuple) else (entry, _EXIT_TEXT[entry]) for entry in entries]
-    given = {code for code, _ in rows}
-    if EXIT_UNAVAILABLE in given and EXIT_BUSY not in given:
-        # a command that can find Redis unreachable can find it busy: BUSY is
-        # a RedisUnavailable too, told apart by its exit code
-        at = [code for code, _ in rows].index(EXIT_UNAVAILABLE) + 1
-        rows.insert(at, (EXIT_BUSY, _EXIT_TEXT[EXIT_BUSY]))
-        given.add(EXIT_BUSY)
+    order = list(_EXIT_TEXT)
+    # a command that can find Redis unreachable can find it busy: BUSY is a
+    # RedisUnavailable too, told apart by its exit code
+    for implied in EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_BUSY:
+        given = [code for code, _ in rows]
+        wanted = implied == EXIT_USAGE or redis or EXIT_UNAVAILABLE in given
+        if wanted and implied not in given:
+            later = (i for i, code in enumerate(given) if order.index(code) > order.index(implied))
+            rows.insert(next(later, len(rows)), (implied, _EXIT_TEXT[implied]))
+    given = [code for code, _ in rows]
     rows += [
         (code, _EXIT_TEXT[code]) for code in (EXIT_INTERRUPTED, EXIT_FAILED) if code not in given
     ]
@@ -425,8 +432,8 @@ def wait_options(stall: str, task_id: str) -> Callable[[F], F]:
             "--timeout",
             variable="STEPBARRIER_TIMEOUT",
             type=Duration(),
-            help=f"Give up (exit {EXIT_TIMEOUT}) after this long (seconds, or 90s, 10m, 1h); "
-            "no limit by default.",
+            help=f"Give up (exit {EXIT_TIMEOUT}) after this long ({DURATION_EXAMPLES}); no "
+            "limit by default.",
         ),
         stall_timeout_option(
             f"Give up (exit {EXIT_TIMEOUT}) after this long without {stall} "
@@ -486,10 +493,37 @@ verbosity_options = _options(
 (``stepbarrier --debug status`` is ``stepbarrier status --debug``)."""
 
 
-reporting_warnings = functools.partial(reporting, quiet_level=logging.WARNING)
-"""``reporting`` that also shows the library's warnings without ``--verbose``: for a
-command that may run long (``wait``, ``arrive``, ``exporter``), a lost connection or
-a stalled chief is news while it runs, not only in the last line."""
+def command(
+    *codes: int | tuple[int, str],
+    options: Callable[[F], F] | None = connection_options,
+    group: click.Group | None = None,
+    long_running: bool = False,
+    redis_errors: bool = True,
+    epilog: str = "",
+) -> Callable[[Callable[..., Any]], click.Command]:
+    """A ``stepbarrier`` command (of ``group``, if given): ``options`` before its own,
+    ``--debug``/``--verbose`` after them, errors turned into one line and an exit code
+    (``reporting``), and an epilog listing ``codes`` (``exit_codes``; with ``options``,
+    Redis unreachable or busy too unless ``redis_errors`` is false), then ``epilog``.
+
+    ``long_running`` shows the library's warnings without ``--verbose`` too: for a
+    command that may run long (``wait``, ``arrive``, ``exporter``), a lost
+    connection or a stalled chief is news while it runs, not only in the last line.
+    """
+
+    def decorate(function: Callable[..., Any]) -> click.Command:
+        # reporting's options go last in --help, the command's own before them
+        own = function.__dict__.pop("__click_params__", [])
+        quiet_level = logging.WARNING if long_running else logging.CRITICAL
+        run: Any = reporting(function, quiet_level=quiet_level)
+        run.__click_params__.extend(own)
+        if options is not None:
+            run = options(run)
+        make = click.command if group is None else group.command
+        redis = redis_errors and options is not None
+        return make(epilog=exit_codes(*codes, redis=redis) + epilog)(run)
+
+    return decorate
 
 
 def fail(exc: BaseException, session: _Session) -> None:

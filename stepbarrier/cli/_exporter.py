@@ -1,13 +1,11 @@
 """A Prometheus exporter of every job on a Redis (``stepbarrier exporter``;
 its metrics, bounds and teams: docs/operations.md#jobs-metrics-and-alerts).
 
-It reads Redis when scraped, at most once every ``MIN_READ_INTERVAL`` seconds
-(several Prometheus servers cost one read), through ``stepbarrier jobs``'s
-listing with bounds (``EXPORTED_JOBS``, ``SCRAPE_SCAN_CALLS``) that end a
-reading well within Prometheus's scrape timeout whatever the keyspace holds.
-Jobs are labelled ``job_name``, never ``job``: Prometheus's own target label (a
-clash would rename ours ``exported_job``). prometheus-client (the ``exporter``
-extra) is imported only when an exporter is made.
+A reading of Redis serves several Prometheus servers (``MIN_READ_INTERVAL``), and
+its bounds (``EXPORTED_JOBS``, ``SCRAPE_SCAN_CALLS``) end it well within
+Prometheus's scrape timeout whatever the keyspace holds. Jobs are labelled
+``job_name``: ``job`` is Prometheus's own target label (a clash would rename ours
+``exported_job``).
 """
 
 from __future__ import annotations
@@ -147,14 +145,9 @@ METRIC_NAMES = frozenset([*JOB_GAUGES, *SERVER_GAUGES, *PATTERN_GAUGES, *TASK_GA
 
 @dataclass(frozen=True)
 class Reading:
-    """One reading of Redis.
-
-    Attributes:
-        taken_at: When it was taken (the collector's monotonic clock).
-        listing: The jobs, or ``None`` if Redis could not be read (``busy``: it
-            answered BUSY).
-        tasks: ``read_job_tasks``'s (``None``: not read).
-    """
+    """One reading of Redis, ``taken_at`` by the collector's clock: ``listing`` is
+    ``None`` if Redis could not be read (``busy``: it answered BUSY), ``tasks`` if
+    they were not read (else ``read_job_tasks``'s)."""
 
     taken_at: float
     duration: float
@@ -273,13 +266,8 @@ class JobsCollector:
 
     def collect(self) -> Iterator[Metric]:
         """The metrics of the current reading (read now if the last one is too old)."""
-        from prometheus_client.core import GaugeMetricFamily
-
         reading = self.reading()
-        for name, (text, value_of) in SERVER_GAUGES.items():
-            value = value_of(reading)
-            if value is not None:
-                yield GaugeMetricFamily(name, text, value=value)
+        yield from _families(SERVER_GAUGES, [], [((), reading)])
         listing = reading.listing
         if listing is None:
             return
@@ -300,7 +288,8 @@ def _families(
     labels: list[str],
     rows: Sequence[tuple[tuple[str, ...], T]],
 ) -> Iterator[Metric]:
-    """One gauge family per entry of ``gauges``, a series per row whose value is not ``None``."""
+    """One gauge family per entry of ``gauges``, a series per row whose value is not
+    ``None``; a family without labels is left out when it has no series."""
     from prometheus_client.core import GaugeMetricFamily
 
     for name, (text, value_of) in gauges.items():
@@ -309,7 +298,8 @@ def _families(
             value = value_of(row)
             if value is not None:
                 family.add_metric(list(label_values), float(value))
-        yield family
+        if labels or family.samples:
+            yield family
 
 
 TaskReader = Callable[[BarrierConfig, list[str]], dict[str, tuple[TaskProgress, ...]]]

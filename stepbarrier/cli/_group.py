@@ -75,10 +75,9 @@ INTERACTIVE = frozenset({"status", "doctor", "jobs", "reset", "publish", "functi
 """The commands a user runs and reads at once (an unknown host name fails them)."""
 
 
-for command in (status, watch, wait, follow, publish, reset, arrive, functions, acl, jobs):
+for command in (status, watch, wait, follow, publish, reset, arrive, functions, acl, jobs, doctor):
     cli.add_command(command)
 cli.add_command(exporter)
-cli.add_command(doctor)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -9,17 +9,18 @@ import click
 
 from stepbarrier._config.environment import read_password_file
 from stepbarrier._protocol.roles import ROLES, acl_line, password_hash, rules_for, validate_user
-from stepbarrier.cli._context import EXIT_OK, EXIT_USAGE, current_session, exit_codes, reporting
+from stepbarrier.cli._context import EXIT_OK, command, current_session
 from stepbarrier.errors import ConfigurationError
 
 
-@click.command(
-    epilog=exit_codes((EXIT_OK, "the line is printed"), EXIT_USAGE)
-    + """
+@command(
+    (EXIT_OK, "the line is printed"),
+    options=None,
+    epilog="""
 \b
 Then, as an administrator, append the line to users.acl and run ACL LOAD, or
 give its words after `user NAME` to `ACL SETUSER NAME` and run ACL SAVE.
-"""
+""",
 )
 @click.argument("role", type=click.Choice(ROLES))
 @click.option("--user", required=True, metavar="NAME", help="The ACL user name.")
@@ -37,7 +38,6 @@ give its words after `user NAME` to `ACL SETUSER NAME` and run ACL SAVE.
     "Without it, the password comes from stdin: typed twice, hidden, on a terminal; "
     "else its first line.",
 )
-@reporting
 def acl(role: str, user: str, jobs: str | None, password_file: str | None) -> None:
     """Print a users.acl line giving USER the rights of ROLE on the jobs of PATTERN.
 

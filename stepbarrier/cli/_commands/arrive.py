@@ -13,35 +13,29 @@ from stepbarrier.cli._context import (
     EXIT_ABORTED,
     EXIT_OK,
     EXIT_TIMEOUT,
-    EXIT_UNAVAILABLE,
     EXIT_USAGE,
-    connection_options,
+    command,
     current_session,
-    exit_codes,
-    reporting_warnings,
     stopped_like_ctrl_c,
     wait_options,
 )
 
 
-@click.command(
-    epilog=exit_codes(
-        (EXIT_OK, "every party arrived (with --no-wait: this task's arrival is recorded)"),
-        (
-            EXIT_USAGE,
-            "usage, configuration, authentication or permission error (a bad name, a task id "
-            "outside 0..N-1, another N than the barrier was begun with)",
-        ),
-        (
-            EXIT_TIMEOUT,
-            "timeout (the overall timeout, or no arrival for the stall timeout); the message "
-            "names the tasks that did not arrive",
-        ),
-        (EXIT_ABORTED, "aborted: the job was reset while this task waited"),
-        EXIT_UNAVAILABLE,
-    )
+@command(
+    (EXIT_OK, "every party arrived (with --no-wait: this task's arrival is recorded)"),
+    (
+        EXIT_USAGE,
+        "usage, configuration, authentication or permission error (a bad name, a task id "
+        "outside 0..N-1, another N than the barrier was begun with)",
+    ),
+    (
+        EXIT_TIMEOUT,
+        "timeout (the overall timeout, or no arrival for the stall timeout); the message "
+        "names the tasks that did not arrive",
+    ),
+    (EXIT_ABORTED, "aborted: the job was reset while this task waited"),
+    long_running=True,
 )
-@connection_options
 @click.argument("name")
 @click.option(
     "--parties",
@@ -52,7 +46,6 @@ from stepbarrier.cli._context import (
 )
 @wait_options("a new arrival", task_id="This task's id (or TF_CONFIG says it).")
 @click.option("--no-wait", is_flag=True, help="Record the arrival and exit at once.")
-@reporting_warnings
 def arrive(name: str, parties: int, no_wait: bool, **_: Any) -> None:
     """Arrive at barrier NAME and wait until tasks 0..N-1 have all arrived.
 

@@ -40,9 +40,7 @@ from stepbarrier.cli._context import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_USAGE,
-    connection_options,
-    exit_codes,
-    reporting,
+    command,
     url_password,
 )
 from stepbarrier.cli._guidance import config_for_any_job
@@ -76,20 +74,16 @@ class _Report:
             click.echo(f"      fix: {' '.join(fix.split())}")
 
 
-@click.command(
-    epilog=exit_codes(
-        (EXIT_OK, "every check passed"),
-        (EXIT_FAILED, "a check failed (each says what to fix)"),
-        (EXIT_USAGE, "usage or configuration error (the settings themselves are invalid)"),
-    )
+@command(
+    (EXIT_OK, "every check passed"),
+    (EXIT_FAILED, "a check failed (each says what to fix)"),
+    (EXIT_USAGE, "usage or configuration error (the settings themselves are invalid)"),
+    redis_errors=False,  # each check says what it found
 )
-@connection_options
-@reporting
 def doctor() -> None:
     """Check the connection, TLS, authentication, permissions, Redis and the library.
 
-    Tries the settings every command takes; nothing is written. Each failing
-    check says what to fix.
+    Tries the settings every command takes; nothing is written.
 
     \b
     Example:

@@ -16,29 +16,20 @@ from stepbarrier.cli._context import (
     EXIT_COMMAND_FAILED,
     EXIT_OK,
     EXIT_TIMEOUT,
-    EXIT_UNAVAILABLE,
-    EXIT_USAGE,
-    connection_options,
+    command,
     current_session,
-    exit_codes,
-    reporting_warnings,
     stopped_like_ctrl_c,
     wait_options,
 )
 
 
-@click.command(
-    context_settings={"ignore_unknown_options": False},
-    epilog=exit_codes(
-        (EXIT_OK, "the job finished (each multiple up to its last step was followed)"),
-        EXIT_USAGE,
-        (EXIT_TIMEOUT, "timeout while waiting for the next multiple"),
-        (EXIT_ABORTED, "the job was reset"),
-        EXIT_UNAVAILABLE,
-        EXIT_COMMAND_FAILED,
-    ),
+@command(
+    (EXIT_OK, "the job finished (each multiple up to its last step was followed)"),
+    (EXIT_TIMEOUT, "timeout while waiting for the next multiple"),
+    (EXIT_ABORTED, "the job was reset"),
+    EXIT_COMMAND_FAILED,
+    long_running=True,
 )
-@connection_options
 @click.option(
     "--every",
     type=click.IntRange(1, MAX_STEP),
@@ -56,7 +47,6 @@ from stepbarrier.cli._context import (
 )
 @wait_options("a chief heartbeat", task_id="Task id shown in `status` while it waits.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[-- COMMAND ...]")
-@reporting_warnings
 def follow(every: int, start: int | None, command: tuple[str, ...], **_: Any) -> None:
     """Follow training: each multiple of N the chief's step reaches, in order.
 

@@ -17,14 +17,7 @@ from stepbarrier._redis.functions import (
     library_source,
     loaded_versions,
 )
-from stepbarrier.cli._context import (
-    EXIT_OK,
-    EXIT_UNAVAILABLE,
-    EXIT_USAGE,
-    connection_options,
-    exit_codes,
-    reporting,
-)
+from stepbarrier.cli._context import EXIT_OK, EXIT_USAGE, command
 from stepbarrier.cli._guidance import config_for_any_job
 
 RETRY_SECONDS = 5.0
@@ -43,9 +36,7 @@ def functions() -> None:
     """Manage the stepbarrier Functions library in Redis (Redis 7)."""
 
 
-@functions.command(epilog=exit_codes((EXIT_OK, "loaded"), EXIT_USAGE, EXIT_UNAVAILABLE))
-@connection_options
-@reporting
+@command((EXIT_OK, "loaded"), group=functions)
 def install() -> None:
     """Load this version's library, or upgrade it in place (idempotent).
 
@@ -60,18 +51,11 @@ def install() -> None:
     click.echo(f"loaded {name} on Redis at {config.safe_url}")
 
 
-@functions.command(
-    epilog=exit_codes(
-        (EXIT_OK, "the needed version is loaded"),
-        (
-            EXIT_USAGE,
-            "it is not loaded; or a usage, configuration, authentication or permission error",
-        ),
-        EXIT_UNAVAILABLE,
-    )
+@command(
+    (EXIT_OK, "the needed version is loaded"),
+    (EXIT_USAGE, "it is not loaded; or a usage, configuration, authentication or permission error"),
+    group=functions,
 )
-@connection_options
-@reporting
 def status() -> None:
     """Say which stepbarrier library versions Redis has, and which this one needs."""
     _, versions = _on_redis(loaded_versions, "list the Functions libraries")

@@ -1,9 +1,5 @@
-"""``stepbarrier jobs`` and ``stepbarrier exporter``: every job of a Redis, for operators.
-
-A thin click layer over ``stepbarrier._inspect.listing`` and ``stepbarrier.cli._exporter``.
-Neither needs ``STEPBARRIER_JOB`` (it is ignored): they cover every job, or those
-``--job`` matches, once per team (docs/operations.md#jobs-metrics-and-alerts).
-"""
+"""``stepbarrier jobs`` and ``stepbarrier exporter``: every job of a Redis, for operators
+(docs/operations.md#jobs-metrics-and-alerts)."""
 
 from __future__ import annotations
 
@@ -14,7 +10,6 @@ import re
 import signal
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
 
 import click
 
@@ -22,15 +17,12 @@ from stepbarrier._config.checks import MAX_JOB_NAME
 from stepbarrier._inspect.listing import MAX_JOBS, list_jobs, truncation_lines, validate_patterns
 from stepbarrier._redis.failures import describe_redis
 from stepbarrier.cli._context import (
-    EXIT_BUSY,
     EXIT_OK,
-    EXIT_UNAVAILABLE,
     EXIT_USAGE,
     Duration,
+    F,
+    command,
     current_session,
-    exit_codes,
-    reporting,
-    reporting_warnings,
     server_options,
 )
 from stepbarrier.cli._exporter import (
@@ -43,8 +35,6 @@ from stepbarrier.cli._exporter import (
 from stepbarrier.cli._views.jobs import jobs_view
 from stepbarrier.cli._views.output import show
 from stepbarrier.errors import ConfigurationError
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 ALL_JOBS = "all-jobs"
 """The job of the settings these commands build, whatever ``STEPBARRIER_JOB`` says:
@@ -104,8 +94,7 @@ def _pattern_option(metavar: str, help: str) -> Callable[[F], F]:
     )
 
 
-@click.command(epilog=exit_codes(EXIT_OK, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_BUSY))
-@server_options
+@command(EXIT_OK, options=server_options)
 @_pattern_option(
     "PATTERN", "Only the jobs whose names match: a name, or a glob such as 'team-a-*'."
 )
@@ -116,7 +105,6 @@ def _pattern_option(metavar: str, help: str) -> Callable[[F], F]:
     help='Print one JSON object: "jobs" (one object per job), "complete", "scan_complete" '
     'and "patterns" (per pattern: jobs found, jobs read, "truncated").',
 )
-@reporting
 def jobs(patterns: tuple[str, ...], as_json: bool) -> None:
     """List every job on this Redis: run, step, heartbeat and who waits.
 
@@ -141,13 +129,13 @@ def jobs(patterns: tuple[str, ...], as_json: bool) -> None:
         click.echo(f"Warning: {line}", err=True)
 
 
-@click.command(
-    epilog=exit_codes(
-        (EXIT_OK, "stopped by Ctrl-C or SIGTERM"),
-        (EXIT_USAGE, "usage or configuration error, or the port is taken"),
-    )
+@command(
+    (EXIT_OK, "stopped by Ctrl-C or SIGTERM"),
+    (EXIT_USAGE, "usage or configuration error, or the port is taken"),
+    options=server_options,
+    long_running=True,  # Redis outages are logged
+    redis_errors=False,  # and ridden out
 )
-@server_options
 @click.option(
     "--port",
     type=click.IntRange(0, 65535),
@@ -179,7 +167,6 @@ def jobs(patterns: tuple[str, ...], as_json: bool) -> None:
     show_default=True,
     help="Serve a reading of Redis again to scrapes this soon after it.",
 )
-@reporting_warnings  # Redis outages are logged
 def exporter(
     port: int, bind: str, patterns: tuple[str, ...], max_jobs: int, min_interval: float
 ) -> None:
@@ -187,8 +174,7 @@ def exporter(
 
     The metrics: docs/operations.md#jobs-metrics-and-alerts. Redis is read when
     scraped, at most once per --min-interval; while it cannot be read the
-    exporter keeps serving, with stepbarrier_up 0. Each --job pattern gets its
-    fair share of --max-jobs. Runs until Ctrl-C or SIGTERM (exit 0).
+    exporter keeps serving, with stepbarrier_up 0.
 
     \b
     Example:

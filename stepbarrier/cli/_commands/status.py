@@ -1,7 +1,4 @@
-"""``stepbarrier status`` and ``stepbarrier watch``: one job as it stands, or live.
-
-A thin click layer: ``stepbarrier._inspect`` reads, ``cli._views.status`` draws.
-"""
+"""``stepbarrier status`` and ``stepbarrier watch``: one job as it stands, or live."""
 
 from __future__ import annotations
 
@@ -28,12 +25,9 @@ from stepbarrier.cli._context import (
     EXIT_STALE,
     EXIT_STUCK,
     EXIT_UNAVAILABLE,
-    EXIT_USAGE,
     Duration,
-    connection_options,
+    command,
     current_session,
-    exit_codes,
-    reporting,
     stall_timeout_option,
     stopped_like_ctrl_c,
 )
@@ -58,19 +52,13 @@ STRAGGLER_STEPS = click.option(
 )
 
 
-@click.command(
-    epilog=exit_codes(
-        (EXIT_OK, "success (with --check: the job is live, or done)"),
-        EXIT_USAGE,
-        EXIT_UNAVAILABLE,
-        EXIT_BUSY,
-        (EXIT_NO_JOB, "with --check: no such job on this Redis"),
-        EXIT_DEAD,
-        EXIT_STALE,
-        EXIT_STUCK,
-    )
+@command(
+    (EXIT_OK, "success (with --check: the job is live, or done)"),
+    (EXIT_NO_JOB, "with --check: no such job on this Redis"),
+    EXIT_DEAD,
+    EXIT_STALE,
+    EXIT_STUCK,
 )
-@connection_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option(
     "--check",
@@ -83,7 +71,6 @@ STRAGGLER_STEPS = click.option(
     f"for longer while the chief advances is stuck (default {DEFAULT_STALL_TIMEOUT:g} s)."
 )
 @STRAGGLER_STEPS
-@reporting
 def status(as_json: bool, check: bool, straggler_steps: int | None) -> None:
     """Show the chief's step, heartbeat and the waiting workers.
 
@@ -168,15 +155,11 @@ PIPED_EVERY = 30.0
 """Piped, ``watch`` prints a frame when the job changes, and at least this often."""
 
 
-@click.command(
-    epilog=exit_codes(
-        (EXIT_OK, "stopped by Ctrl-C, SIGTERM or SIGHUP, or (--until-done) the job is done"),
-        EXIT_USAGE,
-        (EXIT_UNAVAILABLE, "Redis unreachable at the first read (later outages are shown)"),
-        (EXIT_BUSY, "Redis busy running a script at the first read (later, it is shown)"),
-    )
+@command(
+    (EXIT_OK, "stopped by Ctrl-C, SIGTERM or SIGHUP, or (--until-done) the job is done"),
+    (EXIT_UNAVAILABLE, "Redis unreachable at the first read (later outages are shown)"),
+    (EXIT_BUSY, "Redis busy running a script at the first read (later, it is shown)"),
 )
-@connection_options
 @click.option("--until-done", is_flag=True, help="Stop (exit 0) once the chief marks the job done.")
 @click.option(
     "--interval",
@@ -190,16 +173,14 @@ PIPED_EVERY = 30.0
     f"(default {DEFAULT_STALL_TIMEOUT:g} s)."
 )
 @STRAGGLER_STEPS
-@reporting
 def watch(until_done: bool, interval: float, straggler_steps: int | None) -> None:
     """A live view of the job: each waiting worker's progress toward its step.
 
     More than 20 waiting workers are summarised: counts, the nearest targets and
-    a histogram, read from the job's index in a few commands. Runs until Ctrl-C
-    or SIGTERM (exit 0; the last frame stays). Redis outages are shown and
-    ridden out. Piped (a CI log), it prints a plain frame whenever the job
-    changes and at least every 30 s, each flushed at once, and a last frame
-    when it stops.
+    a histogram, read from the job's index in a few commands. Redis outages are
+    shown and ridden out. Piped (a CI log), it prints a plain frame whenever the
+    job changes and at least every 30 s, each flushed at once; the last frame
+    stays when it stops.
     """
     config = current_session().config()
 
