@@ -56,9 +56,27 @@ local function short_string(key, limit)
   if redis.call('STRLEN', key) > limit then return false end
   return redis.call('GET', key)
 end
+local function compact(key)
+  -- true if the hash is a listpack (ziplist before Redis 7): Redis keeps one only
+  -- while every value is at most hash-max-listpack-value bytes, which the
+  -- operator keeps at most MAX_ARGUMENT (docs/protocol.md#bounds), so HMGET of
+  -- it copies no more than the arguments could. false for anything else, and
+  -- under a users.acl without +object|encoding (the per-field checks then)
+  local ok, encoding = pcall(redis.call, 'OBJECT', 'ENCODING', key)
+  return ok and (encoding == 'listpack' or encoding == 'listpackex' or encoding == 'ziplist')
+end
 local function field_values(key, names, limit)
   -- HMGET of `names` (false: absent), or nil if one of them is longer than `limit`
-  -- bytes: O(#names), whatever else the hash holds
+  -- bytes: O(#names), whatever else the hash holds. A compact hash is read at
+  -- once and its values measured here; another has each value's length asked
+  -- first (HSTRLEN), so that no large value is ever copied
+  if compact(key) then
+    local values = redis.call('HMGET', key, unpack(names))
+    for i = 1, #names do
+      if values[i] and #values[i] > limit then return nil end
+    end
+    return values
+  end
   for i = 1, #names do
     if redis.call('HSTRLEN', key, names[i]) > limit then return nil end
   end
@@ -67,10 +85,16 @@ end
 local function read_hash(key, names, max_fields)
   -- kind, fields (name -> value), length. kind: the key's type, or 'oversized'
   -- (more than max_fields fields, or a value of `names` over MAX_VALUE bytes):
-  -- then nothing of it is read
-  local kind = redis.call('TYPE', key).ok
-  if kind ~= 'hash' then return kind, {}, 0 end
-  local length = redis.call('HLEN', key)
+  -- then nothing of it is read. HLEN first: it answers for a hash and for no key
+  -- (0: a hash has at least one field); TYPE only when it refused another type
+  local ok, length = pcall(redis.call, 'HLEN', key)
+  if not ok then
+    local kind = redis.call('TYPE', key).ok
+    -- a hash whose HLEN was refused (not by its type): the refusal is the call's
+    if kind == 'hash' then error(length) end
+    return kind, {}, 0
+  end
+  if length == 0 then return 'none', {}, 0 end
   if length > max_fields then return 'oversized', {}, length end
   local values = field_values(key, names, MAX_VALUE)
   if values == nil then return 'oversized', {}, length end
@@ -461,6 +485,9 @@ local function waiter_register(KEYS, ARGV)
 -- even if the zset was lost). Only a target new to the index (a new member, or
 -- a member's new score) or a new entry is pushed onto the registrations list,
 -- which wakes the chief: a refresh of the same wait costs the chief nothing.
+-- And only if no other waiter is indexed at that target: the chief has it
+-- already (from that waiter's push, or from the index its last write read), so
+-- a fleet waiting for one step wakes the chief once, not once per waiter.
 -- Only what a waiter writes is declared: Redis's ACL demands read AND write
 -- permission on every key that FCALL/EVAL declares.
 if #ARGV < 4 or #ARGV > 4 + 2 * MAX_FIELDS or (#ARGV - 4) % 2 ~= 0 then
@@ -483,10 +510,15 @@ if #entry > 0 and (fresh_entry or not pcall(redis.call, 'HSET', KEYS[1], unpack(
 end
 -- the targets and the list only guide the chief: a malformed one is skipped
 local push = fresh_entry
+-- the waiters indexed at the target before this one (a users.acl without
+-- +zcount refuses it: then every new target or entry is pushed, as before)
+local counted, indexed = pcall(redis.call, 'ZCOUNT', KEYS[2], ARGV[4], ARGV[4])
 local ok, changed = pcall(redis.call, 'ZADD', KEYS[2], 'CH', ARGV[4], ARGV[3])
 if ok then
   redis.call('EXPIRE', KEYS[2], ARGV[2])
   push = push or changed == 1
+  -- unchanged: this waiter was indexed at the target already, and counted
+  if counted and indexed > (changed == 1 and 0 or 1) then push = false end
 end
 if push then
   -- the list keeps the newest MAX_REGISTRATIONS: a trim removes at most that

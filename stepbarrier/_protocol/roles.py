@@ -36,19 +36,27 @@ _RESET = "resetkeys resetchannels -@all"
 # without cluster mode, harmless there).
 _CONNECT = "+select +cluster|slots +command"
 # What every job role reads through the library: FCALL_RO waiter_read (TIME,
-# TYPE, STRLEN, GET, HLEN, HSTRLEN, HMGET: the state, the reset marker and the
-# barriers, sizes checked before anything is read, with the clock of the node
-# that holds them); FUNCTION LIST names a missing or other library version in
-# the error. Every one of these costs O(1) or O(its arguments) whatever a role
-# wrote (HMGET of known fields, never HGETALL: an entry is whatever a worker
-# wrote, and HGETALL of a million fields holds Redis for 0.7 s).
-_READS = "+fcall_ro +function|list +time +type +get +strlen +hlen +hstrlen +hmget +zcard"
+# TYPE, STRLEN, GET, HLEN, OBJECT ENCODING, HSTRLEN, HMGET: the state, the reset
+# marker and the barriers, sizes checked before anything is read, with the
+# clock of the node that holds them; a listpack hash's values are short, so it
+# is read without an HSTRLEN per field, and without +object|encoding, as in an
+# older users.acl, every hash is read with them); FUNCTION LIST names a missing
+# or other library version in the error. Every one of these costs O(1) or O(its
+# arguments) whatever a role wrote (HMGET of known fields, never HGETALL: an
+# entry is whatever a worker wrote, and HGETALL of a million fields holds Redis
+# for 0.7 s).
+_READS = (
+    "+fcall_ro +function|list +time +type +get +strlen +hlen +object|encoding +hstrlen +hmget "
+    "+zcard"
+)
 # What `status` and `watch` run besides (and `publish` before it writes): ZCARD
 # then ZRANGEBYSCORE (always with LIMIT) of the targets and barrier indexes,
 # then HLEN, HSTRLEN and HMGET of the waiter entries they name.
 _LISTING = "+zrangebyscore"
 # What a worker writes and listens to, each of bounded cost (WORKER_BOUNDED).
-_WORKER_OWN = "+hset +expire +zadd +zrem +rpush +ltrim +subscribe +ssubscribe +hget +unlink +llen"
+_WORKER_OWN = (
+    "+hset +expire +zcount +zadd +zrem +rpush +ltrim +subscribe +ssubscribe +hget +unlink +llen"
+)
 _PUBLISH = "+publish +spublish"
 
 _COMMANDS = {
@@ -70,8 +78,8 @@ _COMMANDS = {
     "+zremrangebyscore +publish +spublish +blpop +zadd +zremrangebyrank +subscribe +ssubscribe "
     "+unlink +zcount +lpop +rpush +ltrim",
     # Only commands whose cost is bounded by their arguments (WORKER_BOUNDED).
-    # +fcall: waiter_register (EXPIRE, UNLINK, HSET, ZADD, LLEN, RPUSH, LTRIM:
-    # a list is trimmed node by node, 0.3 ms for a million entries) and
+    # +fcall: waiter_register (EXPIRE, UNLINK, HSET, ZCOUNT, ZADD, LLEN, RPUSH,
+    # LTRIM: a list is trimmed node by node, 0.3 ms for a million entries) and
     # waiter_leave (UNLINK, TYPE, ZREM), which declare only what a waiter
     # writes; the state and the reset marker it reads with waiter_read (FCALL_RO,
     # which declares them read-only). SUBSCRIBE (SSUBSCRIBE on a Redis Cluster):

@@ -10,6 +10,9 @@
 -- even if the zset was lost). Only a target new to the index (a new member, or
 -- a member's new score) or a new entry is pushed onto the registrations list,
 -- which wakes the chief: a refresh of the same wait costs the chief nothing.
+-- And only if no other waiter is indexed at that target: the chief has it
+-- already (from that waiter's push, or from the index its last write read), so
+-- a fleet waiting for one step wakes the chief once, not once per waiter.
 -- Only what a waiter writes is declared: Redis's ACL demands read AND write
 -- permission on every key that FCALL/EVAL declares.
 if #ARGV < 4 or #ARGV > 4 + 2 * MAX_FIELDS or (#ARGV - 4) % 2 ~= 0 then
@@ -32,10 +35,15 @@ if #entry > 0 and (fresh_entry or not pcall(redis.call, 'HSET', KEYS[1], unpack(
 end
 -- the targets and the list only guide the chief: a malformed one is skipped
 local push = fresh_entry
+-- the waiters indexed at the target before this one (a users.acl without
+-- +zcount refuses it: then every new target or entry is pushed, as before)
+local counted, indexed = pcall(redis.call, 'ZCOUNT', KEYS[2], ARGV[4], ARGV[4])
 local ok, changed = pcall(redis.call, 'ZADD', KEYS[2], 'CH', ARGV[4], ARGV[3])
 if ok then
   redis.call('EXPIRE', KEYS[2], ARGV[2])
   push = push or changed == 1
+  -- unchanged: this waiter was indexed at the target already, and counted
+  if counted and indexed > (changed == 1 and 0 or 1) then push = false end
 end
 if push then
   -- the list keeps the newest MAX_REGISTRATIONS: a trim removes at most that
