@@ -103,7 +103,6 @@ class StepPublisher(BackgroundWriter):
         self.contributor = contributor
         self._mode = mode
         self._clock = clock
-        self._closed = False
         self._pause_key = (config.job, config.redis_url)
         self._chief_name = (description or f"{socket.gethostname()}:{os.getpid()}")[:200]
         self._writer: StepWriter | None = None

@@ -105,7 +105,6 @@ class ProgressReporter(BackgroundWriter):
         self._written_at = -math.inf
         self._ended = False  # refused for good: nothing more is written
         self._urgent = False  # flush(): write the latest step now
-        self._closed = False
         self._thread.start()
 
     @classmethod

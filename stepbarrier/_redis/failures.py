@@ -30,13 +30,6 @@ class RedisBusy(RedisUnavailable):
     an outage rides this out too."""
 
 
-def is_busy(exc: BaseException) -> bool:
-    """True for Redis's BUSY reply (not BUSYKEY nor BUSYGROUP, other errors alike)."""
-    exc = _cause(exc)
-    text = str(exc)
-    return isinstance(exc, rex.ResponseError) and (text == "BUSY" or text.startswith("BUSY "))
-
-
 def is_transient(exc: BaseException) -> bool:
     """True for failures that a retry may cure."""
     exc = _cause(exc)
@@ -291,7 +284,8 @@ def translate(
         return refused(
             "tls", f"TLS mismatch with {where} while trying to {action}: {_MISMATCH[mismatch]}"
         )
-    if is_busy(exc):
+    if isinstance(exc, rex.ResponseError) and text.partition(" ")[0] == "BUSY":
+        # (not BUSYKEY nor BUSYGROUP, other errors alike)
         return RedisBusy(
             f"{where} is busy running a script (BUSY: a function or an EVAL script has run "
             f"longer than busy-reply-threshold, and Redis answers nothing else meanwhile) while "

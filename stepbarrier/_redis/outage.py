@@ -109,6 +109,7 @@ class BackgroundWriter:
             target=self._run, name=f"stepbarrier-{name}-{config.job}", daemon=True
         )
         self.writes = 0  # answered writes to Redis (for tests and benchmarks)
+        self._closed = False  # close() ran: a second one only reports
 
     @property
     def last_error(self) -> str | None:

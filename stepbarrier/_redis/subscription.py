@@ -117,7 +117,8 @@ class KeptSubscription:
             return None
         return idle
 
-    def keep(self, subscription: Subscription) -> None:
+    def keep(self, subscription: Subscription | None) -> None:
+        """Keep ``subscription`` (``None``: none), closing the one kept before."""
         with self._lock:
             old, self._idle = self._idle, subscription
             self._idle_since = self._clock()
@@ -125,10 +126,7 @@ class KeptSubscription:
             old.close()
 
     def close(self) -> None:
-        with self._lock:
-            idle, self._idle = self._idle, None
-        if idle is not None:
-            idle.close()
+        self.keep(None)
 
 
 def _kind(message: Any) -> str:

@@ -27,6 +27,7 @@ from stepbarrier._inspect.listing import (
     JobSummary,
     PatternListing,
     list_jobs,
+    truncation_lines,
     validate_patterns,
 )
 from stepbarrier._inspect.progress import TaskProgress
@@ -249,15 +250,8 @@ class JobsCollector:
                 log.warning("reading the jobs again (serving stepbarrier_up 1)")
             was = set() if last is None or last.listing is None else _truncated(last.listing)
             if _truncated(listing) != was:  # once while it stays, not per scrape
-                for part in listing.patterns:
-                    if part.truncated:
-                        log.warning(
-                            "not every job matching %r is exported: %d found, %d read "
-                            "(serving stepbarrier_jobs_truncated 1)",
-                            part.pattern,
-                            part.found,
-                            part.read,
-                        )
+                for line in truncation_lines(listing):
+                    log.warning("%s (serving stepbarrier_jobs_truncated 1)", line)
         tasks = None
         if listing is not None and self._read_tasks is not None:
             tasks = self._read_tasks(self.config, [job.job for job in listing.jobs])
