@@ -23,7 +23,7 @@ Messages never contain a password: URLs are masked before they are formatted.
 
 from __future__ import annotations
 
-from typing import Literal, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 TimeoutLimit: TypeAlias = Literal["deadline", "stall", "progress"]
 """Which limit ended a wait: ``BarrierTimeout.limit``."""
@@ -92,18 +92,13 @@ class BarrierTimeout(_WaitError, TimeoutError):
         self,
         message: str,
         *,
-        job: str | None = None,
-        target: int | None = None,
-        last_step: int | None = None,
-        heartbeat_age: float | None = None,
         stalled: bool = False,
         barrier: str | None = None,
         missing: tuple[int, ...] = (),
         limit: TimeoutLimit | None = None,
+        **context: Any,
     ) -> None:
-        super().__init__(
-            message, job=job, target=target, last_step=last_step, heartbeat_age=heartbeat_age
-        )
+        super().__init__(message, **context)  # the wait's: _WaitError's keywords
         self.stalled = stalled
         self.limit: TimeoutLimit = limit or ("stall" if stalled else "deadline")
         self.barrier = barrier
@@ -122,16 +117,11 @@ class BarrierAborted(_WaitError):
         self,
         message: str,
         *,
-        job: str | None = None,
-        target: int | None = None,
-        last_step: int | None = None,
-        heartbeat_age: float | None = None,
         reason: str = "done",
         barrier: str | None = None,
+        **context: Any,
     ) -> None:
-        super().__init__(
-            message, job=job, target=target, last_step=last_step, heartbeat_age=heartbeat_age
-        )
+        super().__init__(message, **context)  # the wait's: _WaitError's keywords
         self.reason = reason
         self.barrier = barrier
 
