@@ -1,24 +1,12 @@
-"""Exceptions raised by stepbarrier.
+"""Exceptions raised by stepbarrier (the tree: docs/python-api.md#errors).
 
 Every error derives from one root, and each leaf also inherits the matching
-builtin so that callers who do not know stepbarrier can still catch it:
-
-```text
-StepBarrierError
-├── ConfigurationError   (also ValueError)   a setting or argument is invalid
-├── BarrierTimeout       (also TimeoutError) the overall or stall timeout passed
-│                                            (at a named barrier: .missing tasks)
-├── BarrierAborted                           the job finished or was reset first
-├── RedisUnavailable     (also ConnectionError) Redis unreachable after retries
-└── RedisRefused                             Redis answered but refused us
-                                             (authentication, ACL, wrong type)
-```
-
-The errors that end a wait (``BarrierTimeout``, ``BarrierAborted``,
-``RedisUnavailable``) carry its context: ``target`` (the step waited for),
-``last_step`` (the chief's last step seen, ``None`` if none) and
-``heartbeat_age`` (seconds since the chief's last heartbeat, when known).
-Messages never contain a password: URLs are masked before they are formatted.
+builtin (``ValueError``, ``TimeoutError``, ``ConnectionError``) so that callers who
+do not know stepbarrier can still catch it. The errors that end a wait carry its
+context: ``target`` (the step waited for), ``last_step`` (the chief's last step
+seen, ``None`` if none) and ``heartbeat_age`` (seconds since the chief's last
+heartbeat, when known). Messages never contain a password: URLs are masked before
+they are formatted.
 """
 
 from __future__ import annotations
