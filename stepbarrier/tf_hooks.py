@@ -516,9 +516,8 @@ def hooks_from_env(
         last_step: For the chief: the job is finished when a session ends at or
             above this step (see ``GlobalStepPublisherHook``).
         start_barrier: Every task waits before its first step until the chief
-            and all workers are there (``StartBarrierHook``, first in the list).
-            A worker with neither ``STEPBARRIER_WAIT_UNTIL_STEP`` nor
-            ``STEPBARRIER_SCHEDULE`` then gets no step waiter.
+            and all workers are there (``StartBarrierHook``, first in the list;
+            docs/tensorflow-keras.md#start-and-end-barriers).
         end_barrier: The chief holds in ``end()`` until every worker has
             finished, then marks the job done (``EndBarrierHook``, last).
         parties: The barriers' parties; ``None``: the chief and worker tasks
@@ -597,8 +596,7 @@ def follow_tensorflow_logging() -> None:
     """Let stepbarrier's lines follow TensorFlow's logger and verbosity, unless the
     application configured logging for them: a user who sets
     ``tf.compat.v1.logging.set_verbosity(INFO)`` with no ``logging.basicConfig`` sees
-    the hooks' lines with TensorFlow's. The hooks call it in ``begin()`` and when a
-    wait starts."""
+    the hooks' lines with TensorFlow's."""
     sb_logger = logging.getLogger("stepbarrier")
     handler = _to_tensorflow
     ours = handler in sb_logger.handlers
