@@ -7,9 +7,7 @@ they share one subscription and one command connection
 registry entry before the cancellation completes; against a Redis that hangs it
 awaits each call for the time left to its nearest limit at most (``CALL_FLOOR`` at
 least), and its unregistration for ``LEAVE_WITHIN`` (an entry left expires).
-
-The chief stays ``StepPublisher``: ``publish`` never blocks, so a coroutine may call
-it as it is.
+The chief stays ``StepPublisher`` (docs/python-api.md#asyncio-asyncstepwaiter).
 """
 
 from __future__ import annotations
@@ -140,14 +138,12 @@ class AsyncStepWaiter:
         once the waits have ended: unregistrations still queued go first."""
         await self._batcher.close(LEAVE_TIMEOUT)
         await self._subscription.aclose()
-        client, self._client, self._code = self._client, None, None
-        owners, self._owners = self._owners, None
+        owners, self._owners, self._code = self._owners, None, None
         if owners is not None:
             await owners.aclose()
-        if self._owns_client and client is not None:
+        if self._owns_client and self._client is not None:  # a caller's stays theirs
+            client, self._client = self._client, None
             await client.aclose()
-        elif client is not None:
-            self._client = client  # the caller's: it stays theirs, and ours to use
 
     def _connected(self) -> AsyncClient:
         if self._client is None:

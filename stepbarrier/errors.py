@@ -1,29 +1,17 @@
-"""Exceptions raised by stepbarrier.
+"""Exceptions raised by stepbarrier (the tree: docs/python-api.md#errors).
 
 Every error derives from one root, and each leaf also inherits the matching
-builtin so that callers who do not know stepbarrier can still catch it:
-
-```text
-StepBarrierError
-├── ConfigurationError   (also ValueError)   a setting or argument is invalid
-├── BarrierTimeout       (also TimeoutError) the overall or stall timeout passed
-│                                            (at a named barrier: .missing tasks)
-├── BarrierAborted                           the job finished or was reset first
-├── RedisUnavailable     (also ConnectionError) Redis unreachable after retries
-└── RedisRefused                             Redis answered but refused us
-                                             (authentication, ACL, wrong type)
-```
-
-The errors that end a wait (``BarrierTimeout``, ``BarrierAborted``,
-``RedisUnavailable``) carry its context: ``target`` (the step waited for),
-``last_step`` (the chief's last step seen, ``None`` if none) and
-``heartbeat_age`` (seconds since the chief's last heartbeat, when known).
-Messages never contain a password: URLs are masked before they are formatted.
+builtin (``ValueError``, ``TimeoutError``, ``ConnectionError``) so that callers who
+do not know stepbarrier can still catch it. The errors that end a wait carry its
+context: ``target`` (the step waited for), ``last_step`` (the chief's last step
+seen, ``None`` if none) and ``heartbeat_age`` (seconds since the chief's last
+heartbeat, when known). Messages never contain a password: URLs are masked before
+they are formatted.
 """
 
 from __future__ import annotations
 
-from typing import Literal, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 TimeoutLimit: TypeAlias = Literal["deadline", "stall", "progress"]
 """Which limit ended a wait: ``BarrierTimeout.limit``."""
@@ -92,18 +80,13 @@ class BarrierTimeout(_WaitError, TimeoutError):
         self,
         message: str,
         *,
-        job: str | None = None,
-        target: int | None = None,
-        last_step: int | None = None,
-        heartbeat_age: float | None = None,
         stalled: bool = False,
         barrier: str | None = None,
         missing: tuple[int, ...] = (),
         limit: TimeoutLimit | None = None,
+        **context: Any,
     ) -> None:
-        super().__init__(
-            message, job=job, target=target, last_step=last_step, heartbeat_age=heartbeat_age
-        )
+        super().__init__(message, **context)  # the wait's: _WaitError's keywords
         self.stalled = stalled
         self.limit: TimeoutLimit = limit or ("stall" if stalled else "deadline")
         self.barrier = barrier
@@ -122,16 +105,11 @@ class BarrierAborted(_WaitError):
         self,
         message: str,
         *,
-        job: str | None = None,
-        target: int | None = None,
-        last_step: int | None = None,
-        heartbeat_age: float | None = None,
         reason: str = "done",
         barrier: str | None = None,
+        **context: Any,
     ) -> None:
-        super().__init__(
-            message, job=job, target=target, last_step=last_step, heartbeat_age=heartbeat_age
-        )
+        super().__init__(message, **context)  # the wait's: _WaitError's keywords
         self.reason = reason
         self.barrier = barrier
 

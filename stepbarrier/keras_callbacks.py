@@ -195,14 +195,10 @@ def _refuse_a_synchronous_strategy(model: Any) -> None:
     raise ConfigurationError(
         f"StepWaiterCallback does not run under {name}, a synchronous strategy: "
         "across workers it takes every training step in one all-reduce of them all, "
-        "so the chief would block in its first step until this worker joins it while "
-        "this worker waits for the chief's step, a deadlock that the chief's heartbeat "
-        "keeps the stall timeout from ending; the refusal goes by the kind of "
-        "strategy, in a single process too. To hold the tasks together at the start "
-        "and the end of training, use StartBarrierCallback and EndBarrierCallback "
-        "instead (or callbacks_from_env(start_barrier=True, end_barrier=True) with "
-        "neither STEPBARRIER_WAIT_UNTIL_STEP nor STEPBARRIER_SCHEDULE for the "
-        "workers). A step wait fits the default strategy and OneDeviceStrategy "
+        "so the chief's first step would wait for this worker while this worker waits "
+        "for the chief's step, a deadlock (refused by the kind of strategy, in a single "
+        "process too). Use StartBarrierCallback and EndBarrierCallback instead; a step "
+        "wait fits the default strategy and OneDeviceStrategy "
         "(docs/tensorflow-keras.md#distribution-strategies)."
     )
 

@@ -1,10 +1,9 @@
 """TensorFlow session hooks: the chief publishes its global step, workers wait for it.
 
 ``GlobalStepWaiterHook`` replaces ``tf.compat.v1.train.GlobalStepWaiterHook`` by
-changing the import: a waiting worker is woken through Redis within milliseconds of
-the chief's ``GlobalStepPublisherHook``, not by reading the parameter server twice a
-second. ``StartBarrierHook`` and ``EndBarrierHook`` hold every task together at the
-start and the end of training; ``hooks_from_env`` picks what this host needs:
+changing the import; ``StartBarrierHook`` and ``EndBarrierHook`` hold every task
+together at the start and the end of training; ``hooks_from_env`` picks what this
+host needs (docs/tensorflow-keras.md):
 
 ```python
 hooks = stepbarrier.tf_hooks.hooks_from_env(start_barrier=True, end_barrier=True)
@@ -22,6 +21,7 @@ Warning:
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import operator
 import time
@@ -99,14 +99,11 @@ class _Default(enum.Enum):
 class GlobalStepWaiterHook(tf.compat.v1.train.SessionRunHook):  # type: ignore[misc]
     """Delays a worker's training until the job's global step reaches a step.
 
-    A drop-in for ``tf.compat.v1.train.GlobalStepWaiterHook``, with its argument and
-    lifecycle (docs/tensorflow-keras.md#parity-with-tensorflows-hook). It reads the
-    session's global step at TensorFlow's pace and listens to the chief's
+    A drop-in for ``tf.compat.v1.train.GlobalStepWaiterHook``
+    (docs/tensorflow-keras.md#parity-with-tensorflows-hook): it reads the session's
+    global step at TensorFlow's pace and listens to the chief's
     ``GlobalStepPublisherHook`` through Redis; whichever comes first releases the
-    worker, so never later than TensorFlow's hook, and never earlier. Without
-    ``STEPBARRIER_JOB`` (and no ``config``) it is TensorFlow's hook, after one
-    WARNING; with Redis unreachable or refusing it says so once and waits on the
-    session's step (docs/tensorflow-keras.md#the-sessions-step-the-safety-net).
+    worker. Without ``STEPBARRIER_JOB`` (and no ``config``) it is TensorFlow's hook.
 
     Args:
         wait_until_step: The global step to wait for; ``<= 0`` starts at once
@@ -117,10 +114,7 @@ class GlobalStepWaiterHook(tf.compat.v1.train.SessionRunHook):  # type: ignore[m
             ``STEPBARRIER_JOB`` is set.
         report_every: Once started, the worker adds the global step of every
             ``report_every``-th run to the job's published step (``None`` or 0:
-            never), for waiters that listen to Redis only; a report never vouches
-            for the step (docs/tensorflow-keras.md#workers-keep-the-step-moving).
-            A user that may not write the step is said at INFO by default, at
-            WARNING if asked for (here or by ``STEPBARRIER_REPORT_EVERY``).
+            never; docs/tensorflow-keras.md#workers-keep-the-step-moving).
 
     Attributes:
         released_at_step: The step that released this worker (``None`` until a
@@ -266,17 +260,12 @@ class GlobalStepPublisherHook(tf.compat.v1.train.SessionRunHook):  # type: ignor
 
     Add it to the chief's ``chief_only_hooks``. The global step is fetched with the
     runs where it may matter and handed to a ``StepPublisher``, whose thread writes
-    to Redis; Redis being down never stops training. A worker is released late by
-    at most ``FETCH_EVERY`` runs or ``FETCH_WITHIN`` seconds of runs, never early
-    (docs/tensorflow-keras.md#how-the-chief-publishes). Each session starts a new
-    chief generation at its step, so a chief restored from a checkpoint publishes
-    its real, lower step.
+    to Redis; Redis being down never stops training
+    (docs/tensorflow-keras.md#how-the-chief-publishes).
 
-    ``end()`` (at the end of each session) publishes the exact final step and
-    finishes the job only at or above ``last_step``, aborting workers still waiting
-    for a later step; otherwise the publisher pauses, its heartbeat going on, until
-    the next session (docs/tensorflow-keras.md#how-a-job-is-finished). ``close()``
-    ends a pause without finishing; ``stepbarrier publish STEP --done`` finishes by hand.
+    ``end()`` (at the end of each session) finishes the job only at or above
+    ``last_step``; otherwise the publisher pauses until the next session
+    (docs/tensorflow-keras.md#how-a-job-is-finished).
 
     Args:
         config: The job's settings; ``None`` reads ``BarrierConfig.from_env()``
@@ -364,9 +353,9 @@ class GlobalStepPublisherHook(tf.compat.v1.train.SessionRunHook):  # type: ignor
 class StartBarrierHook(StartBarrier, tf.compat.v1.train.SessionRunHook):  # type: ignore[misc]
     """Holds the task before its first step until every party has arrived.
 
-    Instead of sleeping and hoping (TensorFlow issues #21492, #32549, #51892). Put
-    it before a ``GlobalStepWaiterHook`` (hooks run in order): the chief, also at the
-    barrier, takes no step before every worker is there. It waits once per object.
+    Put it before a ``GlobalStepWaiterHook`` (hooks run in order): the chief, also at
+    the barrier, takes no step before every worker is there
+    (docs/tensorflow-keras.md#start-and-end-barriers). It waits once per object.
 
     Args:
         parties: The chief and the workers: task ids ``0..parties-1``.
@@ -400,10 +389,9 @@ class EndBarrierHook(EndBarrier, tf.compat.v1.train.SessionRunHook):  # type: ig
     """Arrives at the end barrier in ``end()``; the chief waits there for every worker.
 
     The chief (whose exit often ends the whole job) so never leaves first, and marks
-    the job done once all have arrived. ``end()`` runs only when training ends
-    normally: a worker that crashed never arrives, and the chief's ``BarrierTimeout``
-    names it. On the chief put it after ``GlobalStepPublisherHook`` (or in ``hooks``
-    when the publisher is in ``chief_only_hooks``), whose ``end()`` must run first.
+    the job done once all have arrived (docs/tensorflow-keras.md#start-and-end-barriers).
+    On the chief put it after ``GlobalStepPublisherHook`` (or in ``hooks`` when the
+    publisher is in ``chief_only_hooks``), whose ``end()`` must run first.
 
     Args:
         parties: As ``StartBarrierHook``'s (so are ``name``, ``config`` and
@@ -452,11 +440,12 @@ class EndBarrierHook(EndBarrier, tf.compat.v1.train.SessionRunHook):  # type: ig
     def end(self, session: Any) -> None:
         if self._arrived:
             return
+        read = functools.partial(_read_step, session, self._global_step, "the global step")
         if self._last_step is not None:
-            step = _read_step(session, self._global_step, "the global step")
+            step = read()
             if step is None or step < self._last_step:
                 return  # a session that ends before the last step: not the end of training
-        self._arrive_once(lambda: _read_step(session, self._global_step, "the global step"))
+        self._arrive_once(read)
 
 
 def wait_on_session(session: StepSource, target: int) -> int:
@@ -520,17 +509,15 @@ def hooks_from_env(
 
     The chief gets a ``GlobalStepPublisherHook``; a worker a ``GlobalStepWaiterHook``
     for ``STEPBARRIER_WAIT_UNTIL_STEP`` or its ``STEPBARRIER_SCHEDULE`` step; a ps or
-    evaluator task of ``TF_CONFIG`` none (and needs no ``STEPBARRIER_*`` variable).
-    No connection is made until the session starts.
+    evaluator task of ``TF_CONFIG`` none (docs/tensorflow-keras.md#session-hooks).
 
     Args:
         environ: The variables to read; ``os.environ`` when ``None``.
         last_step: For the chief: the job is finished when a session ends at or
             above this step (see ``GlobalStepPublisherHook``).
         start_barrier: Every task waits before its first step until the chief
-            and all workers are there (``StartBarrierHook``, first in the list).
-            A worker with neither ``STEPBARRIER_WAIT_UNTIL_STEP`` nor
-            ``STEPBARRIER_SCHEDULE`` then gets no step waiter.
+            and all workers are there (``StartBarrierHook``, first in the list;
+            docs/tensorflow-keras.md#start-and-end-barriers).
         end_barrier: The chief holds in ``end()`` until every worker has
             finished, then marks the job done (``EndBarrierHook``, last).
         parties: The barriers' parties; ``None``: the chief and worker tasks
@@ -609,8 +596,7 @@ def follow_tensorflow_logging() -> None:
     """Let stepbarrier's lines follow TensorFlow's logger and verbosity, unless the
     application configured logging for them: a user who sets
     ``tf.compat.v1.logging.set_verbosity(INFO)`` with no ``logging.basicConfig`` sees
-    the hooks' lines with TensorFlow's. The hooks call it in ``begin()`` and when a
-    wait starts."""
+    the hooks' lines with TensorFlow's."""
     sb_logger = logging.getLogger("stepbarrier")
     handler = _to_tensorflow
     ours = handler in sb_logger.handlers
