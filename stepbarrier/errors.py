@@ -11,7 +11,10 @@ they are formatted.
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Literal, TypeAlias, TypedDict
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing's from 3.11; only the checker reads it
 
 TimeoutLimit: TypeAlias = Literal["deadline", "stall", "progress"]
 """Which limit ended a wait: ``BarrierTimeout.limit``."""
@@ -43,6 +46,15 @@ class ConfigurationError(StepBarrierError, ValueError):
     ) -> None:
         super().__init__(message, job=job)
         self.variable = variable
+
+
+class WaitContext(TypedDict, total=False):
+    """The keywords of a wait's context, which every error that ends a wait takes."""
+
+    job: str | None
+    target: int | None
+    last_step: int | None
+    heartbeat_age: float | None
 
 
 class _WaitError(StepBarrierError):
@@ -84,7 +96,7 @@ class BarrierTimeout(_WaitError, TimeoutError):
         barrier: str | None = None,
         missing: tuple[int, ...] = (),
         limit: TimeoutLimit | None = None,
-        **context: Any,
+        **context: Unpack[WaitContext],
     ) -> None:
         super().__init__(message, **context)  # the wait's: _WaitError's keywords
         self.stalled = stalled
@@ -107,7 +119,7 @@ class BarrierAborted(_WaitError):
         *,
         reason: str = "done",
         barrier: str | None = None,
-        **context: Any,
+        **context: Unpack[WaitContext],
     ) -> None:
         super().__init__(message, **context)  # the wait's: _WaitError's keywords
         self.reason = reason
