@@ -14,17 +14,17 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from stepbarrier._config.settings import BarrierConfig
-from stepbarrier._protocol.barrier_library import (
-    BARRIER_EPOCH_ENDED,
-    BARRIER_OTHER_PARTIES,
-    BARRIER_RESTORABLE,
-)
 from stepbarrier._protocol.barrier_record import (
     BarrierState,
     describe_tasks,
     epoch_token,
     list_tasks,
     state_from_read,
+)
+from stepbarrier._protocol.library import (
+    BARRIER_EPOCH_ENDED,
+    BARRIER_OTHER_PARTIES,
+    BARRIER_RESTORABLE,
 )
 from stepbarrier._protocol.wire import parse_int
 from stepbarrier._worker.timing import Limit, WaitTiming
