@@ -17,8 +17,7 @@ from collections.abc import Callable
 from stepbarrier._config.checks import Kind, integer
 from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._protocol.calls import report_progress_call
-from stepbarrier._protocol.progress import MAX_TASK_ID
-from stepbarrier._protocol.wire import MAX_STEP, checked_step
+from stepbarrier._protocol.wire import MAX_STEP, MAX_TASK_ID, checked_step
 from stepbarrier._redis.client import RedisClient
 from stepbarrier._redis.failures import REDIS_ERRORS
 from stepbarrier._redis.functions import RedisCode, is_out_of_memory

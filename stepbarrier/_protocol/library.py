@@ -16,8 +16,13 @@ from __future__ import annotations
 
 from stepbarrier._protocol.barrier_record import MAX_PARTIES
 from stepbarrier._protocol.lua import lua_source
-from stepbarrier._protocol.progress import MAX_PROGRESS_TASKS, MAX_PROGRESS_VALUE, MAX_TASK_ID
-from stepbarrier._protocol.wire import MAX_STEP, STATE_FIELDS, WAIT_FIELDS
+from stepbarrier._protocol.wire import (
+    MAX_PROGRESS_VALUE,
+    MAX_STEP,
+    MAX_TASK_ID,
+    STATE_FIELDS,
+    WAIT_FIELDS,
+)
 
 MAX_FIELDS = 32
 """Most fields of a state hash, a waiter's entry or the barrier epoch (a barrier:
@@ -51,6 +56,9 @@ MAX_RESTORED = 1000
 """Most arrivals one ``barrier_arrive`` call records again on other tasks' behalf;
 a call with more is refused before anything is read or written
 (``calls.split_arrival`` sends more as several calls)."""
+MAX_PROGRESS_TASKS = MAX_PARTIES
+"""Most tasks (fields) a job's progress hash holds: a report of a new task into a
+full hash is refused (``HLEN``, O(1))."""
 MAX_INDEX_READ = 10_000
 """Most members one ``index_read`` returns (its members longer than ``MAX_ARGUMENT``
 bytes are counted, never sent)."""
