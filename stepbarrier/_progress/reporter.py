@@ -14,10 +14,10 @@ import math
 import time
 from collections.abc import Callable
 
-from stepbarrier._config.checks import Kind, integer
+from stepbarrier._config.checks import TASK_ID, Kind
 from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._protocol.calls import report_progress_call
-from stepbarrier._protocol.wire import MAX_STEP, MAX_TASK_ID, checked_step
+from stepbarrier._protocol.wire import MAX_STEP, checked_step
 from stepbarrier._redis.client import RedisClient
 from stepbarrier._redis.failures import REDIS_ERRORS
 from stepbarrier._redis.functions import RedisCode, is_out_of_memory
@@ -274,5 +274,5 @@ def _task_id(config: BarrierConfig, task_id: int | None) -> int:
             "launcher's rank, TF_CONFIG), or pass task_id",
             variable="STEPBARRIER_TASK_ID",
         )
-    integer(0, MAX_TASK_ID).check(task_id, "task_id")
+    TASK_ID.check(task_id, "task_id")
     return task_id

@@ -18,14 +18,12 @@ from stepbarrier.errors import ConfigurationError
 MAX_PARTIES = 10_000
 """Most tasks one barrier can wait for (why, and what a large barrier costs Redis:
 docs/protocol.md#bounds)."""
-BARRIER_NAME = NAME
-"""A barrier's name: like a job name, it becomes part of a key."""
 _TASK_FIELD = re.compile(rb"t(0|[1-9][0-9]{0,8})")
 
 
 def validate_barrier_name(name: object) -> str:
     """Return ``name`` if it is a valid barrier name, else raise ``ConfigurationError``."""
-    if not isinstance(name, str) or BARRIER_NAME.fullmatch(name) is None:
+    if not isinstance(name, str) or NAME.fullmatch(name) is None:
         raise ConfigurationError(
             "a barrier name must be 1 to 64 characters from letters, digits, '.', '_' and "
             f"'-' (one name per barrier and run, e.g. 'epoch-3'), got {str(name)[:80]!r}",

@@ -197,7 +197,6 @@ def reset_job_call(
 ) -> Call:
     """``stepbarrier reset``'s call; ``extra``: the waiter entries, barriers and
     progress hash it deletes besides the job's fixed keys."""
-    fixed = [keys.state, keys.targets, keys.registrations, keys.reset]
-    fixed += [keys.barrier_index, keys.barrier_epoch]
+    fixed = [*keys.all_fixed(), keys.barrier_index, keys.barrier_epoch]
     args = [keys.channel, marker_ttl, publish_command, keys.barrier_channel]
     return ("reset_job", [*fixed, *extra], args)
