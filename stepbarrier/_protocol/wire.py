@@ -238,14 +238,12 @@ _ANNOUNCED = re.compile(
     rb'"beat":(0|[1-9][0-9]{0,15}),"vouch":(true|false),"done":(true|false),'
     rb'"pinned":(true|false),"run_id":"([A-Za-z0-9._-]{0,64})","idle":(0|[1-9][0-9]{0,15})\}'
 )
-"""An announcement exactly as ``publish_step`` formats it (``_announced`` reads it
-without ``json``); anything else goes through the general parse, which decides
-the same for it."""
 
 
 def _announced(raw: bytes) -> StepAnnouncement | None:
-    """``raw`` read as ``publish_step``'s own format, or ``None`` if it is not in it
-    (or a number is out of range: the general parse then says what it is)."""
+    """``raw`` read without ``json`` as ``publish_step``'s own format, or ``None`` if it
+    is not in it (or a number is out of range): the general parse, which decides the
+    same for it, then says what it is."""
     found = _ANNOUNCED.fullmatch(raw)
     if found is None:
         return None
