@@ -111,20 +111,12 @@ def epoch_token(raw: object) -> str | None:
     return None if token is None else str(token)
 
 
-def list_tasks(tasks: Iterable[int], *, limit: int = 50) -> str:
-    """Task ids one by one: ``"1, 2, 3"``; past ``limit`` of them, how many more."""
-    ordered = sorted(set(tasks))
-    shown = [str(task) for task in ordered[:limit]]
-    if len(ordered) > limit:
-        shown.append(f"and {len(ordered) - limit} more")
-    return ", ".join(shown) if shown else "none"
-
-
-def describe_tasks(tasks: Iterable[int], *, limit: int = 12) -> str:
-    """Task ids as short ranges: ``"1, 3-5, 9"``; past ``limit`` ranges, how many more."""
+def describe_tasks(tasks: Iterable[int], *, limit: int = 12, spans: bool = True) -> str:
+    """Task ids as short ranges: ``"1, 3-5, 9"`` (one by one without ``spans``: ``"1, 3,
+    4, 5, 9"``); past ``limit`` ranges, how many more tasks."""
     ranges: list[tuple[int, int]] = []
     for task in sorted(set(tasks)):
-        if ranges and task == ranges[-1][1] + 1:
+        if spans and ranges and task == ranges[-1][1] + 1:
             ranges[-1] = (ranges[-1][0], task)
         else:
             ranges.append((task, task))
