@@ -1,10 +1,7 @@
 """The Lua library's pieces, limits and replies (docs/protocol.md#bounds).
 
-``BODIES`` holds each piece once, read from its ``.lua`` file
-(``stepbarrier/_protocol/lua/``); ``HELPERS`` is what every piece shares, with
-the limits below prepended as Lua constants (one definition for Python and
-Lua). ``stepbarrier._redis.functions`` registers the pieces as a versioned
-Redis Functions library, or runs them as ``EVAL`` scripts.
+``BODIES`` holds each piece (``lua/<name>.lua``), ``HELPERS`` what they share, after
+the limits below as Lua constants; ``stepbarrier._redis.functions`` loads them.
 
 Whoever may write a job's keys through the library may write them directly too,
 with any size: no function does work proportional to what a role can write, and
@@ -60,8 +57,7 @@ MAX_PROGRESS_TASKS = MAX_PARTIES
 """Most tasks (fields) a job's progress hash holds: a report of a new task into a
 full hash is refused (``HLEN``, O(1))."""
 MAX_INDEX_READ = 10_000
-"""Most members one ``index_read`` returns (its members longer than ``MAX_ARGUMENT``
-bytes are counted, never sent)."""
+"""Most members one ``index_read`` returns (``calls.index_call``)."""
 BARRIER_FIELDS = ("parties", "arrived", "created_ms", "run_id", "epoch", "last_ms", "completed_ms")
 """A barrier hash's own fields; the others are ``t<task id>``, one per arrival."""
 EPOCH_FIELDS = ("token", "by")
