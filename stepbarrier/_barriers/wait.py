@@ -14,17 +14,16 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from stepbarrier._config.settings import BarrierConfig
-from stepbarrier._protocol.barrier_library import (
-    BARRIER_EPOCH_ENDED,
-    BARRIER_OTHER_PARTIES,
-    BARRIER_RESTORABLE,
-)
 from stepbarrier._protocol.barrier_record import (
     BarrierState,
     describe_tasks,
     epoch_token,
-    list_tasks,
     state_from_read,
+)
+from stepbarrier._protocol.library import (
+    BARRIER_EPOCH_ENDED,
+    BARRIER_OTHER_PARTIES,
+    BARRIER_RESTORABLE,
 )
 from stepbarrier._protocol.wire import parse_int
 from stepbarrier._worker.timing import Limit, WaitTiming
@@ -192,6 +191,7 @@ class BarrierRules(WaitTiming):
         else:
             assert self.deadline is not None
             why = f"overall timeout of {self.deadline - self.started:g} s passed"
+        listed = describe_tasks(missing, limit=50, spans=False)
         lost = ""
         if self.lost:
             lost = (
@@ -202,7 +202,7 @@ class BarrierRules(WaitTiming):
         return BarrierTimeout(
             f"job {self.config.job}: gave up at barrier {self.name!r} after "
             f"{self.clock() - self.started:.1f} s: {why}; {self.parties - len(missing)} of "
-            f"{self.parties} tasks arrived, missing task(s) {list_tasks(missing)}{lost}",
+            f"{self.parties} tasks arrived, missing task(s) {listed}{lost}",
             job=self.config.job,
             stalled=stalled,
             limit="stall" if stalled else "deadline",

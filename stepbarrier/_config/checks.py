@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import SplitResult, parse_qsl, unquote_plus, urlsplit
 
-from stepbarrier._protocol.progress import MAX_TASK_ID
-from stepbarrier._protocol.wire import NAME
+from stepbarrier._protocol.wire import MAX_TASK_ID, NAME
 from stepbarrier.errors import ConfigurationError
 
 JOB_NAME = NAME

@@ -12,7 +12,7 @@ import json
 from typing import Any, NamedTuple
 
 from stepbarrier._config.defaults import Role, TaskIdSource
-from stepbarrier._protocol.progress import MAX_TASK_ID
+from stepbarrier._protocol.wire import MAX_TASK_ID
 from stepbarrier.errors import ConfigurationError
 
 CHIEF_TASK_TYPES = ("chief", "master")

@@ -21,7 +21,8 @@ import redis
 
 from stepbarrier._inspect.registry import one_line, replies_of
 from stepbarrier._protocol.keys import JobKeys
-from stepbarrier._protocol.progress import MAX_PROGRESS_TASKS, MAX_PROGRESS_VALUE, parse_progress
+from stepbarrier._protocol.library import MAX_PROGRESS_TASKS
+from stepbarrier._protocol.wire import MAX_PROGRESS_VALUE, parse_progress
 from stepbarrier._redis.client import RedisClient
 
 MAX_TASKS_READ = 1000

@@ -46,13 +46,13 @@ from stepbarrier._inspect.registry import (
     to_bytes,
 )
 from stepbarrier._protocol import freshness
-from stepbarrier._protocol.barrier_library import MAX_BARRIER_INDEX
 from stepbarrier._protocol.barrier_record import MAX_PARTIES, epoch_token, split_member
 from stepbarrier._protocol.calls import may_write_call, read_call
 from stepbarrier._protocol.keys import JobKeys
 from stepbarrier._protocol.library import (
     BARRIER_FIELDS,
     EPOCH_FIELDS,
+    MAX_BARRIER_INDEX,
     MAX_FIELDS,
     MAX_TASK_VALUE,
     MAX_VALUE,

@@ -14,10 +14,9 @@ import math
 import time
 from collections.abc import Callable
 
-from stepbarrier._config.checks import Kind, integer
+from stepbarrier._config.checks import TASK_ID, Kind
 from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._protocol.calls import report_progress_call
-from stepbarrier._protocol.progress import MAX_TASK_ID
 from stepbarrier._protocol.wire import MAX_STEP, checked_step
 from stepbarrier._redis.client import RedisClient
 from stepbarrier._redis.failures import REDIS_ERRORS
@@ -274,5 +273,5 @@ def _task_id(config: BarrierConfig, task_id: int | None) -> int:
             "launcher's rank, TF_CONFIG), or pass task_id",
             variable="STEPBARRIER_TASK_ID",
         )
-    integer(0, MAX_TASK_ID).check(task_id, "task_id")
+    TASK_ID.check(task_id, "task_id")
     return task_id

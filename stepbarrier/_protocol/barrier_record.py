@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import operator
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,14 +18,12 @@ from stepbarrier.errors import ConfigurationError
 MAX_PARTIES = 10_000
 """Most tasks one barrier can wait for (why, and what a large barrier costs Redis:
 docs/protocol.md#bounds)."""
-BARRIER_NAME = NAME
-"""A barrier's name: like a job name, it becomes part of a key."""
 _TASK_FIELD = re.compile(rb"t(0|[1-9][0-9]{0,8})")
 
 
 def validate_barrier_name(name: object) -> str:
     """Return ``name`` if it is a valid barrier name, else raise ``ConfigurationError``."""
-    if not isinstance(name, str) or BARRIER_NAME.fullmatch(name) is None:
+    if not isinstance(name, str) or NAME.fullmatch(name) is None:
         raise ConfigurationError(
             "a barrier name must be 1 to 64 characters from letters, digits, '.', '_' and "
             f"'-' (one name per barrier and run, e.g. 'epoch-3'), got {str(name)[:80]!r}",
@@ -107,66 +105,18 @@ class BarrierState:
         return tuple(task for task in range(self.parties) if task not in arrived)
 
 
-def parse_barrier(
-    member: str,
-    fields: Mapping[bytes, object],
-    *,
-    parties: int | None = None,
-    counted: bool = False,
-) -> BarrierState | None:
-    """The barrier stored under ``member`` from its hash fields (bytes); ``None`` if
-    malformed. Task fields outside ``0..parties-1`` and malformed times are ignored.
-
-    Args:
-        parties: A party's own number of parties: the barrier is read as one of
-            that many tasks, whatever ``parties`` is stored, which whoever may write
-            the barrier could have set. ``None``: the stored number (``status``).
-    """
-    stored = parse_int(fields.get(b"parties"), low=1, high=MAX_PARTIES)
-    if stored is None:
-        return None
-    if parties is None:
-        parties = stored
-    arrivals = []
-    for field, value in fields.items():
-        match = _TASK_FIELD.fullmatch(field) if isinstance(field, bytes) else None
-        at = parse_int(value)
-        if match is not None and at is not None and int(match.group(1)) < parties:
-            arrivals.append((int(match.group(1)), at))
-    name, run_id = split_member(member)
-    return BarrierState(
-        name=name,
-        run_id=run_id,
-        parties=parties,
-        arrivals=tuple(sorted(arrivals)),
-        created_ms=parse_int(fields.get(b"created_ms")),
-        last_ms=parse_int(fields.get(b"last_ms")),
-        completed_ms=parse_int(fields.get(b"completed_ms")),
-        epoch=epoch_token(fields.get(b"epoch")),
-        counted=parse_int(fields.get(b"tasks")) if counted else None,
-    )
-
-
 def epoch_token(raw: object) -> str | None:
     """An epoch token as stored (compared for equality only), ``None`` if malformed."""
     token = parse_int(raw)
     return None if token is None else str(token)
 
 
-def list_tasks(tasks: Iterable[int], *, limit: int = 50) -> str:
-    """Task ids one by one: ``"1, 2, 3"``; past ``limit`` of them, how many more."""
-    ordered = sorted(set(tasks))
-    shown = [str(task) for task in ordered[:limit]]
-    if len(ordered) > limit:
-        shown.append(f"and {len(ordered) - limit} more")
-    return ", ".join(shown) if shown else "none"
-
-
-def describe_tasks(tasks: Iterable[int], *, limit: int = 12) -> str:
-    """Task ids as short ranges: ``"1, 3-5, 9"``; past ``limit`` ranges, how many more."""
+def describe_tasks(tasks: Iterable[int], *, limit: int = 12, spans: bool = True) -> str:
+    """Task ids as short ranges: ``"1, 3-5, 9"`` (one by one without ``spans``: ``"1, 3,
+    4, 5, 9"``); past ``limit`` ranges, how many more tasks."""
     ranges: list[tuple[int, int]] = []
     for task in sorted(set(tasks)):
-        if ranges and task == ranges[-1][1] + 1:
+        if spans and ranges and task == ranges[-1][1] + 1:
             ranges[-1] = (ranges[-1][0], task)
         else:
             ranges.append((task, task))
@@ -195,11 +145,40 @@ def parse_barrier_notice(raw: object) -> str | None:
 def state_from_read(
     member: str, reply: list[Any], *, parties: int | None = None
 ) -> BarrierState | None:
-    """The barrier from a ``waiter_read`` reply on its hash (``None``: none, or malformed);
-    ``parties``: a party's own number of them (see ``parse_barrier``)."""
+    """The barrier stored under ``member`` from a ``waiter_read`` reply on its hash
+    (``None``: none, or malformed). Task fields outside ``0..parties-1`` and malformed
+    times are ignored.
+
+    Args:
+        parties: A party's own number of parties: the barrier is read as one of
+            that many tasks, whatever ``parties`` is stored, which whoever may write
+            the barrier could have set. ``None``: the stored number (``status``).
+    """
     kind = reply[2].decode() if isinstance(reply[2], bytes) else str(reply[2])
     if kind not in ("hash", "counted"):
         return None
     flat = reply[3:]
-    fields = dict(zip(flat[0::2], flat[1::2], strict=False))
-    return parse_barrier(member, fields, parties=parties, counted=kind == "counted")
+    fields: dict[bytes, object] = dict(zip(flat[0::2], flat[1::2], strict=False))
+    stored = parse_int(fields.get(b"parties"), low=1, high=MAX_PARTIES)
+    if stored is None:
+        return None
+    if parties is None:
+        parties = stored
+    arrivals = []
+    for field, value in fields.items():
+        match = _TASK_FIELD.fullmatch(field) if isinstance(field, bytes) else None
+        at = parse_int(value)
+        if match is not None and at is not None and int(match.group(1)) < parties:
+            arrivals.append((int(match.group(1)), at))
+    name, run_id = split_member(member)
+    return BarrierState(
+        name=name,
+        run_id=run_id,
+        parties=parties,
+        arrivals=tuple(sorted(arrivals)),
+        created_ms=parse_int(fields.get(b"created_ms")),
+        last_ms=parse_int(fields.get(b"last_ms")),
+        completed_ms=parse_int(fields.get(b"completed_ms")),
+        epoch=epoch_token(fields.get(b"epoch")),
+        counted=parse_int(fields.get(b"tasks")) if kind == "counted" else None,
+    )

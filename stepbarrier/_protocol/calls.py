@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from stepbarrier._protocol.keys import JobKeys
+from stepbarrier._protocol.library import BARRIER_RECORDED, MAX_RESTORED
+from stepbarrier._protocol.wire import parse_int
 
 Call = tuple[str, Sequence[Any], Sequence[Any]]
 """One call: the code's name in ``library.BODIES``, its keys and its arguments."""
@@ -85,7 +87,8 @@ def barrier_arrive_call(
     restore: Sequence[tuple[int, int]] = (),
 ) -> Call:
     """One arrival at a named barrier (``lua/barrier_arrive.lua``); ``restore``: the
-    ``(task, arrival ms)`` of arrivals Redis lost, recorded again on their behalf."""
+    ``(task, arrival ms)`` of arrivals Redis lost, recorded again on their behalf
+    (``ARRIVAL_ARGUMENTS`` fixed arguments, then those pairs)."""
     args: list[object] = [
         member,
         task_id,
@@ -100,6 +103,39 @@ def barrier_arrive_call(
     for task, at_ms in restore:
         args += [task, at_ms]
     return ("barrier_arrive", [barrier, index, epoch], args)
+
+
+ARRIVAL_ARGUMENTS = 9
+
+
+def split_arrival(call: Call) -> list[Call]:
+    """A ``barrier_arrive`` call as calls of at most ``MAX_RESTORED`` restored arrivals each.
+
+    Each part is the same arrival of the caller (recorded once: a re-arrival keeps
+    its first time) with the next ``MAX_RESTORED`` of the restored arrivals, in
+    order; a call within the limit is itself. Sent in order, the parts record
+    what the one call would have (only not atomically: each part is an arrival
+    of its own, which the protocol allows at any moment).
+    """
+    name, keys, args = call
+    fixed, pairs = list(args[:ARRIVAL_ARGUMENTS]), list(args[ARRIVAL_ARGUMENTS:])
+    size = 2 * MAX_RESTORED
+    if len(pairs) <= size:
+        return [call]
+    return [(name, keys, fixed + pairs[at : at + size]) for at in range(0, len(pairs), size)]
+
+
+def arrival_reply(replies: Sequence[Any]) -> Any:
+    """The reply of an arrival sent as the parts of ``split_arrival``: the first part's
+    error, or reply that recorded nothing (another number of parties, an ended
+    epoch: the parts after it were refused alike), else the last part's (the
+    barrier as all of them left it)."""
+    for reply in replies:
+        if isinstance(reply, Exception) or not isinstance(reply, (list, tuple)) or not reply:
+            return reply
+        if parse_int(reply[0]) != BARRIER_RECORDED:
+            return reply
+    return replies[-1]
 
 
 def begin_generation_call(keys: JobKeys, *, run_id: str, floor: int) -> Call:
@@ -161,7 +197,6 @@ def reset_job_call(
 ) -> Call:
     """``stepbarrier reset``'s call; ``extra``: the waiter entries, barriers and
     progress hash it deletes besides the job's fixed keys."""
-    fixed = [keys.state, keys.targets, keys.registrations, keys.reset]
-    fixed += [keys.barrier_index, keys.barrier_epoch]
+    fixed = [*keys.all_fixed(), keys.barrier_index, keys.barrier_epoch]
     args = [keys.channel, marker_ttl, publish_command, keys.barrier_channel]
     return ("reset_job", [*fixed, *extra], args)

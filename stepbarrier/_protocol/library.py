@@ -1,10 +1,7 @@
 """The Lua library's pieces, limits and replies (docs/protocol.md#bounds).
 
-``BODIES`` holds each piece once, read from its ``.lua`` file
-(``stepbarrier/_protocol/lua/``); ``HELPERS`` is what every piece shares, with
-the limits below prepended as Lua constants (one definition for Python and
-Lua). ``stepbarrier._redis.functions`` registers the pieces as a versioned
-Redis Functions library, or runs them as ``EVAL`` scripts.
+``BODIES`` holds each piece (``lua/<name>.lua``), ``HELPERS`` what they share, after
+the limits below as Lua constants; ``stepbarrier._redis.functions`` loads them.
 
 Whoever may write a job's keys through the library may write them directly too,
 with any size: no function does work proportional to what a role can write, and
@@ -14,11 +11,15 @@ anything (docs/protocol.md#bounds).
 
 from __future__ import annotations
 
-from stepbarrier._protocol.barrier_library import MAX_BARRIER_INDEX, MAX_RESTORED
 from stepbarrier._protocol.barrier_record import MAX_PARTIES
 from stepbarrier._protocol.lua import lua_source
-from stepbarrier._protocol.progress import MAX_PROGRESS_TASKS, MAX_PROGRESS_VALUE, MAX_TASK_ID
-from stepbarrier._protocol.wire import MAX_STEP, STATE_FIELDS, WAIT_FIELDS
+from stepbarrier._protocol.wire import (
+    MAX_PROGRESS_VALUE,
+    MAX_STEP,
+    MAX_TASK_ID,
+    STATE_FIELDS,
+    WAIT_FIELDS,
+)
 
 MAX_FIELDS = 32
 """Most fields of a state hash, a waiter's entry or the barrier epoch (a barrier:
@@ -45,9 +46,18 @@ MAX_RESET_KEYS = 2000
 """Most waiter entries and barrier hashes one ``reset_job`` call deletes (besides
 its six fixed keys): ``stepbarrier reset`` passes at most 1000 of each."""
 MAX_WRITE_KEYS = 8
+MAX_BARRIER_INDEX = 1000
+"""Most barriers the job's barrier index keeps, whatever a caller asks; an index of
+twice that or more (written by hand) is dropped whole at the next arrival."""
+MAX_RESTORED = 1000
+"""Most arrivals one ``barrier_arrive`` call records again on other tasks' behalf;
+a call with more is refused before anything is read or written
+(``calls.split_arrival`` sends more as several calls)."""
+MAX_PROGRESS_TASKS = MAX_PARTIES
+"""Most tasks (fields) a job's progress hash holds: a report of a new task into a
+full hash is refused (``HLEN``, O(1))."""
 MAX_INDEX_READ = 10_000
-"""Most members one ``index_read`` returns (its members longer than ``MAX_ARGUMENT``
-bytes are counted, never sent)."""
+"""Most members one ``index_read`` returns (``calls.index_call``)."""
 BARRIER_FIELDS = ("parties", "arrived", "created_ms", "run_id", "epoch", "last_ms", "completed_ms")
 """A barrier hash's own fields; the others are ``t<task id>``, one per arrival."""
 EPOCH_FIELDS = ("token", "by")
@@ -81,6 +91,12 @@ SUPERSEDED = 0
 WAS_RESET = 2
 NOTHING_TO_JOIN = 3
 OTHER_GENERATION = 4
+# barrier_arrive's reply statuses (docs/protocol.md#barriers): the arrival is recorded
+# (now or before), the barrier was begun with another number of parties, or a reset
+# or the job's finish ended the caller's epoch (the reply's last field says which)
+BARRIER_OTHER_PARTIES, BARRIER_RECORDED, BARRIER_EPOCH_ENDED = 0, 1, 2
+BARRIER_RESTORABLE = 1
+"""Reply field: the caller's arrivals of an earlier epoch may be recorded."""
 
 BODIES: dict[str, tuple[str, bool]] = {
     name: (lua_source(name), read_only)

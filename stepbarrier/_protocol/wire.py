@@ -29,6 +29,11 @@ NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 a key or a message, and holds no ``{``, ``}``, ``:`` or space)."""
 RUN_ID = NAME
 """What a run id may be (``STEPBARRIER_RUN_ID``)."""
+MAX_TASK_ID = 1_000_000
+"""Highest task id a progress report, and the settings, may carry."""
+MAX_PROGRESS_VALUE = 33
+"""Longest value of a task's field in the ``progress`` hash: ``<step>:<changed_ms>``,
+two numbers of at most 16 digits; a longer one is malformed (never read whole)."""
 
 _STORED_NUMBER = re.compile(r"-?[0-9]{1,16}")
 
@@ -233,22 +238,19 @@ _ANNOUNCED = re.compile(
     rb'"beat":(0|[1-9][0-9]{0,15}),"vouch":(true|false),"done":(true|false),'
     rb'"pinned":(true|false),"run_id":"([A-Za-z0-9._-]{0,64})","idle":(0|[1-9][0-9]{0,15})\}'
 )
-"""An announcement exactly as ``publish_step`` formats it (``_announced`` reads it
-without ``json``); anything else goes through the general parse, which decides
-the same for it."""
 
 
 def _announced(raw: bytes) -> StepAnnouncement | None:
-    """``raw`` read as ``publish_step``'s own format, or ``None`` if it is not in it
-    (or a number is out of range: the general parse then says what it is)."""
+    """``raw`` read without ``json`` as ``publish_step``'s own format, or ``None`` if it
+    is not in it (or a number is out of range): the general parse, which decides the
+    same for it, then says what it is."""
     found = _ANNOUNCED.fullmatch(raw)
     if found is None:
         return None
     step, generation, beat, vouch, done, pinned, run_id, idle = found.groups()
-    step_value, generation_value, beat_value = int(step), int(generation), int(beat)
-    if step_value > MAX_STEP or generation_value > MAX_STEP or beat_value > MAX_STEP:
+    step_value, generation_value, beat_value = map(parse_int, (step, generation, beat))
+    if step_value is None or generation_value is None or beat_value is None:
         return None
-    idle_value = int(idle)
     return StepAnnouncement(
         step_value,
         generation_value,
@@ -258,7 +260,7 @@ def _announced(raw: bytes) -> StepAnnouncement | None:
         beat_value,
         vouch == b"true",
         pinned == b"true",
-        idle_value if idle_value <= MAX_STEP else None,
+        parse_int(idle),
     )
 
 
@@ -290,6 +292,35 @@ def parse_announcement(raw: object) -> StepAnnouncement | None:
     return StepAnnouncement(
         step, generation, done, False, run_id, beat, vouch, pinned, number("idle")
     )
+
+
+def parse_progress(raw: object) -> tuple[int, int] | None:
+    """A task's ``step:changed_ms`` in the ``progress`` hash (docs/protocol.md#progress)
+    as two whole numbers, or ``None`` if malformed: every worker may write the hash
+    (directly too: it holds ``HSET``), so its size is checked before it is read.
+
+    Example:
+        >>> parse_progress(b"120:1796017269266")
+        (120, 1796017269266)
+        >>> parse_progress(b"12x:1") is None
+        True
+    """
+    if isinstance(raw, bytes):
+        if len(raw) > MAX_PROGRESS_VALUE:
+            return None
+        try:
+            raw = raw.decode("ascii")
+        except UnicodeDecodeError:
+            return None
+    if not isinstance(raw, str) or len(raw) > MAX_PROGRESS_VALUE:
+        return None
+    step_text, colon, changed_text = raw.partition(":")
+    if not colon:
+        return None
+    step, changed = parse_int(step_text), parse_int(changed_text)
+    if step is None or changed is None:
+        return None
+    return step, changed
 
 
 def json_object(text: str | None, *, most: int) -> dict[str, Any] | None:

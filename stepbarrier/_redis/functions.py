@@ -17,8 +17,7 @@ from redis.cluster import RedisCluster
 
 from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._protocol import library as scripts
-from stepbarrier._protocol.barrier_library import arrival_reply, split_arrival
-from stepbarrier._protocol.calls import Call
+from stepbarrier._protocol.calls import Call, arrival_reply, split_arrival
 from stepbarrier._redis.bounded import HeldConnection, HeldConnections, ensure_fresh
 from stepbarrier._redis.client import RedisClient, refresh_topology, slot_client
 from stepbarrier._redis.failures import is_transient

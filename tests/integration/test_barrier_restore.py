@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from stepbarrier import Barrier, BarrierConfig, BarrierTimeout
-from stepbarrier._protocol.barrier_library import MAX_RESTORED
+from stepbarrier._protocol.library import MAX_RESTORED
 from tests.barrier_helpers import Waiting, as_task, eventually, subscribed
 from tests.redis_harness import RedisServer
 

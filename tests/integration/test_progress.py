@@ -25,12 +25,8 @@ from stepbarrier import (
 from stepbarrier._config.tf_config import MAX_TASK_ID as CONFIG_MAX_TASK_ID
 from stepbarrier._inspect.progress import MAX_TASKS_READ, judge_tasks, straggler_threshold
 from stepbarrier._inspect.reset import reset_job
-from stepbarrier._protocol.progress import (
-    MAX_PROGRESS_TASKS,
-    MAX_TASK_ID,
-    parse_progress,
-)
-from stepbarrier._protocol.wire import MAX_STEP
+from stepbarrier._protocol.library import MAX_PROGRESS_TASKS
+from stepbarrier._protocol.wire import MAX_STEP, MAX_TASK_ID, parse_progress
 from stepbarrier._redis.functions import RedisCode, function_name
 from stepbarrier.cli._context import EXIT_STUCK
 from stepbarrier.cli._exporter import serve

@@ -38,14 +38,10 @@ import redis
 
 from stepbarrier import Barrier, BarrierConfig, BarrierTimeout, ConfigurationError
 from stepbarrier._protocol import library
-from stepbarrier._protocol.barrier_library import (
-    MAX_RESTORED,
-    arrival_reply,
-    split_arrival,
-)
 from stepbarrier._protocol.barrier_record import MAX_PARTIES, state_from_read
-from stepbarrier._protocol.calls import barrier_arrive_call
+from stepbarrier._protocol.calls import arrival_reply, barrier_arrive_call, split_arrival
 from stepbarrier._protocol.keys import JobKeys
+from stepbarrier._protocol.library import MAX_RESTORED
 from stepbarrier._protocol.roles import emergency_rules, role_rules
 from stepbarrier._redis.functions import function_name, install_functions
 from tests.barrier_helpers import Waiting, as_task, eventually, subscribed
