@@ -73,15 +73,14 @@ class LazyClient:
 
     def close(self) -> None:
         with self._client_lock:
-            client, self._client = self._client, None
             code, self._code_of = self._code_of, None
+            client = self._client if self._owns_client else None  # a caller's stays usable
+            if client is not None:
+                self._client = None
         if code is not None:
             code.close()
-        if self._owns_client and client is not None:
+        if client is not None:
             client.close()
-        elif client is not None:
-            with self._client_lock:  # the caller's client stays this one's to use
-                self._client = self._client or client
 
     def __enter__(self: L) -> L:
         return self
@@ -282,26 +281,21 @@ def registered_read(job: str, registered: Any, read: Any) -> Snapshot:
     if isinstance(snapshot, BaseException):
         raise snapshot
     if isinstance(registered, Exception):
-        warn_unregistered(job, registered)
+        if job not in _unregistered_warned:  # once per job and process
+            _unregistered_warned.add(job)
+            log.warning(
+                "job %s: Redis is full and refused this waiter's registration (%s); the wait "
+                "goes on by reading the state, but the chief does not hear of it and "
+                "`stepbarrier status` does not show it. Raise maxmemory "
+                "(docs/operations.md#memory)",
+                job,
+                " ".join(str(registered).split())[:120],
+            )
         return replace(snapshot, full=True)
     return snapshot
 
 
 _unregistered_warned: set[str] = set()
-
-
-def warn_unregistered(job: str, error: Exception) -> None:
-    """Say (once per job and process) that Redis is too full to register a waiter."""
-    if job not in _unregistered_warned:
-        _unregistered_warned.add(job)
-        log.warning(
-            "job %s: Redis is full and refused this waiter's registration (%s); the wait "
-            "goes on by reading the state, but the chief does not hear of it and "
-            "`stepbarrier status` does not show it. Raise maxmemory "
-            "(docs/operations.md#memory)",
-            job,
-            " ".join(str(error).split())[:120],
-        )
 
 
 def new_waiter_id(config: BarrierConfig) -> str:
