@@ -172,23 +172,20 @@ class WaitTiming:
         kept waiting by anything.
         """
         limit = self.passed(now)
-        if limit is not None:
-            if self._turn < 1 and now >= self.source_at:
-                # the witness's due read first, as a pass takes it: a limit that
-                # passes just as it is due (stall_timeout equal to its interval,
-                # a deadline on its schedule) must not hide its release or its
-                # sign of life; once per pass, so it cannot delay the limit more
-                self._turn = 1
-                return READ_SOURCE
-            if self.redis_lost:
-                raise self.timed_out(limit)  # no read can show life: Redis is lost
-            return LastChance(limit)
-        if now >= self.next_progress:
+        if limit is None and now >= self.next_progress:
             self.log_progress()
         turn = self._turn
         if turn < 1 and now >= self.source_at:
+            # the witness's due read first, as a pass takes it, even past a limit: a
+            # limit that passes just as it is due (stall_timeout equal to its interval,
+            # a deadline on its schedule) must not hide its release or its sign of
+            # life; once per pass, so it cannot delay the limit more
             self._turn = 1
             return READ_SOURCE
+        if limit is not None:
+            if self.redis_lost:
+                raise self.timed_out(limit)  # no read can show life: Redis is lost
+            return LastChance(limit)
         if turn < 2 and now >= self.read_at:
             self._turn = 2
             return RESUBSCRIBE if self.redis_lost else READ  # (lost: try Redis again)

@@ -259,9 +259,18 @@ class WaitRules(WaitTiming):
         released = self._judge(
             state.step, state, live=live, by="a read of the state", settled=settled
         )
-        if released is None:
-            self._check_subscription(state.step)
-        return released
+        if released is not None:
+            return released
+        # The chief announces every write. If reads keep finding a step that
+        # moved while no message arrived, the subscription is dead (say, a
+        # half-open connection): start a new one.
+        if self.read_step is not None and state.step != self.read_step:
+            self.reads_without_message += 1
+        self.read_step = state.step
+        if self.reads_without_message >= 2:
+            self._say(logging.INFO, "the step moves but no announcement comes; resubscribing")
+            self.resubscribe = True
+        return None
 
     def _settled(self, state: ChiefState, mark: Mark) -> bool:
         """True once a finished or pinned state has stood unchanged for ``GRACE`` with no
@@ -472,17 +481,6 @@ class WaitRules(WaitTiming):
             self.warned.add(topic)
         self.log.log(level, "job %s: " + message, self.config.job, *args, stacklevel=2)
 
-    def _check_subscription(self, step: int) -> None:
-        # The chief announces every write. If reads keep finding a step that
-        # moved while no message arrived, the subscription is dead (say, a
-        # half-open connection): start a new one.
-        if self.read_step is not None and step != self.read_step:
-            self.reads_without_message += 1
-        self.read_step = step
-        if self.reads_without_message >= 2:
-            self._say(logging.INFO, "the step moves but no announcement comes; resubscribing")
-            self.resubscribe = True
-
     # -- limits ---------------------------------------------------------------------
 
     def stall_at(self) -> float:
@@ -609,19 +607,17 @@ class WaitRules(WaitTiming):
         self.released_by = by
         return step
 
-    def _loop_quiet(self) -> bool:
-        """True if the chief was heard within the stall timeout but its loop was not."""
-        # (a write heard lately: a chief killed just after its loop went quiet is
-        # a process that stopped writing, and is said so)
-        return (
-            self.loop_alive is not None
+    def timed_out(self, limit: Limit) -> BarrierTimeout:
+        """The error of a passed limit, with the wait's context."""
+        # the chief was heard within the stall timeout but its loop was not (a write
+        # heard lately: a chief killed just after its loop went quiet is a process
+        # that stopped writing, and is said so)
+        quiet = (
+            limit == "stall"
+            and self.loop_alive is not None
             and self.clock() - self.last_alive < self.stall_timeout / 2
             and self.loop_alive < self.last_alive
         )
-
-    def timed_out(self, limit: Limit) -> BarrierTimeout:
-        """The error of a passed limit, with the wait's context."""
-        quiet = limit == "stall" and self._loop_quiet()
         if limit == "progress":
             why = (
                 f"the chief's step did not move for {self.config.progress_timeout:g} s "
