@@ -63,8 +63,6 @@ Check = tuple[str, str, str]
 
 
 class _Report:
-    """Prints each check as it is made: its outcome, what was found, what to do."""
-
     failed = False
 
     def add(self, name: str, outcome: str, detail: str, fix: str = "") -> None:
