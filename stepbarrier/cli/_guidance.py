@@ -66,9 +66,7 @@ def describe_others(others: OtherJobs) -> str:
     if not others.may_scan:
         return f"this user may not list the jobs here: {LIST_THEM}"
     if not others.names:
-        return (
-            "no other job either" if not others.more else f"none found in a short scan: {LIST_THEM}"
-        )
+        return f"none found in a short scan: {LIST_THEM}" if others.more else "no other job either"
     names = ", ".join(others.names)
     close = ""
     if others.close:
