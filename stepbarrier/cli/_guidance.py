@@ -9,6 +9,7 @@ from stepbarrier._config.environment import job_in_env
 from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._inspect.missing import OtherJobs, is_missing, other_jobs
 from stepbarrier._inspect.status import JobStatus
+from stepbarrier._inspect.summary import WaiterSummary
 from stepbarrier.cli._context import EXIT_NO_JOB, current_session
 from stepbarrier.errors import StepBarrierError
 
@@ -18,8 +19,6 @@ LIST_THEM = "list them with `stepbarrier jobs` as a user that may SCAN (e.g. the
 
 
 class NoSuchJob(click.ClickException):
-    """The job has no keys on this Redis (exit ``EXIT_NO_JOB``)."""
-
     exit_code = EXIT_NO_JOB
 
 
@@ -54,10 +53,12 @@ def one_line(text: str, width: int = 200) -> str:
     return (text[:cut] if cut > 0 else text[: width - len(CUT)]) + CUT
 
 
-def note_if_missing(config: BarrierConfig, status: JobStatus, waiting: int = 0) -> None:
+def note_if_missing(
+    config: BarrierConfig, status: JobStatus, summary: WaiterSummary | None = None
+) -> None:
     """Say on stderr that the job is not there (``status``, ``watch``), naming the jobs
-    that are; ``waiting``: waiters a summary counted apart from ``status``."""
-    if is_missing(status, waiting=waiting):
+    that are; a ``summary`` counts the waiters ``status`` then does not list."""
+    if is_missing(status, waiting=summary.waiting if summary else 0):
         click.echo(f"Note: {missing_job_message(config)}", err=True)
 
 
@@ -65,9 +66,7 @@ def describe_others(others: OtherJobs) -> str:
     if not others.may_scan:
         return f"this user may not list the jobs here: {LIST_THEM}"
     if not others.names:
-        return (
-            "no other job either" if not others.more else f"none found in a short scan: {LIST_THEM}"
-        )
+        return f"none found in a short scan: {LIST_THEM}" if others.more else "no other job either"
     names = ", ".join(others.names)
     close = ""
     if others.close:

@@ -63,8 +63,6 @@ Check = tuple[str, str, str]
 
 
 class _Report:
-    """Prints each check as it is made: its outcome, what was found, what to do."""
-
     failed = False
 
     def add(self, name: str, outcome: str, detail: str, fix: str = "") -> None:
@@ -225,20 +223,17 @@ def _library(config: BarrierConfig, client: RedisClient) -> Check:
             "give the user its role's rules: `stepbarrier acl ROLE --user NAME --jobs PATTERN`",
         )
     except rex.ResponseError as exc:
-        if "unknown command" not in str(exc).lower():
-            return _missing_library(config, client)
-        return (
-            FAIL,
-            "this Redis has no Functions (FCALL_RO is unknown)",
-            "use Redis 7 or later, or set STEPBARRIER_USE_EVAL=1",
-        )
+        if "unknown command" in str(exc).lower():
+            return (
+                FAIL,
+                "this Redis has no Functions (FCALL_RO is unknown)",
+                "use Redis 7 or later, or set STEPBARRIER_USE_EVAL=1",
+            )
     except (*REDIS_ERRORS, OSError) as exc:
         return FAIL, str(translate(exc, config, action="call the library")), ""
-    return PASS, f"{LIBRARY_NAME} is loaded and answers", ""
-
-
-def _missing_library(config: BarrierConfig, client: RedisClient) -> Check:
-    versions = loaded_versions(client)
+    else:
+        return PASS, f"{LIBRARY_NAME} is loaded and answers", ""
+    versions = loaded_versions(client)  # any other error: the library is not loaded
     found = (
         "cannot list the libraries (no FUNCTION LIST)"
         if versions is None

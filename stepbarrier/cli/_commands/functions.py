@@ -68,7 +68,7 @@ def status() -> None:
         f"loaded: {shown}; this stepbarrier needs version {LIBRARY_VERSION} ({LIBRARY_NAME})"
     )
     if versions is None or LIBRARY_VERSION not in versions:
-        raise click.exceptions.Exit(2)
+        raise click.exceptions.Exit(EXIT_USAGE)
 
 
 @functions.command()

@@ -44,7 +44,6 @@ a ``BarrierConfig`` needs one, and they read no job's keys through it."""
 def _patterns(
     ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
 ) -> tuple[str, ...]:
-    """``--job``, once per team: ``validate_patterns``'s, ``*`` if none."""
     for value in values:
         if len(value) > MAX_JOB_NAME:  # refused on its length alone, and shown cut short
             raise click.BadParameter(
@@ -81,7 +80,6 @@ def _bind(ctx: click.Context, param: click.Parameter, value: str) -> str:
 
 
 def _pattern_option(metavar: str, help: str) -> Callable[[F], F]:
-    """``--job``, repeatable (once per team): the jobs a command covers (every job by default)."""
     return click.option(
         "--job",
         "patterns",

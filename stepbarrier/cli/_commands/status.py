@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
@@ -14,8 +15,8 @@ from rich.live import Live
 from stepbarrier._config.defaults import DEFAULT_STALL_TIMEOUT
 from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._inspect.missing import is_missing
-from stepbarrier._inspect.status import JobStatus, chief_heard, is_stale, read_status, stale_limit
-from stepbarrier._inspect.summary import WaiterSummary, read_overview
+from stepbarrier._inspect.status import chief_heard, is_stale, read_status, stale_limit
+from stepbarrier._inspect.summary import read_overview
 from stepbarrier._redis.failures import RedisBusy
 from stepbarrier.cli._context import (
     EXIT_BUSY,
@@ -101,8 +102,7 @@ def status(as_json: bool, check: bool, straggler_steps: int | None) -> None:
         click.echo(json.dumps(data, indent=2, sort_keys=True, allow_nan=False))
     else:
         job_status, summary = read_overview(config, straggler_steps=straggler_steps)
-        # more waiters than listed: the summary counts them, the status lists none
-        note_if_missing(config, job_status, summary.waiting if summary else 0)
+        note_if_missing(config, job_status, summary)
         show(status_view(job_status, summary=summary, here=config))
 
 
@@ -183,14 +183,11 @@ def watch(until_done: bool, interval: float, straggler_steps: int | None) -> Non
     stays when it stops.
     """
     config = current_session().config()
-
-    def read() -> tuple[JobStatus, WaiterSummary | None]:
-        return read_overview(config, straggler_steps=straggler_steps)
-
+    read = functools.partial(read_overview, config, straggler_steps=straggler_steps)
     current, summary = read()  # the first read fails loudly, with its exit code
     # as status says it: a typo in --job watches nothing, and the view alone
     # would show an empty job; watch goes on (its chief may not have started)
-    note_if_missing(config, current, summary.waiting if summary else 0)
+    note_if_missing(config, current, summary)
     note: str | None = None
     console = Console(highlight=False)
     terminal = interactive(console)

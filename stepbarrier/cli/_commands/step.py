@@ -163,8 +163,6 @@ def publish(step: int, done: bool, force: bool) -> None:
 
 
 class ChiefIsLive(click.ClickException):
-    """``publish`` refused: a chief still heartbeats the job."""
-
     exit_code = EXIT_USAGE
 
 
@@ -252,7 +250,6 @@ class WaitProgress:
                 self._client.close()
 
     def _read(self) -> None:
-        first = self.status is None and self.note is None
         try:
             if self._client is None:
                 self._client = make_client(self.config, socket_timeout=READ_SOCKET_TIMEOUT)
@@ -262,7 +259,8 @@ class WaitProgress:
             self.note = f"status unavailable: {why}"
             return
         if is_missing(self.status):
-            if first or self.note is None or not self.note.startswith("no job"):
+            # listing the other jobs is a SCAN: once, not at every read
+            if self.note is None or not self.note.startswith("no job"):
                 self.note = missing_job_message(self.config, yet=True)
         else:
             self.note = None
