@@ -10,7 +10,8 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import MISSING, dataclass, field, fields
+from contextvars import ContextVar
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any, get_args
 from urllib.parse import urlsplit
@@ -43,10 +44,7 @@ from stepbarrier._config.defaults import (
     RunIdSource,
     TaskIdSource,
 )
-from stepbarrier._config.environment import (
-    ROLE,
-    settings_from_env,
-)
+from stepbarrier._config.environment import ROLE, settings_from_env
 from stepbarrier._config.schedule import schedule_wait_until_step, validate_schedule
 from stepbarrier._config.tf_config import HostTask
 from stepbarrier._protocol.freshness import FENCE, MAX_HEARTBEAT
@@ -60,6 +58,8 @@ _TEXT = Kind()
 _NAME = Validated(validate=validate_name)
 _SCHEDULE = Validated(validate=validate_schedule)
 _TTL = 10 * 365 * 24 * 3600
+_NAMING: ContextVar[Callable[[str], str]] = ContextVar("_NAMING", default=str)
+"""How a message of ``BarrierConfig``'s check names a field (``config_from_env``: its variable)."""
 
 
 def setting(default: Any, kind: Kind, variable: str | None = None) -> Any:
@@ -122,11 +122,15 @@ class BarrierConfig:
     report_progress: bool = setting(True, FLAG, "STEPBARRIER_REPORT_PROGRESS")
 
     def __post_init__(self) -> None:
+        # the one check of every setting; a message names a field as it is called,
+        # or by its variable when config_from_env builds it
+        name_of = _NAMING.get()
         for item in fields(self):
             value = getattr(self, item.name)
             if value is not None or item.default is not None:  # None: an unset optional
-                object.__setattr__(self, item.name, item.metadata["kind"].check(value, item.name))
-        check_relations(vars(self), str)  # a message names a field as it is called
+                checked = item.metadata["kind"].check(value, name_of(item.name))
+                object.__setattr__(self, item.name, checked)
+        check_relations(vars(self), name_of)
 
     def __repr__(self) -> str:
         # never the password, whether it came in the URL or on its own
@@ -233,9 +237,12 @@ def config_from_env(
     """``BarrierConfig.from_env``, with the role and task id ``task`` if it was read
     already (``hooks_from_env`` reads it first: a ps or evaluator task reads no more)."""
     env = os.environ if environ is None else environ
-    values = {**_DEFAULTS, **settings_from_env(env, SETTINGS, task)}
-    check_relations(values, lambda name: SETTINGS[name]["variable"] if name in SETTINGS else name)
-    config = BarrierConfig(**values)
+    values = settings_from_env(env, SETTINGS, task)
+    naming = _NAMING.set(lambda name: SETTINGS[name]["variable"] if name in SETTINGS else name)
+    try:
+        config = BarrierConfig(**values)
+    finally:
+        _NAMING.reset(naming)
     _log_run_id(config)
     return config
 
@@ -248,9 +255,6 @@ ENVIRONMENT_VARIABLES = (
     "STEPBARRIER_REDIS_PASSWORD_FILE",
 )
 """Every ``STEPBARRIER_*`` variable ``from_env`` reads, for documentation and tooling."""
-_DEFAULTS = {
-    item.name: item.default for item in fields(BarrierConfig) if item.default is not MISSING
-}
 
 
 def check_relations(values: Mapping[str, Any], name_of: Callable[[str], str]) -> None:
