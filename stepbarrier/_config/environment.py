@@ -14,7 +14,7 @@ import stat
 from collections.abc import Mapping
 from typing import Any, get_args
 
-from stepbarrier._config.checks import TASK_ID, Kind, choice, validate_name
+from stepbarrier._config.checks import TASK_ID, Kind, choice, refused, validate_name
 from stepbarrier._config.defaults import LAUNCHER_RANKS, Role, RunIdSource, TaskIdSource
 from stepbarrier._config.tf_config import (
     NO_ROLE_TASK_TYPES,
@@ -271,5 +271,5 @@ def _password(env: Mapping[str, str]) -> str | None:
         return direct
     secret = read_password_file(path, name=variable, variable=variable)
     if not secret:
-        raise ConfigurationError(f"{variable}: {path[:200]!r} is empty", variable=variable)
+        raise refused(variable, f"{path[:200]!r} is empty")
     return secret

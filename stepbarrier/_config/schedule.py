@@ -11,7 +11,7 @@ import math
 import numbers
 import re
 
-from stepbarrier._config.checks import TASK_ID
+from stepbarrier._config.checks import TASK_ID, refused
 from stepbarrier._protocol.wire import MAX_STEP, MAX_STEP_TEXT
 from stepbarrier.errors import ConfigurationError
 
@@ -33,10 +33,7 @@ def validate_schedule(spec: str, *, variable: str = "schedule") -> str:
         )
     factor = float(match.group(2))
     if not math.isfinite(factor) or factor > 1e12:
-        raise ConfigurationError(
-            f"{variable}: K must be a finite number at most 1e12, got {spec!r}",
-            variable=variable,
-        )
+        raise refused(variable, f"K must be a finite number at most 1e12, got {spec!r}")
     return f"{match.group(1)}:{match.group(2)}"
 
 
