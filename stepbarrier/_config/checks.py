@@ -154,22 +154,6 @@ def _mask_query(text: str) -> str:
     return f"{head}?{'&'.join(fields)}{hash_mark}{fragment}"
 
 
-def validate_name(name: str, *, variable: str) -> str:
-    """``name`` if it is a valid job name or run id (``NAME``): part of Redis key names."""
-    expected = (
-        f"{variable} must be 1 to {MAX_JOB_NAME} characters from letters, digits, '.', '_' and '-'"
-    )
-    if isinstance(name, str) and len(name) > MAX_JOB_NAME:
-        # refused on its length alone, and shown cut short: a name of any size costs no more
-        raise ConfigurationError(
-            f"{expected}, got {len(name)} characters ({name[:40]!r}...)", variable=variable
-        )
-    if not isinstance(name, str) or NAME.fullmatch(name) is None:
-        shown = repr(name[:80]) if isinstance(name, str) else repr(name)[:80]
-        raise ConfigurationError(f"{expected}, got {shown}", variable=variable)
-    return name
-
-
 def refused(variable: str, why: str) -> ConfigurationError:
     """The error of ``variable``'s value: ``why``, after the variable's name."""
     return ConfigurationError(f"{variable}: {why}", variable=variable)
@@ -371,7 +355,12 @@ class Kind:
         return value
 
     def refuse(self, name: str, value: object) -> ConfigurationError:
-        shown = repr(value[:80]) if isinstance(value, str) else repr(value)[:80]
+        if not isinstance(value, str):
+            shown = repr(value)[:80]
+        elif len(value) > 80:  # said by its length, and cut short
+            shown = f"{len(value)} characters ({value[:40]!r}...)"
+        else:
+            shown = repr(value)
         return ConfigurationError(
             f"{name} must be {self.expected}, got {shown}", variable=name.partition(" ")[0]
         )
@@ -425,6 +414,14 @@ def _number(value: object, *types: type) -> bool:
 
 
 TASK_ID = integer(0, MAX_TASK_ID)
+KEY_NAME = Kind(
+    f"1 to {MAX_JOB_NAME} characters from letters, digits, '.', '_' and '-'",
+    # the length first: a name of any size costs no more than a long one
+    valid=lambda value: (
+        isinstance(value, str) and len(value) <= MAX_JOB_NAME and NAME.fullmatch(value) is not None
+    ),
+)
+"""A job name or a run id: part of Redis key names."""
 
 
 @dataclass(frozen=True)

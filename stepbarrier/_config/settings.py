@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 from stepbarrier._config.checks import (
     FILE,
     FLAG,
+    KEY_NAME,
     TASK_ID,
     Kind,
     Sentinels,
@@ -28,7 +29,6 @@ from stepbarrier._config.checks import (
     integer,
     mask_url,
     seconds,
-    validate_name,
 )
 from stepbarrier._config.defaults import (
     DEFAULT_HEARTBEAT,
@@ -55,7 +55,6 @@ from stepbarrier.errors import ConfigurationError
 log = logging.getLogger("stepbarrier.config")
 
 _TEXT = Kind()
-_NAME = Validated(validate=validate_name)
 _SCHEDULE = Validated(validate=validate_schedule)
 _TTL = 10 * 365 * 24 * 3600
 _NAMING: ContextVar[Callable[[str], str]] = ContextVar("_NAMING", default=str)
@@ -84,7 +83,7 @@ class BarrierConfig:
         'stepbarrier:{mnist-42}:steps'
     """
 
-    job: str = field(metadata={"kind": _NAME, "variable": "STEPBARRIER_JOB"})
+    job: str = field(metadata={"kind": KEY_NAME, "variable": "STEPBARRIER_JOB"})
     redis_url: str = setting(DEFAULT_REDIS_URL, _TEXT, "STEPBARRIER_REDIS_URL")
     redis_username: str | None = setting(None, _TEXT, "STEPBARRIER_REDIS_USERNAME")
     # also from STEPBARRIER_REDIS_PASSWORD_FILE
@@ -104,7 +103,7 @@ class BarrierConfig:
     heartbeat: float = setting(DEFAULT_HEARTBEAT, seconds(), "STEPBARRIER_HEARTBEAT")
     key_ttl: int = setting(7 * 24 * 3600, integer(60, _TTL), "STEPBARRIER_KEY_TTL")
     fallback_interval: float = setting(FALLBACK_INTERVAL, seconds(5.0))
-    run_id: str | None = setting(None, _NAME, "STEPBARRIER_RUN_ID")
+    run_id: str | None = setting(None, KEY_NAME, "STEPBARRIER_RUN_ID")
     # the chief keeps a finished job at least its stall timeout plus a minute, whatever
     # this says: a worker cut off that long still sees it done (docs/protocol.md#done)
     done_ttl: int = setting(3600, integer(1, _TTL), "STEPBARRIER_DONE_TTL")
