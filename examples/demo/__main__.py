@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from examples.demo.run import run_demo
-from stepbarrier._config.checks import validate_name
+from stepbarrier._config.checks import KEY_NAME
 from stepbarrier.cli._context import (
     CONTEXT_SETTINGS,
     EXIT_FAILED,
@@ -34,7 +34,7 @@ def _job(ctx: click.Context, param: click.Parameter, value: str | None) -> str |
     if value is None:
         return None
     try:
-        return validate_name(value, variable="--job")
+        return KEY_NAME.check(value, "--job")
     except ConfigurationError as exc:
         raise click.BadParameter(str(exc).removeprefix("--job ")) from None
 

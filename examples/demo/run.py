@@ -54,7 +54,7 @@ from stepbarrier import (
     read_status,
     schedule_wait_until_step,
 )
-from stepbarrier._config.checks import validate_name
+from stepbarrier._config.checks import KEY_NAME
 from stepbarrier._config.schedule import validate_schedule
 from stepbarrier.cli._views.output import plain_text
 
@@ -116,7 +116,7 @@ def run_demo(
     spec = validate_schedule(schedule or default_schedule(workers, steps), variable="--schedule")
     targets = [schedule_wait_until_step(task, spec) for task in range(1, workers + 1)]
     sleep = default_step_sleep(targets) if step_sleep is None else step_sleep
-    name = validate_name(job, variable="--job") if job else f"demo-{uuid.uuid4().hex[:8]}"
+    name = KEY_NAME.check(job, "--job") if job else f"demo-{uuid.uuid4().hex[:8]}"
     command = [sys.executable, example or str(PROGRAM)]
     return _Demo(name, workers, spec, targets, steps, sleep, command, redis_kind).run()
 

@@ -154,20 +154,9 @@ def _mask_query(text: str) -> str:
     return f"{head}?{'&'.join(fields)}{hash_mark}{fragment}"
 
 
-def validate_name(name: str, *, variable: str) -> str:
-    """``name`` if it is a valid job name or run id (``NAME``): part of Redis key names."""
-    expected = (
-        f"{variable} must be 1 to {MAX_JOB_NAME} characters from letters, digits, '.', '_' and '-'"
-    )
-    if isinstance(name, str) and len(name) > MAX_JOB_NAME:
-        # refused on its length alone, and shown cut short: a name of any size costs no more
-        raise ConfigurationError(
-            f"{expected}, got {len(name)} characters ({name[:40]!r}...)", variable=variable
-        )
-    if not isinstance(name, str) or NAME.fullmatch(name) is None:
-        shown = repr(name[:80]) if isinstance(name, str) else repr(name)[:80]
-        raise ConfigurationError(f"{expected}, got {shown}", variable=variable)
-    return name
+def refused(variable: str, why: str) -> ConfigurationError:
+    """The error of ``variable``'s value: ``why``, after the variable's name."""
+    return ConfigurationError(f"{variable}: {why}", variable=variable)
 
 
 def check_url(url: str, variable: str, *, tls_insecure: bool = False) -> None:
@@ -203,16 +192,16 @@ def check_url(url: str, variable: str, *, tls_insecure: bool = False) -> None:
             f"got {masked}"
         )
     if parts.scheme == "unix" and not parts.path:
-        raise refuse(f"{variable}: a unix:// URL needs a socket path, got {masked}")
+        raise refused(variable, f"a unix:// URL needs a socket path, got {masked}")
     if parts.scheme != "unix":
         if not parts.hostname:
             raise refuse(f"{variable} needs a host, e.g. redis://localhost:6379/0, got {masked}")
         _check_host(parts.hostname, variable, masked)
         if port is not None and not 0 < port < 65536:
-            raise refuse(f"{variable}: port must be 1-65535, got {masked}")
+            raise refused(variable, f"port must be 1-65535, got {masked}")
         path = parts.path.lstrip("/")
         if path and _DATABASE.fullmatch(path) is None:
-            raise refuse(f"{variable}: the path must be a database number such as /0, got {masked}")
+            raise refused(variable, f"the path must be a database number such as /0, got {masked}")
     _check_query(parts, variable, tls_insecure=tls_insecure)
 
 
@@ -237,10 +226,10 @@ def _check_host(host: str, variable: str, masked: str) -> None:
         encoded = b""
     labels = encoded.rstrip(b".").split(b".")
     if not encoded or len(encoded) > 253 or not all(0 < len(label) < 64 for label in labels):
-        raise ConfigurationError(
-            f"{variable}: the host must be a DNS name (labels of 1 to 63 characters, "
-            f"253 in all) or an IP address, got {masked[:200]}",
-            variable=variable,
+        raise refused(
+            variable,
+            "the host must be a DNS name (labels of 1 to 63 characters, 253 in all) or an "
+            f"IP address, got {masked[:200]}",
         )
 
 
@@ -281,18 +270,17 @@ def _check_query(parts: SplitResult, variable: str, *, tls_insecure: bool) -> No
     try:
         pairs = _query_pairs(parts.query)
     except ValueError:
-        raise ConfigurationError(
-            f"{variable}: the query of the URL (after '?') is malformed: it must be at most "
+        raise refused(
+            variable,
+            "the query of the URL (after '?') is malformed: it must be at most "
             f"{_MAX_QUERY_FIELDS} name=value pairs joined by '&', e.g. "
             "rediss://redis:6380/0?ssl_cert_reqs=required",
-            variable=variable,
         ) from None
     seen: set[str] = set()
     for name, value in pairs:
         if name in seen:
-            raise ConfigurationError(
-                f"{variable}: the query argument {name[:40]!r} is given twice; give it once",
-                variable=variable,
+            raise refused(
+                variable, f"the query argument {name[:40]!r} is given twice; give it once"
             )
         seen.add(name)
         _check_argument(name, value, parts.scheme, variable, tls_insecure=tls_insecure)
@@ -301,12 +289,8 @@ def _check_query(parts: SplitResult, variable: str, *, tls_insecure: bool) -> No
 def _check_argument(
     name: str, value: str, scheme: str, variable: str, *, tls_insecure: bool
 ) -> None:
-    shown = repr(name[:40])
-
     def refuse(why: str) -> ConfigurationError:
-        return ConfigurationError(
-            f"{variable}: the query argument {shown} {why}", variable=variable
-        )
+        return refused(variable, f"the query argument {name[:40]!r} {why}")
 
     if name == "db":
         if scheme != "unix":
@@ -330,9 +314,8 @@ def _check_argument(
         if (value if name == "ssl_cert_reqs" else value.lower()) not in words:
             raise refuse(f"must be {expected}, got {value[:20]!r}")
         if _weakens(name, value) and not tls_insecure:
-            raise ConfigurationError(
-                f"{variable}: the query argument {name}={value} {weakening} (for tests only)",
-                variable=variable,
+            raise refused(
+                variable, f"the query argument {name}={value} {weakening} (for tests only)"
             )
         return
     if name in _REFUSED_ARGUMENTS:
@@ -372,7 +355,12 @@ class Kind:
         return value
 
     def refuse(self, name: str, value: object) -> ConfigurationError:
-        shown = repr(value[:80]) if isinstance(value, str) else repr(value)[:80]
+        if not isinstance(value, str):
+            shown = repr(value)[:80]
+        elif len(value) > 80:  # said by its length, and cut short
+            shown = f"{len(value)} characters ({value[:40]!r}...)"
+        else:
+            shown = repr(value)
         return ConfigurationError(
             f"{name} must be {self.expected}, got {shown}", variable=name.partition(" ")[0]
         )
@@ -426,6 +414,14 @@ def _number(value: object, *types: type) -> bool:
 
 
 TASK_ID = integer(0, MAX_TASK_ID)
+KEY_NAME = Kind(
+    f"1 to {MAX_JOB_NAME} characters from letters, digits, '.', '_' and '-'",
+    # the length first: a name of any size costs no more than a long one
+    valid=lambda value: (
+        isinstance(value, str) and len(value) <= MAX_JOB_NAME and NAME.fullmatch(value) is not None
+    ),
+)
+"""A job name or a run id: part of Redis key names."""
 
 
 @dataclass(frozen=True)
@@ -457,9 +453,7 @@ class Sentinels(Kind):
                     variable=name,
                 )
             if not 0 < int(port_text) < 65536:
-                raise ConfigurationError(
-                    f"{name}: port must be 1-65535, got {item.strip()!r}", variable=name
-                )
+                raise refused(name, f"port must be 1-65535, got {item.strip()!r}")
             result.append((host, int(port_text)))
         return tuple(result)
 

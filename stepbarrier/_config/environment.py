@@ -14,7 +14,7 @@ import stat
 from collections.abc import Mapping
 from typing import Any, get_args
 
-from stepbarrier._config.checks import TASK_ID, Kind, choice, validate_name
+from stepbarrier._config.checks import TASK_ID, Kind, choice, refused
 from stepbarrier._config.defaults import LAUNCHER_RANKS, Role, RunIdSource, TaskIdSource
 from stepbarrier._config.tf_config import (
     NO_ROLE_TASK_TYPES,
@@ -183,16 +183,13 @@ def run_id_from_env(
     environ: Mapping[str, str] | None = None,
 ) -> tuple[str | None, RunIdSource | None]:
     """The run id in force and the variable it came from (docs/configuration.md#run-id);
-    only an invalid ``STEPBARRIER_RUN_ID`` is refused, a launcher's id is mapped."""
+    a launcher's id is mapped, ``STEPBARRIER_RUN_ID`` is ``BarrierConfig``'s to check."""
     env = os.environ if environ is None else environ
     explicit = env.get("STEPBARRIER_RUN_ID")
     if explicit is not None:
         # set, even empty, it is the user's word: an empty one switches the
         # launchers' ids off (e.g. a Slurm chief and workers in separate jobs)
-        text = explicit.strip()
-        return (
-            validate_name(text, variable="STEPBARRIER_RUN_ID") if text else None
-        ), "STEPBARRIER_RUN_ID"
+        return explicit.strip() or None, "STEPBARRIER_RUN_ID"
     torch_id = _get(env, "TORCHELASTIC_RUN_ID")
     if torch_id is not None and torch_id.lower() != "none":
         return launcher_run_id(torch_id), "TORCHELASTIC_RUN_ID"
@@ -271,5 +268,5 @@ def _password(env: Mapping[str, str]) -> str | None:
         return direct
     secret = read_password_file(path, name=variable, variable=variable)
     if not secret:
-        raise ConfigurationError(f"{variable}: {path[:200]!r} is empty", variable=variable)
+        raise refused(variable, f"{path[:200]!r} is empty")
     return secret

@@ -11,7 +11,7 @@ import math
 import numbers
 import re
 
-from stepbarrier._config.checks import TASK_ID
+from stepbarrier._config.checks import TASK_ID, refused
 from stepbarrier._protocol.wire import MAX_STEP, MAX_STEP_TEXT
 from stepbarrier.errors import ConfigurationError
 
@@ -33,10 +33,7 @@ def validate_schedule(spec: str, *, variable: str = "schedule") -> str:
         )
     factor = float(match.group(2))
     if not math.isfinite(factor) or factor > 1e12:
-        raise ConfigurationError(
-            f"{variable}: K must be a finite number at most 1e12, got {spec!r}",
-            variable=variable,
-        )
+        raise refused(variable, f"K must be a finite number at most 1e12, got {spec!r}")
     return f"{match.group(1)}:{match.group(2)}"
 
 
@@ -76,6 +73,10 @@ def target_step(wait_until_step: object, *, name: str = "wait_until_step") -> in
         TypeError: It is not a real number, or it is a ``bool``.
         ConfigurationError: It is NaN, ``+inf`` or above ``MAX_STEP``.
     """
+
+    def refuse(why: str) -> ConfigurationError:
+        return ConfigurationError(f"{name} must be {why}", variable=name)
+
     if isinstance(wait_until_step, bool):
         raise TypeError(f"{name} must be a number of steps, got the bool {wait_until_step}")
     if isinstance(wait_until_step, numbers.Integral):
@@ -83,24 +84,15 @@ def target_step(wait_until_step: object, *, name: str = "wait_until_step") -> in
     elif not isinstance(wait_until_step, numbers.Real):
         raise TypeError(f"{name} must be a number of steps, got {type(wait_until_step).__name__}")
     elif math.isnan(wait_until_step):
-        raise ConfigurationError(
-            f"{name} must be a number of steps, got NaN (no step is >= NaN: TensorFlow's "
-            "hook would wait forever)",
-            variable=name,
+        raise refuse(
+            "a number of steps, got NaN (no step is >= NaN: TensorFlow's hook would wait forever)"
         )
     elif wait_until_step <= 0:  # TensorFlow's hook starts at once, -inf included
         step = 0
     elif math.isinf(wait_until_step):
-        raise ConfigurationError(
-            f"{name} must be finite, got {wait_until_step!r} (TensorFlow's hook would wait "
-            "forever)",
-            variable=name,
-        )
+        raise refuse(f"finite, got {wait_until_step!r} (TensorFlow's hook would wait forever)")
     else:
         step = int(math.ceil(wait_until_step))  # noqa: RUF046 - a __ceil__ may return any Integral
     if step > MAX_STEP:
-        raise ConfigurationError(
-            f"{name} must be at most {MAX_STEP} ({MAX_STEP_TEXT}), got a larger number",
-            variable=name,
-        )
+        raise refuse(f"at most {MAX_STEP} ({MAX_STEP_TEXT}), got a larger number")
     return step

@@ -10,7 +10,8 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import MISSING, dataclass, field, fields
+from contextvars import ContextVar
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any, get_args
 from urllib.parse import urlsplit
@@ -18,6 +19,7 @@ from urllib.parse import urlsplit
 from stepbarrier._config.checks import (
     FILE,
     FLAG,
+    KEY_NAME,
     TASK_ID,
     Kind,
     Sentinels,
@@ -27,7 +29,6 @@ from stepbarrier._config.checks import (
     integer,
     mask_url,
     seconds,
-    validate_name,
 )
 from stepbarrier._config.defaults import (
     DEFAULT_HEARTBEAT,
@@ -43,10 +44,7 @@ from stepbarrier._config.defaults import (
     RunIdSource,
     TaskIdSource,
 )
-from stepbarrier._config.environment import (
-    ROLE,
-    settings_from_env,
-)
+from stepbarrier._config.environment import ROLE, settings_from_env
 from stepbarrier._config.schedule import schedule_wait_until_step, validate_schedule
 from stepbarrier._config.tf_config import HostTask
 from stepbarrier._protocol.freshness import FENCE, MAX_HEARTBEAT
@@ -57,9 +55,10 @@ from stepbarrier.errors import ConfigurationError
 log = logging.getLogger("stepbarrier.config")
 
 _TEXT = Kind()
-_NAME = Validated(validate=validate_name)
 _SCHEDULE = Validated(validate=validate_schedule)
 _TTL = 10 * 365 * 24 * 3600
+_NAMING: ContextVar[Callable[[str], str]] = ContextVar("_NAMING", default=str)
+"""How a message of ``BarrierConfig``'s check names a field (``config_from_env``: its variable)."""
 
 
 def setting(default: Any, kind: Kind, variable: str | None = None) -> Any:
@@ -84,7 +83,7 @@ class BarrierConfig:
         'stepbarrier:{mnist-42}:steps'
     """
 
-    job: str = field(metadata={"kind": _NAME, "variable": "STEPBARRIER_JOB"})
+    job: str = field(metadata={"kind": KEY_NAME, "variable": "STEPBARRIER_JOB"})
     redis_url: str = setting(DEFAULT_REDIS_URL, _TEXT, "STEPBARRIER_REDIS_URL")
     redis_username: str | None = setting(None, _TEXT, "STEPBARRIER_REDIS_USERNAME")
     # also from STEPBARRIER_REDIS_PASSWORD_FILE
@@ -104,7 +103,7 @@ class BarrierConfig:
     heartbeat: float = setting(DEFAULT_HEARTBEAT, seconds(), "STEPBARRIER_HEARTBEAT")
     key_ttl: int = setting(7 * 24 * 3600, integer(60, _TTL), "STEPBARRIER_KEY_TTL")
     fallback_interval: float = setting(FALLBACK_INTERVAL, seconds(5.0))
-    run_id: str | None = setting(None, _NAME, "STEPBARRIER_RUN_ID")
+    run_id: str | None = setting(None, KEY_NAME, "STEPBARRIER_RUN_ID")
     # the chief keeps a finished job at least its stall timeout plus a minute, whatever
     # this says: a worker cut off that long still sees it done (docs/protocol.md#done)
     done_ttl: int = setting(3600, integer(1, _TTL), "STEPBARRIER_DONE_TTL")
@@ -122,11 +121,15 @@ class BarrierConfig:
     report_progress: bool = setting(True, FLAG, "STEPBARRIER_REPORT_PROGRESS")
 
     def __post_init__(self) -> None:
+        # the one check of every setting; a message names a field as it is called,
+        # or by its variable when config_from_env builds it
+        name_of = _NAMING.get()
         for item in fields(self):
             value = getattr(self, item.name)
             if value is not None or item.default is not None:  # None: an unset optional
-                object.__setattr__(self, item.name, item.metadata["kind"].check(value, item.name))
-        check_relations(vars(self), str)  # a message names a field as it is called
+                checked = item.metadata["kind"].check(value, name_of(item.name))
+                object.__setattr__(self, item.name, checked)
+        check_relations(vars(self), name_of)
 
     def __repr__(self) -> str:
         # never the password, whether it came in the URL or on its own
@@ -233,9 +236,12 @@ def config_from_env(
     """``BarrierConfig.from_env``, with the role and task id ``task`` if it was read
     already (``hooks_from_env`` reads it first: a ps or evaluator task reads no more)."""
     env = os.environ if environ is None else environ
-    values = {**_DEFAULTS, **settings_from_env(env, SETTINGS, task)}
-    check_relations(values, lambda name: SETTINGS[name]["variable"] if name in SETTINGS else name)
-    config = BarrierConfig(**values)
+    values = settings_from_env(env, SETTINGS, task)
+    naming = _NAMING.set(lambda name: SETTINGS[name]["variable"] if name in SETTINGS else name)
+    try:
+        config = BarrierConfig(**values)
+    finally:
+        _NAMING.reset(naming)
     _log_run_id(config)
     return config
 
@@ -248,9 +254,6 @@ ENVIRONMENT_VARIABLES = (
     "STEPBARRIER_REDIS_PASSWORD_FILE",
 )
 """Every ``STEPBARRIER_*`` variable ``from_env`` reads, for documentation and tooling."""
-_DEFAULTS = {
-    item.name: item.default for item in fields(BarrierConfig) if item.default is not MISSING
-}
 
 
 def check_relations(values: Mapping[str, Any], name_of: Callable[[str], str]) -> None:

@@ -46,7 +46,7 @@ def task_from_tf_config(spec: dict[str, Any]) -> HostTask:
     if kind != "worker":
         return HostTask(type=kind)
     index = _task_index(task)
-    chiefs = _chief_tasks(spec.get("cluster", {}))
+    chiefs = _tasks(spec, CHIEF_TASK_TYPES, "a chief job")
     if chiefs is None and index == 0:
         return HostTask("chief", 0, "TF_CONFIG", kind)
     return HostTask("worker", index + (chiefs or 0), "TF_CONFIG", kind)
@@ -56,15 +56,9 @@ def trainer_count(spec: dict[str, Any]) -> int | None:
     """How many tasks of ``TF_CONFIG``'s cluster train, its chief and worker tasks:
     the parties of the job's named barriers (``None``: it lists none);
     ``ConfigurationError`` if the cluster is malformed."""
-    cluster = spec.get("cluster", {})
-    chiefs = _chief_tasks(cluster) or 0
-    workers = cluster.get("worker", [])  # _chief_tasks checked that it is a dict
-    if not isinstance(workers, (list, dict)):
-        raise ConfigurationError(
-            'TF_CONFIG "cluster": the worker job must be a list of addresses',
-            variable="TF_CONFIG",
-        )
-    return (chiefs + len(workers)) or None
+    chiefs = _tasks(spec, CHIEF_TASK_TYPES, "a chief job") or 0
+    workers = _tasks(spec, ("worker",), "the worker job") or 0
+    return (chiefs + workers) or None
 
 
 def load_tf_config(text: str | None) -> dict[str, Any]:
@@ -100,21 +94,21 @@ def _task_index(task: dict[str, Any]) -> int:
     return index
 
 
-def _chief_tasks(cluster: object) -> int | None:
-    """How many chief tasks the cluster has; ``None`` when it has no chief job."""
+def _tasks(spec: dict[str, Any], jobs: tuple[str, ...], what: str) -> int | None:
+    """How many tasks the ``jobs`` of ``TF_CONFIG``'s cluster have; ``None`` when it has
+    none of them."""
+    cluster = spec.get("cluster", {})
     if not isinstance(cluster, dict):
         raise ConfigurationError(
             'TF_CONFIG "cluster" must be an object of jobs, e.g. '
             '{"chief": ["host:2222"], "worker": ["host:2223"]}',
             variable="TF_CONFIG",
         )
-    jobs = [cluster[kind] for kind in CHIEF_TASK_TYPES if kind in cluster]
-    if not jobs:
-        return None
-    if not all(isinstance(tasks, (list, dict)) for tasks in jobs):
+    found = [cluster[job] for job in jobs if job in cluster]
+    if not all(isinstance(tasks, (list, dict)) for tasks in found):
         raise ConfigurationError(
-            'TF_CONFIG "cluster": a chief job must be a list of addresses, e.g. '
-            '"chief": ["host:2222"]',
+            f'TF_CONFIG "cluster": {what} must be a list of addresses, e.g. '
+            f'"{jobs[0]}": ["host:2222"]',
             variable="TF_CONFIG",
         )
-    return sum(len(tasks) for tasks in jobs)
+    return sum(map(len, found)) if found else None
