@@ -15,7 +15,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from redis import exceptions as rex
@@ -58,7 +58,7 @@ class HeldConnection:
         timeouts); their replies, each error reply in its place. A failure closes it."""
         until = self._ready(timeout)
         connection = self._connection
-        with self._closed_on_failure():
+        try:
             connection.send_packed_command(connection.pack_commands(commands), check_health=False)
             replies: list[Any] = []
             for _ in commands:
@@ -67,12 +67,19 @@ class HeldConnection:
                 except rex.ResponseError as exc:  # read whole: the connection is fine
                     replies.append(exc)
             return replies
+        except BaseException:
+            # a reply half read (or never) must not be taken for the next call's
+            self.disconnect()
+            raise
 
     def send(self, command: Sequence[Any], timeout: float | None) -> None:
         """Send one command (a subscription's) without reading its reply, within ``timeout``."""
         self._ready(timeout)
-        with self._closed_on_failure():
+        try:
             self._connection.send_command(*command, check_health=False)
+        except BaseException:
+            self.disconnect()
+            raise
 
     def receive(self, timeout: float) -> Any:
         """The next reply or message, ``None`` if none began within ``timeout`` (a whole one
@@ -80,27 +87,20 @@ class HeldConnection:
         connection = self._connection
         if not self.connected:
             raise rex.ConnectionError("the connection to Redis is closed")
-        with self._closed_on_failure(keep_on=(rex.ResponseError,)):
+        try:
             if not connection.can_read(timeout=max(0.0, timeout)):
                 return None
             return connection.read_response(timeout=max(timeout, CALL_FLOOR), push_request=True)
+        except rex.ResponseError:
+            raise
+        except BaseException:
+            self.disconnect()
+            raise
 
     def disconnect(self) -> None:
         if self._pid == os.getpid():
             with contextlib.suppress(Exception):
                 self._connection.disconnect()
-
-    @contextlib.contextmanager
-    def _closed_on_failure(self, keep_on: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
-        """Close the connection when the block fails (but for ``keep_on``, read whole): a
-        reply half read, or never, must not be taken for the next call's."""
-        try:
-            yield
-        except keep_on:
-            raise
-        except BaseException:
-            self.disconnect()
-            raise
 
     def _ready(self, timeout: float | None) -> float | None:
         """Set this call's bound and connect (again: ``ensure_fresh``) if need be, within
@@ -116,8 +116,11 @@ class HeldConnection:
         if seconds is not None:
             connection.socket_connect_timeout = _least(self._connect_limit, seconds)
         until = None if seconds is None else time.monotonic() + seconds
-        with self._closed_on_failure():
+        try:
             ensure_fresh(connection)
+        except BaseException:
+            self.disconnect()
+            raise
         return until
 
 

@@ -126,19 +126,15 @@ class WaitTiming:
         the next fallback read is one interval away."""
         self.read_at = self.clock() + self.fallback_interval
 
-    def _limits(self) -> list[tuple[float, Limit]]:
-        """When each of the wait's limits passes, the overall one first."""
-        limits: list[tuple[float, Limit]] = [(self.stall_at(), "stall")]
-        if self.deadline is not None:
-            limits.insert(0, (self.deadline, "deadline"))
-        progress_at = self.progress_at()
-        if progress_at is not None:
-            limits.append((progress_at, "progress"))
-        return limits
-
     def retry_deadline(self) -> float:
         """Until when the wait may retry a failing call: its nearest limit."""
-        return min(when for when, _ in self._limits())
+        nearest = self.stall_at()
+        if self.deadline is not None and self.deadline < nearest:
+            nearest = self.deadline
+        progress_at = self.progress_at()
+        if progress_at is not None and progress_at < nearest:
+            nearest = progress_at
+        return nearest
 
     def next_stop(self) -> float:
         """The earliest moment the driver must act by itself."""
@@ -146,21 +142,36 @@ class WaitTiming:
 
     def passed(self, now: float) -> Limit | None:
         """The limit passed at ``now``, if any (the overall one first)."""
-        return next((limit for when, limit in self._limits() if now >= when), None)
+        if self.deadline is not None and now >= self.deadline:
+            return "deadline"
+        if now >= self.stall_at():
+            return "stall"
+        progress_at = self.progress_at()
+        if progress_at is not None and now >= progress_at:
+            return "progress"
+        return None
 
     def after_last_chance(self, limit: Limit, released: R | None) -> R | None:
         """The wait's end after the last chance's read: released, or go on (the read saw
         life), or raises the limit's ``BarrierTimeout``."""
         if released is not None:
             return released
-        if any(limit == passed and self.clock() >= when for when, passed in self._limits()):
+        now = self.clock()
+        progress_at = self.progress_at()
+        if (
+            limit == "deadline"
+            or (limit == "stall" and now >= self.stall_at())
+            or (limit == "progress" and progress_at is not None and now >= progress_at)
+        ):
             raise self.timed_out(limit)
         return None  # the read saw the writer alive (or moving) again
 
     def limit_of_retries(self) -> Limit:
-        """The limit a wait's retries of an unreachable Redis ran to: its nearest (the
-        first of those as near)."""
-        return min(self._limits(), key=lambda limit: limit[0])[1]
+        """The limit a wait's retries of an unreachable Redis ran to: its nearest."""
+        nearest = self.retry_deadline()
+        if self.deadline is not None and self.deadline <= nearest:
+            return "deadline"
+        return "progress" if self.progress_at() == nearest < self.stall_at() else "stall"
 
     def next_action(self, now: float) -> Action:
         """What the driver does next, at ``clock()`` time ``now``.
