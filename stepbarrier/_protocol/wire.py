@@ -248,9 +248,12 @@ def _announced(raw: bytes) -> StepAnnouncement | None:
     if found is None:
         return None
     step, generation, beat, vouch, done, pinned, run_id, idle = found.groups()
-    step_value, generation_value, beat_value = map(parse_int, (step, generation, beat))
-    if step_value is None or generation_value is None or beat_value is None:
+    # int() and one comparison each, not parse_int: this is the wake's path (its
+    # instruction count, docs/performance.md); the pattern allowed only digits
+    step_value, generation_value, beat_value = int(step), int(generation), int(beat)
+    if step_value > MAX_STEP or generation_value > MAX_STEP or beat_value > MAX_STEP:
         return None
+    idle_value = int(idle)
     return StepAnnouncement(
         step_value,
         generation_value,
@@ -260,7 +263,7 @@ def _announced(raw: bytes) -> StepAnnouncement | None:
         beat_value,
         vouch == b"true",
         pinned == b"true",
-        parse_int(idle),
+        idle_value if idle_value <= MAX_STEP else None,
     )
 
 
