@@ -121,7 +121,16 @@ def mask_url(url: str) -> str:
         user, colon, _secret = userinfo.partition(":")
         # a lone userinfo is the password (as redis-cli reads it): masked whole
         rest = f"{user}:***@{host}" if colon else f"***@{host}"
-    return f"{scheme}{sep}{_mask_query(rest)}"
+    # a password given as a query argument (refused by check_url, but shown
+    # in its other messages) is masked as well
+    head, mark, query = rest.partition("?")
+    query, hash_mark, fragment = query.partition("#")
+    fields = query.split("&")
+    for index, item in enumerate(fields):
+        name, equals, _value = item.partition("=")
+        if equals and unquote_plus(name).lower() in _SECRET_ARGUMENTS:
+            fields[index] = f"{name}=***"
+    return f"{scheme}{sep}{head}{mark}{'&'.join(fields)}{hash_mark}{fragment}"
 
 
 def lone_userinfo_as_password(url: str) -> str:
@@ -137,21 +146,6 @@ def lone_userinfo_as_password(url: str) -> str:
     if not sep or not at or not userinfo or ":" in userinfo:
         return url
     return f"{scheme}{sep}:{userinfo}@{host}{rest[netloc_end:]}"
-
-
-def _mask_query(text: str) -> str:
-    # a password given as a query argument (refused by check_url, but shown
-    # in its other messages) is masked as well
-    head, mark, query = text.partition("?")
-    if not mark:
-        return text
-    query, hash_mark, fragment = query.partition("#")
-    fields = query.split("&")
-    for index, item in enumerate(fields):
-        name, equals, _value = item.partition("=")
-        if equals and unquote_plus(name).lower() in _SECRET_ARGUMENTS:
-            fields[index] = f"{name}=***"
-    return f"{head}?{'&'.join(fields)}{hash_mark}{fragment}"
 
 
 def refused(variable: str, why: str) -> ConfigurationError:
@@ -170,7 +164,9 @@ def check_url(url: str, variable: str, *, tls_insecure: bool = False) -> None:
 
     # a control character (a newline from a file or a shell) is shown escaped:
     # the error stays one line, and says where the URL went wrong
-    masked = _visible(mask_url(url)) if isinstance(url, str) else repr(url)
+    masked = repr(url)
+    if isinstance(url, str):
+        masked = "".join(c if c.isprintable() else repr(c)[1:-1] for c in mask_url(url))
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -231,10 +227,6 @@ def _check_host(host: str, variable: str, masked: str) -> None:
             "the host must be a DNS name (labels of 1 to 63 characters, 253 in all) or an "
             f"IP address, got {masked[:200]}",
         )
-
-
-def _visible(text: str) -> str:
-    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
 
 
 def url_tls_weakening(url: str) -> dict[str, str | bool]:

@@ -65,8 +65,7 @@ ASYNC = ClientKind(
 
 def make_async_client(config: BarrierConfig) -> AsyncClient:
     """A ``redis.asyncio`` client for the job's Redis, as ``make_client`` (no I/O)."""
-    client: AsyncClient = build_client(config, ASYNC, socket_timeout=SOCKET_TIMEOUT)
-    return client
+    return cast(AsyncClient, build_client(config, ASYNC, socket_timeout=SOCKET_TIMEOUT))
 
 
 class SlotOwners:

@@ -198,7 +198,7 @@ def translate(
         return RedisRefused(message, kind=kind, job=config.job)
 
     where, user = describe_redis(config), redis_user(config)
-    detail = one_line(exc)
+    detail, text = one_line(exc), str(exc)
     if isinstance(exc, StepBarrierError):
         return exc
     if isinstance(exc, rex.RedisClusterException):
@@ -215,10 +215,17 @@ def translate(
             job=config.job,
         )
     if isinstance(exc, (rex.AuthenticationError, rex.AuthorizationError)) or (
-        isinstance(exc, rex.ResponseError) and str(exc).startswith(("NOAUTH", "WRONGPASS"))
+        isinstance(exc, rex.ResponseError) and text.startswith(("NOAUTH", "WRONGPASS"))
     ):
         sentinels = " (the Sentinels get the same user and password)" if config.sentinels else ""
-        if config.redis_password is None and _asks_for_a_password(exc):
+        asks_for_a_password = text.startswith("NOAUTH") or any(
+            phrase in text
+            for phrase in (
+                "Authentication required",
+                "HELLO must be called with the client already",
+            )
+        )
+        if config.redis_password is None and asks_for_a_password:
             return refused(
                 "authentication",
                 f"{where} requires a password and none was configured (authentication "
@@ -228,7 +235,7 @@ def translate(
             )
         reason = (
             "wrong password, or no such user, or the user is disabled"
-            if "invalid username-password pair" in str(exc)
+            if "invalid username-password pair" in text
             else detail
         )
         return refused(
@@ -237,7 +244,6 @@ def translate(
             f"{action}: {reason}. Check STEPBARRIER_REDIS_USERNAME and "
             f"STEPBARRIER_REDIS_PASSWORD(_FILE){sentinels}.",
         )
-    text = str(exc)
     # inside a script, Redis words an ACL refusal as "ERR The user executing the
     # script can't run this command or subcommand" (or "... access ... keys")
     in_script = "user executing the script can't" in text
@@ -330,14 +336,6 @@ def describe_redis(config: BarrierConfig) -> str:
 def redis_user(config: BarrierConfig) -> str:
     """The ACL user the client logs in as."""
     return config.redis_username or url_username(config.redis_url) or "default"
-
-
-def _asks_for_a_password(exc: BaseException) -> bool:
-    text = str(exc)
-    return text.startswith("NOAUTH") or any(
-        phrase in text
-        for phrase in ("Authentication required", "HELLO must be called with the client already")
-    )
 
 
 def _refused(exc: BaseException) -> bool:
