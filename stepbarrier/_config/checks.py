@@ -52,37 +52,10 @@ _TLS_ARGUMENTS = {  # their words, and what a word that weakens TLS does (_weake
     ),
 }
 
-# Query arguments redis-py's from_url would pass to the connection, which
-# stepbarrier sets itself or does not take, and why each is refused
-# (docs/configuration.md#redis-urls); any other name is unknown.
+# Query arguments redis-py's from_url would pass to the connection that have a
+# remedy of their own, and why each is refused (docs/configuration.md#redis-urls);
+# any other name (a connection setting such as socket_timeout) is refused as unknown.
 _SECRET_ARGUMENTS = ("password", "ssl_password")
-_CONNECTION_ARGUMENTS = (
-    "socket_timeout",
-    "socket_connect_timeout",
-    "socket_keepalive",
-    "socket_keepalive_options",
-    "socket_read_size",
-    "socket_type",
-    "retry",
-    "retry_on_timeout",
-    "retry_on_error",
-    "health_check_interval",
-    "max_connections",
-    "timeout",
-    "decode_responses",
-    "encoding",
-    "encoding_errors",
-    "protocol",
-    "legacy_responses",
-    "lib_name",
-    "lib_version",
-    "single_connection_client",
-    "connection_class",
-    "credential_provider",
-    "host",
-    "port",
-    "path",
-)
 _REFUSED_ARGUMENTS = {
     **dict.fromkeys(
         ("ssl_ca_certs", "ssl_ca_path", "ssl_ca_data"),
@@ -99,11 +72,6 @@ _REFUSED_ARGUMENTS = {
         "is not taken: give the user and the password in the URL's user part, before "
         "'@' and the host (percent-encoded), or set STEPBARRIER_REDIS_USERNAME and "
         "STEPBARRIER_REDIS_PASSWORD_FILE",
-    ),
-    **dict.fromkeys(
-        _CONNECTION_ARGUMENTS,
-        "is a connection setting that stepbarrier chooses itself (timeouts, retries, "
-        "replies): remove it from the URL",
     ),
 }
 
@@ -319,7 +287,8 @@ def _check_argument(
             "STEPBARRIER_TLS_CA_FILE and STEPBARRIER_TLS_CERT_FILE set the certificates)"
         )
     raise refuse(
-        "is unknown: remove it (a URL may hold only client_name; ssl_cert_reqs and "
+        "is unknown, or a connection setting that stepbarrier chooses itself (timeouts, "
+        "retries, replies): remove it (a URL may hold only client_name; ssl_cert_reqs and "
         "ssl_check_hostname on rediss://; db on unix://)"
     )
 
