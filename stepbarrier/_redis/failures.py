@@ -86,6 +86,7 @@ _UNKNOWN_HOST_ERRNOS = frozenset(
 """getaddrinfo's answers for a name that does not exist (``EAI_AGAIN``, a DNS
 server that did not answer, stays transient)."""
 _HANDSHAKE_TIMEOUT = "handshake operation timed out"
+_ADDRESS = re.compile(r"(?:connecting to|reading from|writing to) ([^\s:]+):(\d+)")
 _PLAIN_RESET = re.compile(r"Error while reading from (\S+):(\d+) : \(104,")
 _TLS_PROBE_SECONDS = 1.0
 _TLS_PROBES: dict[tuple[str, str, int], tuple[float, bool]] = {}
@@ -127,7 +128,8 @@ def tls_mismatch(
     if tls is not False and any(_HANDSHAKE_TIMEOUT in str(seen) for seen in chain):
         # a TLS server that is paused or overloaded times the handshake out too:
         # only a server that answers a plain PING is plain Redis
-        address = _address_of(chain) or address
+        named = next((m for seen in chain if (m := _ADDRESS.search(str(seen)))), None)
+        address = (named.group(1), int(named.group(2))) if named else address
         if address is not None and _probed(address, speaks_plain_redis):
             return "tls-to-plain"
         return None
@@ -136,17 +138,6 @@ def tls_mismatch(
         return None
     address = (match.group(1), int(match.group(2)))
     return "plain-to-tls" if _probed(address, speaks_tls) else None
-
-
-_ADDRESS = re.compile(r"(?:connecting to|reading from|writing to) ([^\s:]+):(\d+)")
-
-
-def _address_of(chain: list[BaseException]) -> tuple[str, int] | None:
-    for seen in chain:
-        match = _ADDRESS.search(str(seen))
-        if match is not None:
-            return match.group(1), int(match.group(2))
-    return None
 
 
 def _probed(address: tuple[str, int], probe: Callable[[str, int], bool]) -> bool:

@@ -87,10 +87,9 @@ def call_with_retries(
     settings = retry_settings(config, action=action, deadline=deadline, clock=clock, quiet=quiet)
     try:
         return Retrying(sleep=sleep, **settings)(again)
-    except REDIS_ERRORS as exc:
-        raise translate(exc, config, action=action) from exc
-    except OSError as exc:  # a raw socket error that redis-py did not wrap
-        raise translate(rex.ConnectionError(str(exc)), config, action=action) from exc
+    except (*REDIS_ERRORS, OSError) as exc:  # OSError: a raw socket error redis-py did not wrap
+        error = exc if isinstance(exc, REDIS_ERRORS) else rex.ConnectionError(str(exc))
+        raise translate(error, config, action=action) from exc
 
 
 def retry_settings(
