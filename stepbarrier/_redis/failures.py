@@ -294,7 +294,10 @@ def translate(
         )
     if is_transient(exc):
         hint = ""
-        if config.redis_url == DEFAULT_REDIS_URL and not config.sentinels and _refused(exc):
+        refused_here = "Connection refused" in text or any(
+            isinstance(seen, ConnectionRefusedError) for seen in _chain(exc)
+        )
+        if config.redis_url == DEFAULT_REDIS_URL and not config.sentinels and refused_here:
             hint = (
                 f". Nothing listens at {DEFAULT_REDIS_URL}, the default URL: set "
                 "STEPBARRIER_REDIS_URL or --redis-url to your Redis"
@@ -327,12 +330,6 @@ def describe_redis(config: BarrierConfig) -> str:
 def redis_user(config: BarrierConfig) -> str:
     """The ACL user the client logs in as."""
     return config.redis_username or url_username(config.redis_url) or "default"
-
-
-def _refused(exc: BaseException) -> bool:
-    return any(isinstance(seen, ConnectionRefusedError) for seen in _chain(exc)) or (
-        "Connection refused" in str(exc)
-    )
 
 
 def _url_address(url: str) -> tuple[str, int] | None:
