@@ -52,37 +52,10 @@ _TLS_ARGUMENTS = {  # their words, and what a word that weakens TLS does (_weake
     ),
 }
 
-# Query arguments redis-py's from_url would pass to the connection, which
-# stepbarrier sets itself or does not take, and why each is refused
-# (docs/configuration.md#redis-urls); any other name is unknown.
+# Query arguments redis-py's from_url would pass to the connection that have a
+# remedy of their own, and why each is refused (docs/configuration.md#redis-urls);
+# any other name (a connection setting such as socket_timeout) is refused as unknown.
 _SECRET_ARGUMENTS = ("password", "ssl_password")
-_CONNECTION_ARGUMENTS = (
-    "socket_timeout",
-    "socket_connect_timeout",
-    "socket_keepalive",
-    "socket_keepalive_options",
-    "socket_read_size",
-    "socket_type",
-    "retry",
-    "retry_on_timeout",
-    "retry_on_error",
-    "health_check_interval",
-    "max_connections",
-    "timeout",
-    "decode_responses",
-    "encoding",
-    "encoding_errors",
-    "protocol",
-    "legacy_responses",
-    "lib_name",
-    "lib_version",
-    "single_connection_client",
-    "connection_class",
-    "credential_provider",
-    "host",
-    "port",
-    "path",
-)
 _REFUSED_ARGUMENTS = {
     **dict.fromkeys(
         ("ssl_ca_certs", "ssl_ca_path", "ssl_ca_data"),
@@ -100,11 +73,6 @@ _REFUSED_ARGUMENTS = {
         "'@' and the host (percent-encoded), or set STEPBARRIER_REDIS_USERNAME and "
         "STEPBARRIER_REDIS_PASSWORD_FILE",
     ),
-    **dict.fromkeys(
-        _CONNECTION_ARGUMENTS,
-        "is a connection setting that stepbarrier chooses itself (timeouts, retries, "
-        "replies): remove it from the URL",
-    ),
 }
 
 
@@ -121,7 +89,16 @@ def mask_url(url: str) -> str:
         user, colon, _secret = userinfo.partition(":")
         # a lone userinfo is the password (as redis-cli reads it): masked whole
         rest = f"{user}:***@{host}" if colon else f"***@{host}"
-    return f"{scheme}{sep}{_mask_query(rest)}"
+    # a password given as a query argument (refused by check_url, but shown
+    # in its other messages) is masked as well
+    head, mark, query = rest.partition("?")
+    query, hash_mark, fragment = query.partition("#")
+    fields = query.split("&")
+    for index, item in enumerate(fields):
+        name, equals, _value = item.partition("=")
+        if equals and unquote_plus(name).lower() in _SECRET_ARGUMENTS:
+            fields[index] = f"{name}=***"
+    return f"{scheme}{sep}{head}{mark}{'&'.join(fields)}{hash_mark}{fragment}"
 
 
 def lone_userinfo_as_password(url: str) -> str:
@@ -137,21 +114,6 @@ def lone_userinfo_as_password(url: str) -> str:
     if not sep or not at or not userinfo or ":" in userinfo:
         return url
     return f"{scheme}{sep}:{userinfo}@{host}{rest[netloc_end:]}"
-
-
-def _mask_query(text: str) -> str:
-    # a password given as a query argument (refused by check_url, but shown
-    # in its other messages) is masked as well
-    head, mark, query = text.partition("?")
-    if not mark:
-        return text
-    query, hash_mark, fragment = query.partition("#")
-    fields = query.split("&")
-    for index, item in enumerate(fields):
-        name, equals, _value = item.partition("=")
-        if equals and unquote_plus(name).lower() in _SECRET_ARGUMENTS:
-            fields[index] = f"{name}=***"
-    return f"{head}?{'&'.join(fields)}{hash_mark}{fragment}"
 
 
 def refused(variable: str, why: str) -> ConfigurationError:
@@ -170,7 +132,9 @@ def check_url(url: str, variable: str, *, tls_insecure: bool = False) -> None:
 
     # a control character (a newline from a file or a shell) is shown escaped:
     # the error stays one line, and says where the URL went wrong
-    masked = _visible(mask_url(url)) if isinstance(url, str) else repr(url)
+    masked = repr(url)
+    if isinstance(url, str):
+        masked = "".join(c if c.isprintable() else repr(c)[1:-1] for c in mask_url(url))
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -231,10 +195,6 @@ def _check_host(host: str, variable: str, masked: str) -> None:
             "the host must be a DNS name (labels of 1 to 63 characters, 253 in all) or an "
             f"IP address, got {masked[:200]}",
         )
-
-
-def _visible(text: str) -> str:
-    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
 
 
 def url_tls_weakening(url: str) -> dict[str, str | bool]:
@@ -327,7 +287,8 @@ def _check_argument(
             "STEPBARRIER_TLS_CA_FILE and STEPBARRIER_TLS_CERT_FILE set the certificates)"
         )
     raise refuse(
-        "is unknown: remove it (a URL may hold only client_name; ssl_cert_reqs and "
+        "is unknown, or a connection setting that stepbarrier chooses itself (timeouts, "
+        "retries, replies): remove it (a URL may hold only client_name; ssl_cert_reqs and "
         "ssl_check_hostname on rediss://; db on unix://)"
     )
 

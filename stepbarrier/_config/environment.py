@@ -116,7 +116,10 @@ def task_from_env(environ: Mapping[str, str] | None = None) -> HostTask:
     role = role or tf_task.role
     if (role is not None and task_id is not None) or tf_task.type is not None:
         return HostTask(role, task_id, source, tf_task.type, tf_config)
-    launcher = _launcher_rank_variable(env)
+    torchrun = env.get("TORCHELASTIC_RUN_ID") is not None
+    # torchrun sets both: a RANK without its id may be anyone's
+    ranks = [name for name in LAUNCHER_RANKS if name != "RANK" or torchrun]
+    launcher = next((name for name in ranks if _get(env, name) is not None), None)
     if launcher is None:
         return HostTask(role, task_id, source, None, tf_config)
     if task_id is None:
@@ -126,16 +129,6 @@ def task_from_env(environ: Mapping[str, str] | None = None) -> HostTask:
     if role is None:
         role = "chief" if task_id == 0 else "worker"
     return HostTask(role, task_id, source, None, tf_config)
-
-
-def _launcher_rank_variable(env: Mapping[str, str]) -> TaskIdSource | None:
-    torchrun = env.get("TORCHELASTIC_RUN_ID") is not None
-    for name in LAUNCHER_RANKS:
-        if name == "RANK" and not torchrun:
-            continue  # torchrun sets both: a RANK without its id may be anyone's
-        if _get(env, name) is not None:
-            return name
-    return None
 
 
 _READ_APART = frozenset(

@@ -260,88 +260,70 @@ def check_relations(values: Mapping[str, Any], name_of: Callable[[str], str]) ->
     """Check the settings that depend on each other; ``name_of`` says how a message
     names a field (by its variable when the values came from the environment)."""
 
-    def refuse(message: str, *named: str) -> ConfigurationError:
-        names = [name_of(name) for name in named]
-        return ConfigurationError(message.format(*names), variable=names[0])
+    def refuse(message: str, field: str) -> ConfigurationError:
+        return ConfigurationError(message, variable=name_of(field))
 
     url, heartbeat, stall = values["redis_url"], values["heartbeat"], values["stall_timeout"]
+    url_name, shown = name_of("redis_url"), mask_url(url)
     # a rediss:// URL weakens TLS (?ssl_cert_reqs=none) only under tls_insecure
-    check_url(url, name_of("redis_url"), tls_insecure=values["tls_insecure"])
+    check_url(url, url_name, tls_insecure=values["tls_insecure"])
     if heartbeat > MAX_HEARTBEAT:
         # FENCE is one value for the whole job: a chief must write three times within
         # it, whatever another process's heartbeat
         raise refuse(
-            f"{{}} must be at most {MAX_HEARTBEAT:g} s (a third of the protocol's {FENCE:g} s "
-            f"fence, the same for every process of a job), got {heartbeat!r}",
+            f"{name_of('heartbeat')} must be at most {MAX_HEARTBEAT:g} s (a third of the "
+            f"protocol's {FENCE:g} s fence, the same for every process of a job), got "
+            f"{heartbeat!r}",
             "heartbeat",
         )
     if stall <= heartbeat:
         raise refuse(
-            f"{{}} ({stall:g} s) must be longer than {{}} ({heartbeat:g} s)",
+            f"{name_of('stall_timeout')} ({stall:g} s) must be longer than "
+            f"{name_of('heartbeat')} ({heartbeat:g} s)",
             "stall_timeout",
-            "heartbeat",
         )
     cert, key, ca = values["tls_cert_file"], values["tls_key_file"], values["tls_ca_file"]
     if (cert is None) != (key is None):  # the message names the missing one first
-        pair = ("tls_key_file", "tls_cert_file") if key is None else ("tls_cert_file",) * 2
-        raise refuse("{} and {} go together: set both or neither", *pair)
+        missing, given = ("tls_key_file", "tls_cert_file")[:: 1 if key is None else -1]
+        raise refuse(
+            f"{name_of(missing)} and {name_of(given)} go together: set both or neither", missing
+        )
     if (ca or cert) and not url.startswith("rediss://"):
         # never let a TLS setting be silently ignored on a plain connection
+        tls = "tls_ca_file" if ca else "tls_cert_file"
         raise refuse(
-            f"{{}} is set but {{}} is not a rediss:// URL ({_literal(mask_url(url))}); use "
+            f"{name_of(tls)} is set but {url_name} is not a rediss:// URL ({shown}); use "
             "rediss:// for TLS",
-            "tls_ca_file" if ca else "tls_cert_file",
-            "redis_url",
+            tls,
         )
-    if values["redis_cluster"]:
-        _check_cluster(values, refuse)
-    _check_source("run_id", values, refuse)
-    _check_source("task_id", values, refuse)
-
-
-def _literal(text: str) -> str:
-    """``text`` as itself in a message that ``refuse`` formats (a URL may hold braces)."""
-    return text.replace("{", "{{").replace("}", "}}")
-
-
-def _check_cluster(values: Mapping[str, Any], refuse: Callable[..., ConfigurationError]) -> None:
-    url = values["redis_url"]
-    if values["sentinels"]:
+    if values["redis_cluster"] and values["sentinels"]:
         raise refuse(
-            "{} and {} do not go together: a Redis Cluster fails over by itself; set one or "
-            "the other",
-            "redis_cluster",
-            "sentinels",
-        )
-    parts = urlsplit(url)
-    if parts.scheme not in ("redis", "rediss"):
-        raise refuse(
-            "{1} needs a redis:// or rediss:// {0} naming one node of the cluster, got "
-            + _literal(mask_url(url)),
-            "redis_url",
+            f"{name_of('redis_cluster')} and {name_of('sentinels')} do not go together: a "
+            "Redis Cluster fails over by itself; set one or the other",
             "redis_cluster",
         )
-    if parts.path.lstrip("/") not in ("", "0"):
+    if values["redis_cluster"] and urlsplit(url).scheme not in ("redis", "rediss"):
         raise refuse(
-            "a Redis Cluster has only database 0: {} must end in /0 or name no database, got "
-            + _literal(mask_url(url)),
+            f"{name_of('redis_cluster')} needs a redis:// or rediss:// {url_name} naming one "
+            f"node of the cluster, got {shown}",
             "redis_url",
         )
-
-
-def _check_source(
-    name: str, values: Mapping[str, Any], refuse: Callable[..., ConfigurationError]
-) -> None:
-    value, source = values[name], values[f"{name}_source"]
-    what = name.replace("_", " ")
-    # only STEPBARRIER_RUN_ID can say "no run id" (set empty); a launcher's variable,
-    # TF_CONFIG or a rank always gives one
-    if value is None and source not in (None, "STEPBARRIER_RUN_ID"):
+    if values["redis_cluster"] and urlsplit(url).path.lstrip("/") not in ("", "0"):
         raise refuse(
-            f"{{}} {source} names where the {what} came from, but {name} is None: give the "
-            f"{what} too, or no {name}_source",
-            f"{name}_source",
+            f"a Redis Cluster has only database 0: {url_name} must end in /0 or name no "
+            f"database, got {shown}",
+            "redis_url",
         )
+    for name in ("run_id", "task_id"):
+        value, source, what = values[name], values[f"{name}_source"], name.replace("_", " ")
+        # only STEPBARRIER_RUN_ID can say "no run id" (set empty); a launcher's variable,
+        # TF_CONFIG or a rank always gives one
+        if value is None and source not in (None, "STEPBARRIER_RUN_ID"):
+            raise refuse(
+                f"{name_of(f'{name}_source')} {source} names where the {what} came from, but "
+                f"{name} is None: give the {what} too, or no {name}_source",
+                f"{name}_source",
+            )
 
 
 _logged_lock = threading.Lock()

@@ -45,7 +45,17 @@ def task_from_tf_config(spec: dict[str, Any]) -> HostTask:
         return HostTask("chief", 0, "TF_CONFIG", kind)
     if kind != "worker":
         return HostTask(type=kind)
-    index = _task_index(task)
+    value = task.get("index", 0)
+    try:
+        index = int(value)  # what TensorFlow's resolver does
+    except (TypeError, ValueError, OverflowError):
+        index = -1
+    if not 0 <= index <= MAX_TASK_ID:
+        raise ConfigurationError(
+            f'TF_CONFIG "task" "index" must be an integer from 0 to {MAX_TASK_ID} '
+            f"(a number or a string of digits), got {repr(value)[:40]}",
+            variable="TF_CONFIG",
+        )
     chiefs = _tasks(spec, CHIEF_TASK_TYPES, "a chief job")
     if chiefs is None and index == 0:
         return HostTask("chief", 0, "TF_CONFIG", kind)
@@ -77,21 +87,6 @@ def load_tf_config(text: str | None) -> dict[str, Any]:
             variable="TF_CONFIG",
         )
     return spec
-
-
-def _task_index(task: dict[str, Any]) -> int:
-    value = task.get("index", 0)
-    try:
-        index = int(value)  # what TensorFlow's resolver does
-    except (TypeError, ValueError, OverflowError):
-        index = -1
-    if not 0 <= index <= MAX_TASK_ID:
-        raise ConfigurationError(
-            f'TF_CONFIG "task" "index" must be an integer from 0 to {MAX_TASK_ID} '
-            f"(a number or a string of digits), got {repr(value)[:40]}",
-            variable="TF_CONFIG",
-        )
-    return index
 
 
 def _tasks(spec: dict[str, Any], jobs: tuple[str, ...], what: str) -> int | None:

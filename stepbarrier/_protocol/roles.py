@@ -37,14 +37,9 @@ _RESET = "resetkeys resetchannels -@all"
 _CONNECT = "+select +cluster|slots +command"
 # What every job role reads through the library: FCALL_RO waiter_read (TIME,
 # TYPE, STRLEN, GET, HLEN, OBJECT ENCODING, HSTRLEN, HMGET: the state, the reset
-# marker and the barriers, sizes checked before anything is read, with the
-# clock of the node that holds them; a listpack hash's values are short, so it
-# is read without an HSTRLEN per field, and without +object|encoding, as in an
-# older users.acl, every hash is read with them); FUNCTION LIST names a missing
-# or other library version in the error. Every one of these costs O(1) or O(its
-# arguments) whatever a role wrote (HMGET of known fields, never HGETALL: an
-# entry is whatever a worker wrote, and HGETALL of a million fields holds Redis
-# for 0.7 s).
+# marker and the barriers, each hash's size checked before it is read, as
+# docs/protocol.md#bounds tells; never HGETALL, docs/reliability-security.md#threat-model);
+# FUNCTION LIST names a missing or other library version in the error.
 _READS = (
     "+fcall_ro +function|list +time +type +get +strlen +hlen +object|encoding +hstrlen +hmget "
     "+zcard"
@@ -132,12 +127,9 @@ COMMAND for ``--cluster``, whose client reads the slot map and the command table
 
 
 def validate_jobs_pattern(pattern: str) -> str:
-    """Return ``pattern`` if it is a valid jobs pattern, else raise ``ConfigurationError``.
-
-    A pattern is a job name in which ``*`` matches any characters and ``?`` one
-    character (Redis's glob). Brackets and backslashes are refused: job names
-    cannot hold them, and in a key pattern they would mean something else.
-    """
+    """``pattern``, a job name in which ``*`` matches any characters and ``?`` one (Redis's
+    glob). Brackets and backslashes are refused: job names cannot hold them, and in a key
+    pattern they would mean something else."""
     if not isinstance(pattern, str) or _JOBS_PATTERN.fullmatch(pattern) is None:
         raise ConfigurationError(
             "the jobs pattern must be 1 to 64 characters from letters, digits, '.', '_', "
@@ -148,11 +140,8 @@ def validate_jobs_pattern(pattern: str) -> str:
 
 
 def validate_user(user: str) -> str:
-    """Return ``user`` if it is a valid ACL user name, else raise ``ConfigurationError``.
-
-    ``default`` is refused: Redis gives its rights to every client that has not
-    authenticated.
-    """
+    """``user``, an ACL user name; ``default`` is refused: Redis gives its rights to every
+    client that has not authenticated."""
     if not isinstance(user, str) or _USER.fullmatch(user) is None:
         raise ConfigurationError(
             "the user name must be 1 to 64 characters from letters, digits, '.', '_' and "

@@ -65,8 +65,7 @@ ASYNC = ClientKind(
 
 def make_async_client(config: BarrierConfig) -> AsyncClient:
     """A ``redis.asyncio`` client for the job's Redis, as ``make_client`` (no I/O)."""
-    client: AsyncClient = build_client(config, ASYNC, socket_timeout=SOCKET_TIMEOUT)
-    return client
+    return cast(AsyncClient, build_client(config, ASYNC, socket_timeout=SOCKET_TIMEOUT))
 
 
 class SlotOwners:
@@ -126,10 +125,9 @@ async def call_with_retries(
     settings = retry_settings(config, action=action, deadline=deadline, clock=clock)
     try:
         return await AsyncRetrying(sleep=sleep, **settings)(operation)
-    except REDIS_ERRORS as exc:
-        raise translate(exc, config, action=action, probe=False) from exc
-    except OSError as exc:  # a raw socket error (or a timeout) that redis-py did not wrap
-        raise translate(rex.ConnectionError(str(exc)), config, action=action, probe=False) from exc
+    except (*REDIS_ERRORS, OSError) as exc:  # OSError: a raw socket error redis-py did not wrap
+        error = exc if isinstance(exc, REDIS_ERRORS) else rex.ConnectionError(str(exc))
+        raise translate(error, config, action=action, probe=False) from exc
 
 
 async def within(awaitable: Awaitable[T], seconds: float) -> T:

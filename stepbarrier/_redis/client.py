@@ -39,6 +39,13 @@ RedisClient: TypeAlias = "redis.Redis | RedisCluster"
 _tls_log = logging.getLogger("stepbarrier.tls")
 """Where a client made with weakened TLS is told (``STEPBARRIER_TLS_INSECURE``)."""
 
+_CONSEQUENCES = {  # of a weakened TLS connection, by its ssl_cert_reqs
+    "none": "the server's certificate is not verified, so any server can pose as Redis",
+    "optional": "the server's certificate is no longer required",
+    "required": "the certificate need not name the host, so any certificate the CA signed "
+    "is accepted",
+}
+
 SOCKET_TIMEOUT = 10.0
 """Seconds a command may wait for its reply before the connection counts as dead."""
 CONNECT_TIMEOUT = 3.0
@@ -67,8 +74,7 @@ def make_client(
         TypeError: This redis-py does not take a connection setting (a bug), raised
             here, not at the first command, where it would be retried as a Redis error.
     """
-    client: RedisClient = build_client(config, SYNC, socket_timeout=socket_timeout)
-    return client
+    return cast(RedisClient, build_client(config, SYNC, socket_timeout=socket_timeout))
 
 
 def build_client(config: BarrierConfig, kind: ClientKind, *, socket_timeout: float | None) -> Any:
@@ -210,18 +216,9 @@ def _tls_options(config: BarrierConfig) -> dict[str, Any]:
             TLS_INSECURE,
             config.safe_url,
             _described(weakened),
-            _consequence(weakened),
+            _CONSEQUENCES[str(weakened.get("ssl_cert_reqs", "required"))],
         )
     return options
-
-
-def _consequence(weakened: dict[str, str | bool]) -> str:
-    reqs = weakened.get("ssl_cert_reqs", "required")
-    if reqs == "none":
-        return "the server's certificate is not verified, so any server can pose as Redis"
-    if reqs == "optional":
-        return "the server's certificate is no longer required"
-    return "the certificate need not name the host, so any certificate the CA signed is accepted"
 
 
 def _described(weakened: dict[str, str | bool]) -> str:

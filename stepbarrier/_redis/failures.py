@@ -86,6 +86,7 @@ _UNKNOWN_HOST_ERRNOS = frozenset(
 """getaddrinfo's answers for a name that does not exist (``EAI_AGAIN``, a DNS
 server that did not answer, stays transient)."""
 _HANDSHAKE_TIMEOUT = "handshake operation timed out"
+_ADDRESS = re.compile(r"(?:connecting to|reading from|writing to) ([^\s:]+):(\d+)")
 _PLAIN_RESET = re.compile(r"Error while reading from (\S+):(\d+) : \(104,")
 _TLS_PROBE_SECONDS = 1.0
 _TLS_PROBES: dict[tuple[str, str, int], tuple[float, bool]] = {}
@@ -127,7 +128,8 @@ def tls_mismatch(
     if tls is not False and any(_HANDSHAKE_TIMEOUT in str(seen) for seen in chain):
         # a TLS server that is paused or overloaded times the handshake out too:
         # only a server that answers a plain PING is plain Redis
-        address = _address_of(chain) or address
+        named = next((m for seen in chain if (m := _ADDRESS.search(str(seen)))), None)
+        address = (named.group(1), int(named.group(2))) if named else address
         if address is not None and _probed(address, speaks_plain_redis):
             return "tls-to-plain"
         return None
@@ -136,17 +138,6 @@ def tls_mismatch(
         return None
     address = (match.group(1), int(match.group(2)))
     return "plain-to-tls" if _probed(address, speaks_tls) else None
-
-
-_ADDRESS = re.compile(r"(?:connecting to|reading from|writing to) ([^\s:]+):(\d+)")
-
-
-def _address_of(chain: list[BaseException]) -> tuple[str, int] | None:
-    for seen in chain:
-        match = _ADDRESS.search(str(seen))
-        if match is not None:
-            return match.group(1), int(match.group(2))
-    return None
 
 
 def _probed(address: tuple[str, int], probe: Callable[[str, int], bool]) -> bool:
@@ -198,7 +189,7 @@ def translate(
         return RedisRefused(message, kind=kind, job=config.job)
 
     where, user = describe_redis(config), redis_user(config)
-    detail = one_line(exc)
+    detail, text = one_line(exc), str(exc)
     if isinstance(exc, StepBarrierError):
         return exc
     if isinstance(exc, rex.RedisClusterException):
@@ -215,10 +206,17 @@ def translate(
             job=config.job,
         )
     if isinstance(exc, (rex.AuthenticationError, rex.AuthorizationError)) or (
-        isinstance(exc, rex.ResponseError) and str(exc).startswith(("NOAUTH", "WRONGPASS"))
+        isinstance(exc, rex.ResponseError) and text.startswith(("NOAUTH", "WRONGPASS"))
     ):
         sentinels = " (the Sentinels get the same user and password)" if config.sentinels else ""
-        if config.redis_password is None and _asks_for_a_password(exc):
+        asks_for_a_password = text.startswith("NOAUTH") or any(
+            phrase in text
+            for phrase in (
+                "Authentication required",
+                "HELLO must be called with the client already",
+            )
+        )
+        if config.redis_password is None and asks_for_a_password:
             return refused(
                 "authentication",
                 f"{where} requires a password and none was configured (authentication "
@@ -228,7 +226,7 @@ def translate(
             )
         reason = (
             "wrong password, or no such user, or the user is disabled"
-            if "invalid username-password pair" in str(exc)
+            if "invalid username-password pair" in text
             else detail
         )
         return refused(
@@ -237,7 +235,6 @@ def translate(
             f"{action}: {reason}. Check STEPBARRIER_REDIS_USERNAME and "
             f"STEPBARRIER_REDIS_PASSWORD(_FILE){sentinels}.",
         )
-    text = str(exc)
     # inside a script, Redis words an ACL refusal as "ERR The user executing the
     # script can't run this command or subcommand" (or "... access ... keys")
     in_script = "user executing the script can't" in text
@@ -297,7 +294,10 @@ def translate(
         )
     if is_transient(exc):
         hint = ""
-        if config.redis_url == DEFAULT_REDIS_URL and not config.sentinels and _refused(exc):
+        refused_here = "Connection refused" in text or any(
+            isinstance(seen, ConnectionRefusedError) for seen in _chain(exc)
+        )
+        if config.redis_url == DEFAULT_REDIS_URL and not config.sentinels and refused_here:
             hint = (
                 f". Nothing listens at {DEFAULT_REDIS_URL}, the default URL: set "
                 "STEPBARRIER_REDIS_URL or --redis-url to your Redis"
@@ -330,20 +330,6 @@ def describe_redis(config: BarrierConfig) -> str:
 def redis_user(config: BarrierConfig) -> str:
     """The ACL user the client logs in as."""
     return config.redis_username or url_username(config.redis_url) or "default"
-
-
-def _asks_for_a_password(exc: BaseException) -> bool:
-    text = str(exc)
-    return text.startswith("NOAUTH") or any(
-        phrase in text
-        for phrase in ("Authentication required", "HELLO must be called with the client already")
-    )
-
-
-def _refused(exc: BaseException) -> bool:
-    return any(isinstance(seen, ConnectionRefusedError) for seen in _chain(exc)) or (
-        "Connection refused" in str(exc)
-    )
 
 
 def _url_address(url: str) -> tuple[str, int] | None:

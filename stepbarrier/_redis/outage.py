@@ -12,12 +12,15 @@ import logging
 import math
 import threading
 import time
-from typing import TypeVar
+from types import SimpleNamespace
+from typing import TypeVar, cast
+
+from tenacity import RetryCallState
 
 from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._redis.client import RedisClient, make_client
 from stepbarrier._redis.failures import REDIS_ERRORS, is_transient, translate
-from stepbarrier._redis.retries import backoff, backoff_attempt
+from stepbarrier._redis.retries import backoff
 from stepbarrier.errors import RedisUnavailable, StepBarrierError
 
 W = TypeVar("W", bound="BackgroundWriter")
@@ -85,7 +88,9 @@ class Outage:
 
     def delay(self, attempt: int | None = None) -> float:
         """Seconds to wait after the ``attempt``-th failure in a row (default: this outage's)."""
-        return float(self._backoff(backoff_attempt(attempt or self.failures)))
+        # backoff() reads only the attempt number of tenacity's state
+        state = SimpleNamespace(attempt_number=attempt or self.failures)
+        return float(self._backoff(cast(RetryCallState, state)))
 
 
 class BackgroundWriter:

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from types import SimpleNamespace
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from redis import exceptions as rex
 from tenacity import RetryCallState, Retrying, retry_if_exception, wait_exponential, wait_random
@@ -39,12 +38,6 @@ def backoff() -> wait_base:
     return wait_exponential(multiplier=BACKOFF_INITIAL, max=BACKOFF_MAX) + wait_random(
         0, BACKOFF_JITTER
     )
-
-
-def backoff_attempt(number: int) -> RetryCallState:
-    """What ``backoff()`` reads (only ``attempt_number``) for the delay before try
-    ``number + 1``, given by hand."""
-    return cast(RetryCallState, SimpleNamespace(attempt_number=number))
 
 
 def call_with_retries(
@@ -87,10 +80,9 @@ def call_with_retries(
     settings = retry_settings(config, action=action, deadline=deadline, clock=clock, quiet=quiet)
     try:
         return Retrying(sleep=sleep, **settings)(again)
-    except REDIS_ERRORS as exc:
-        raise translate(exc, config, action=action) from exc
-    except OSError as exc:  # a raw socket error that redis-py did not wrap
-        raise translate(rex.ConnectionError(str(exc)), config, action=action) from exc
+    except (*REDIS_ERRORS, OSError) as exc:  # OSError: a raw socket error redis-py did not wrap
+        error = exc if isinstance(exc, REDIS_ERRORS) else rex.ConnectionError(str(exc))
+        raise translate(error, config, action=action) from exc
 
 
 def retry_settings(
