@@ -264,12 +264,11 @@ def list_jobs(
         return made[0]
 
     def retried(operation: Callable[[], Any], action: str) -> Any:
-        deadline = time.monotonic() + retry_seconds
         return call_with_retries(
             operation,
             config,
             action=action,
-            deadline=deadline,
+            deadline=time.monotonic() + retry_seconds,
             clock=time.monotonic,
             sleep=time.sleep,
         )
@@ -336,25 +335,20 @@ def truncation_lines(listing: JobListing) -> list[str]:
     return lines
 
 
-def _by_node(client: RedisClient, keys: list[JobKeys]) -> list[list[int]]:
-    """The positions of ``keys`` grouped by the node that holds them (one group
-    off a Cluster): ``RedisCode`` sends a round trip to one node."""
-    if not isinstance(client, RedisCluster):
-        return [list(range(len(keys)))]
-    groups: dict[str, list[int]] = {}
-    for position, job_keys in enumerate(keys):
-        node = client.get_node_from_key(job_keys.state)  # type: ignore[no-untyped-call]
-        groups.setdefault(node.name, []).append(position)
-    return list(groups.values())
-
-
 def _per_node(
     code: RedisCode, client: RedisClient, keys: list[JobKeys], calls: list[Call]
 ) -> list[Any]:
-    """The replies of ``calls`` (one per job of ``keys``), a round trip per node;
-    errors in place, but one that a retry may cure raised."""
+    """The replies of ``calls`` (one per job of ``keys``), a round trip per node
+    (``RedisCode`` sends one to one node); errors in place, but one that a retry
+    may cure raised."""
+    groups: dict[str, list[int]] = {}
+    for position, job_keys in enumerate(keys if calls else []):
+        node = ""  # off a Cluster: one group
+        if isinstance(client, RedisCluster):
+            node = client.get_node_from_key(job_keys.state).name  # type: ignore[no-untyped-call]
+        groups.setdefault(node, []).append(position)
     replies: list[Any] = [None] * len(calls)
-    for group in _by_node(client, keys) if calls else []:
+    for group in groups.values():
         got = code.replies([calls[n] for n in group])
         raise_transient(got)
         for position, reply in zip(group, got, strict=True):

@@ -4,11 +4,6 @@ The tasks report their own step into the job's progress hash
 (``stepbarrier._progress.reporter``, docs/protocol.md#progress); ``read_progress``
 reads it in bounded work, and ``judge_tasks`` judges each task against the
 chief by the rules docs/who-is-slow.md states (and why those thresholds).
-
-Every worker may write the hash (the package's bounded-read rule): ``HLEN``,
-then ``HSTRLEN`` of the fields ``0`` .. ``span - 1`` (the hash's size plus
-``SPAN_MARGIN``, at most ``MAX_TASKS_READ``), then ``HMGET`` of those of at most
-``MAX_PROGRESS_VALUE`` bytes; the tasks beyond are counted (``tasks_more``), not read.
 """
 
 from __future__ import annotations
@@ -119,8 +114,9 @@ def judge_tasks(
 
 
 def read_progress(client: RedisClient, keys: JobKeys, problems: list[str]) -> ProgressRead:
-    """The job's progress hash; what could not be read, or is malformed, is
-    appended to ``problems`` (a transient failure raises: the caller retries it)."""
+    """The job's progress hash, in bounded work (every worker may write it): the tasks
+    past ``MAX_TASKS_READ`` are counted, not read; what could not be read, or is
+    malformed, is appended to ``problems`` (a transient failure raises: retried)."""
     first = client.pipeline(transaction=False)
     first.hlen(keys.progress)
     (size,) = replies_of(first)

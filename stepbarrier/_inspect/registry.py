@@ -257,9 +257,7 @@ def _optional_int(
 
 
 def parse_since(raw: object) -> float | None:
-    """A stored Unix time: plain decimal, finite, in ``[0, SINCE_LIMIT)``; else ``None``."""
+    """A stored Unix time: plain decimal, finite, in ``[0, SINCE_LIMIT)`` (``_SINCE``'s
+    11 digits at most); else ``None``."""
     text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else raw
-    if not isinstance(text, str) or _SINCE.fullmatch(text) is None:
-        return None
-    value = float(text)
-    return value if value < SINCE_LIMIT else None
+    return float(text) if isinstance(text, str) and _SINCE.fullmatch(text) else None

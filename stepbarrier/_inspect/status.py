@@ -8,14 +8,11 @@ cost Redis about half a second per 100,000 parties in one command: ten planted
 barriers stalled Redis for every team at each ``status`` refresh (issue 34). So
 ``read_open_barriers`` uses only commands of constant cost, and the read-only
 ``index_read`` (which sends no megabyte member a worker planted in the index).
-
-The chief's liveness of every operator's view (and of ``publish``'s refusal,
-``find_live_chief``) is ``stale_limit``/``is_stale`` (``freshness``'s rule) and
-``chief_heard`` (the stall timeout); no waiter decides by either.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -151,15 +148,7 @@ class JobStatus:
 
 def json_ready(record: Any) -> dict[str, Any]:
     """A dataclass as a dictionary, its tuples as lists (what ``--json`` prints)."""
-
-    def lists(value: Any) -> Any:
-        if isinstance(value, dict):
-            return {key: lists(item) for key, item in value.items()}
-        if isinstance(value, list | tuple):
-            return [lists(item) for item in value]
-        return value
-
-    data: dict[str, Any] = lists(asdict(record))
+    data: dict[str, Any] = json.loads(json.dumps(asdict(record)))
     return data
 
 

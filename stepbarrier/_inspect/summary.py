@@ -98,9 +98,8 @@ def read_overview(
         if len(targets) <= LIST_UP_TO:
             return read_status(config, active, straggler_steps=straggler_steps), None
         status = read_status(config, active, waiters=False, straggler_steps=straggler_steps)
-        complete = len(targets) < SUMMARY_LIMIT
         if problems:  # malformed index members, or more than SUMMARY_LIMIT
             status = dataclasses.replace(status, problems=(*status.problems, *problems))
-        return status, WaiterSummary.of(targets, status.step, complete=complete)
+        return status, WaiterSummary.of(targets, status.step, complete=len(targets) < SUMMARY_LIMIT)
 
     return operator_read(config, client, read)
