@@ -242,7 +242,6 @@ def list_jobs(
     limit: int = MAX_JOBS,
     scan_calls: int | None = None,
     retry_seconds: float = STATUS_RETRY_SECONDS,
-    now: Callable[[], float] = time.time,
 ) -> JobListing:
     """Find the jobs of each pattern (each team) and read each one, in bounded work.
 
@@ -286,7 +285,7 @@ def list_jobs(
         for jobs, budget in zip(selected, waiter_shares, strict=True):
             for first in range(0, len(jobs), READ_BATCH):
                 batch = jobs[first : first + READ_BATCH]
-                read = functools.partial(_read_batch, config, code, active(), batch, budget, now)
+                read = functools.partial(_read_batch, config, code, active(), batch, budget)
                 got, spent = retried(read, "read the jobs")
                 summaries += got
                 budget -= spent
@@ -362,7 +361,6 @@ def _read_batch(
     client: RedisClient,
     jobs: list[str],
     budget: int,
-    now: Callable[[], float],
 ) -> tuple[list[JobSummary], int]:
     """The summaries of ``jobs`` (those that vanished left out), and how many waiter
     entries were read of the ``budget`` left: four round trips at most."""
@@ -425,7 +423,7 @@ def _read_batch(
         status = job_status(jobs[position], snapshot, found, snapshot.problems)
         if status.holds_nothing:
             continue  # vanished since the scan (reset, expired)
-        summary = JobSummary.of(status, now())
+        summary = JobSummary.of(status, time.time())
         if unread:  # counted from the index, each entry unread
             summary = dataclasses.replace(summary, waiting_workers=min(card, LISTING_WAITERS))
         done[position] = summary

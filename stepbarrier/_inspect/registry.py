@@ -1,9 +1,7 @@
 """The job's registry of waiting workers, read through its index, never a keyspace SCAN.
 
 The targets sorted set (member: waiter id, score: its target step) indexes the
-live waiters; each has its entry, the hash ``JobKeys.waiter(id)``. Both are read
-in bounded work (the package's rule): at most ``MAX_INDEXED`` members; of an
-entry only its known fields, once its sizes showed it no larger than the library's.
+live waiters; each has its entry, the hash ``JobKeys.waiter(id)``.
 """
 
 from __future__ import annotations

@@ -207,13 +207,12 @@ def read_status(
     waiters: bool = True,
     max_waiters: int = MAX_INDEXED,
     barriers: bool = True,
-    tasks: bool = True,
     straggler_steps: int | None = None,
 ) -> JobStatus:
     """Read the job's state, its waiters (at most ``max_waiters``, the lowest
-    targets; ``summary`` counts a large job's), its open barriers and its tasks'
-    progress (judged by ``config.stall_timeout``), each unless turned off;
-    raises as ``operator_read``."""
+    targets; ``summary`` counts a large job's) and open barriers, each unless turned
+    off, and its tasks' progress (judged by ``config.stall_timeout``); raises as
+    ``operator_read``."""
     max_waiters = max(0, max_waiters)
 
     def read(active: RedisClient) -> JobStatus:
@@ -244,14 +243,12 @@ def read_status(
         if barriers:
             open_barriers = read_open_barriers(active, keys, snapshot.now_ms, problems, code)
         status = job_status(config.job, snapshot, found, problems, open_barriers)
-        if not tasks:
-            return status
-        progress = read_progress(active, keys, problems)
+        entries, more = read_progress(active, keys, problems)
         return replace(
             status,
             problems=tuple(problems),
             tasks=judge_tasks(
-                progress.entries,
+                entries,
                 chief_step=status.step,
                 chief_live=not status.done and chief_heard(status, config.stall_timeout),
                 now_ms=snapshot.now_ms,
@@ -259,7 +256,7 @@ def read_status(
                 straggler_steps=straggler_steps,
                 chief_idle_s=(snapshot.state.idle_ms or 0) / 1000,
             ),
-            tasks_more=progress.more,
+            tasks_more=more,
             straggler_threshold=straggler_threshold(status.step, straggler_steps),
         )
 
