@@ -242,7 +242,6 @@ def list_jobs(
     limit: int = MAX_JOBS,
     scan_calls: int | None = None,
     retry_seconds: float = STATUS_RETRY_SECONDS,
-    now: Callable[[], float] = time.time,
 ) -> JobListing:
     """Find the jobs of each pattern (each team) and read each one, in bounded work.
 
@@ -264,12 +263,11 @@ def list_jobs(
         return made[0]
 
     def retried(operation: Callable[[], Any], action: str) -> Any:
-        deadline = time.monotonic() + retry_seconds
         return call_with_retries(
             operation,
             config,
             action=action,
-            deadline=deadline,
+            deadline=time.monotonic() + retry_seconds,
             clock=time.monotonic,
             sleep=time.sleep,
         )
@@ -287,7 +285,7 @@ def list_jobs(
         for jobs, budget in zip(selected, waiter_shares, strict=True):
             for first in range(0, len(jobs), READ_BATCH):
                 batch = jobs[first : first + READ_BATCH]
-                read = functools.partial(_read_batch, config, code, active(), batch, budget, now)
+                read = functools.partial(_read_batch, config, code, active(), batch, budget)
                 got, spent = retried(read, "read the jobs")
                 summaries += got
                 budget -= spent
@@ -336,25 +334,20 @@ def truncation_lines(listing: JobListing) -> list[str]:
     return lines
 
 
-def _by_node(client: RedisClient, keys: list[JobKeys]) -> list[list[int]]:
-    """The positions of ``keys`` grouped by the node that holds them (one group
-    off a Cluster): ``RedisCode`` sends a round trip to one node."""
-    if not isinstance(client, RedisCluster):
-        return [list(range(len(keys)))]
-    groups: dict[str, list[int]] = {}
-    for position, job_keys in enumerate(keys):
-        node = client.get_node_from_key(job_keys.state)  # type: ignore[no-untyped-call]
-        groups.setdefault(node.name, []).append(position)
-    return list(groups.values())
-
-
 def _per_node(
     code: RedisCode, client: RedisClient, keys: list[JobKeys], calls: list[Call]
 ) -> list[Any]:
-    """The replies of ``calls`` (one per job of ``keys``), a round trip per node;
-    errors in place, but one that a retry may cure raised."""
+    """The replies of ``calls`` (one per job of ``keys``), a round trip per node
+    (``RedisCode`` sends one to one node); errors in place, but one that a retry
+    may cure raised."""
+    groups: dict[str, list[int]] = {}
+    for position, job_keys in enumerate(keys if calls else []):
+        node = ""  # off a Cluster: one group
+        if isinstance(client, RedisCluster):
+            node = client.get_node_from_key(job_keys.state).name  # type: ignore[no-untyped-call]
+        groups.setdefault(node, []).append(position)
     replies: list[Any] = [None] * len(calls)
-    for group in _by_node(client, keys) if calls else []:
+    for group in groups.values():
         got = code.replies([calls[n] for n in group])
         raise_transient(got)
         for position, reply in zip(group, got, strict=True):
@@ -368,7 +361,6 @@ def _read_batch(
     client: RedisClient,
     jobs: list[str],
     budget: int,
-    now: Callable[[], float],
 ) -> tuple[list[JobSummary], int]:
     """The summaries of ``jobs`` (those that vanished left out), and how many waiter
     entries were read of the ``budget`` left: four round trips at most."""
@@ -431,7 +423,7 @@ def _read_batch(
         status = job_status(jobs[position], snapshot, found, snapshot.problems)
         if status.holds_nothing:
             continue  # vanished since the scan (reset, expired)
-        summary = JobSummary.of(status, now())
+        summary = JobSummary.of(status, time.time())
         if unread:  # counted from the index, each entry unread
             summary = dataclasses.replace(summary, waiting_workers=min(card, LISTING_WAITERS))
         done[position] = summary

@@ -1,9 +1,7 @@
 """Telling a job that is not there: no key of it holds anything, and which jobs are.
 
-What the commands say: docs/cli.md#a-job-that-is-not-there. A job of named
-barriers only (``stepbarrier arrive``, no chief state) is there too: ``reset``
-looks for its barrier index and epoch (``has_barrier_keys``), whether or not one
-of its barriers is open.
+What the commands say: docs/cli.md#a-job-that-is-not-there (a job of named barriers
+only, ``stepbarrier arrive``'s, is there too: ``has_barrier_keys``).
 """
 
 from __future__ import annotations

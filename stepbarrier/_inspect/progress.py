@@ -4,11 +4,6 @@ The tasks report their own step into the job's progress hash
 (``stepbarrier._progress.reporter``, docs/protocol.md#progress); ``read_progress``
 reads it in bounded work, and ``judge_tasks`` judges each task against the
 chief by the rules docs/who-is-slow.md states (and why those thresholds).
-
-Every worker may write the hash (the package's bounded-read rule): ``HLEN``,
-then ``HSTRLEN`` of the fields ``0`` .. ``span - 1`` (the hash's size plus
-``SPAN_MARGIN``, at most ``MAX_TASKS_READ``), then ``HMGET`` of those of at most
-``MAX_PROGRESS_VALUE`` bytes; the tasks beyond are counted (``tasks_more``), not read.
 """
 
 from __future__ import annotations
@@ -55,15 +50,6 @@ class TaskProgress:
     straggler: bool = False
 
 
-@dataclass(frozen=True)
-class ProgressRead:
-    """What one bounded read of the progress hash found: task id -> (step, changed_ms)
-    of the tasks read, and how many ``more`` it holds (past the span, or malformed)."""
-
-    entries: dict[int, tuple[int, int]]
-    more: int = 0
-
-
 def straggler_threshold(chief_step: int | None, straggler_steps: int | None) -> int:
     """Steps behind the chief beyond which a task is a straggler.
 
@@ -88,7 +74,7 @@ def judge_tasks(
     straggler_steps: int | None = None,
     chief_idle_s: float = 0.0,
 ) -> tuple[TaskProgress, ...]:
-    """Each task's progress (``ProgressRead.entries``), by task id, judged against
+    """Each task's progress (``read_progress``'s entries), by task id, judged against
     the chief (no I/O); ``now_ms`` is Redis's time of the node that holds the hash.
 
     ``chief_idle_s`` is how long the chief's training loop had been quiet at its
@@ -118,9 +104,13 @@ def judge_tasks(
     return tuple(tasks)
 
 
-def read_progress(client: RedisClient, keys: JobKeys, problems: list[str]) -> ProgressRead:
-    """The job's progress hash; what could not be read, or is malformed, is
-    appended to ``problems`` (a transient failure raises: the caller retries it)."""
+def read_progress(
+    client: RedisClient, keys: JobKeys, problems: list[str]
+) -> tuple[dict[int, tuple[int, int]], int]:
+    """The job's progress hash, in bounded work (every worker may write it): task id ->
+    (step, changed_ms) of the tasks read, and how many more it holds (past
+    ``MAX_TASKS_READ``, or malformed); what could not be read, or is malformed, is
+    appended to ``problems`` (a transient failure raises: retried)."""
     first = client.pipeline(transaction=False)
     first.hlen(keys.progress)
     (size,) = replies_of(first)
@@ -129,14 +119,14 @@ def read_progress(client: RedisClient, keys: JobKeys, problems: list[str]) -> Pr
             "tasks not shown: this user may not read the job's progress hash (an older "
             "users.acl: `stepbarrier acl` prints the current rules)"
         )
-        return ProgressRead({})
+        return {}, 0
     if isinstance(size, Exception):
         problems.append(
             f"the job's progress key is not a hash: tasks not shown ({one_line(size, 160)})"
         )
-        return ProgressRead({})
+        return {}, 0
     if not size:
-        return ProgressRead({})
+        return {}, 0
     if size > MAX_PROGRESS_TASKS:
         problems.append(
             f"the job's progress hash holds {size:,} fields (reports keep at most "
@@ -156,7 +146,7 @@ def read_progress(client: RedisClient, keys: JobKeys, problems: list[str]) -> Pr
         third.hmget(keys.progress, [str(task) for task in readable])
         (values,) = replies_of(third)
         if isinstance(values, Exception):
-            return ProgressRead({}, int(size))  # gone or replaced meanwhile
+            return {}, int(size)  # gone or replaced meanwhile
     entries: dict[int, tuple[int, int]] = {}
     malformed = list(oversized)
     for task, raw in zip(readable, values, strict=True):
@@ -169,4 +159,4 @@ def read_progress(client: RedisClient, keys: JobKeys, problems: list[str]) -> Pr
     if malformed:
         shown = ", ".join(str(task) for task in malformed[:10])
         problems.append(f"malformed progress of task(s) {shown}: not shown")
-    return ProgressRead(entries, max(0, int(size) - len(entries) - len(malformed)))
+    return entries, max(0, int(size) - len(entries) - len(malformed))

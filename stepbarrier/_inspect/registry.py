@@ -1,9 +1,7 @@
 """The job's registry of waiting workers, read through its index, never a keyspace SCAN.
 
 The targets sorted set (member: waiter id, score: its target step) indexes the
-live waiters; each has its entry, the hash ``JobKeys.waiter(id)``. Both are read
-in bounded work (the package's rule): at most ``MAX_INDEXED`` members; of an
-entry only its known fields, once its sizes showed it no larger than the library's.
+live waiters; each has its entry, the hash ``JobKeys.waiter(id)``.
 """
 
 from __future__ import annotations
@@ -257,9 +255,7 @@ def _optional_int(
 
 
 def parse_since(raw: object) -> float | None:
-    """A stored Unix time: plain decimal, finite, in ``[0, SINCE_LIMIT)``; else ``None``."""
+    """A stored Unix time: plain decimal, finite, in ``[0, SINCE_LIMIT)`` (``_SINCE``'s
+    11 digits at most); else ``None``."""
     text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else raw
-    if not isinstance(text, str) or _SINCE.fullmatch(text) is None:
-        return None
-    value = float(text)
-    return value if value < SINCE_LIMIT else None
+    return float(text) if isinstance(text, str) and _SINCE.fullmatch(text) else None

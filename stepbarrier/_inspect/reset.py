@@ -1,15 +1,10 @@
 """Ending a job by hand: delete its keys and abort whoever still waits.
 
-The waiters' registry entries are found through the job's index (the targets
-sorted set), never by scanning the keyspace. The named barriers need no
-finding: the reset begins a new barrier epoch, so every barrier begun before it
-is stale at once, however many there are (up to ``MAX_RESET_BARRIERS`` that the
-barrier index names are deleted too, to tidy up; the others expire).
-
-Bounded work (the package's rule): the entries go by ``UNLINK`` (a large one's
-memory is freed off Redis's main thread) in batches before the reset function,
-which takes at most ``RESET_BATCH`` entries and ``MAX_RESET_BARRIERS`` barriers
-(it refuses more) and deletes the indexes whole.
+The waiters' entries are found through the job's index, never a keyspace scan, and
+go by ``UNLINK`` (a large one's memory is freed off Redis's main thread) in batches
+before the reset function, which refuses more than ``RESET_BATCH`` of them. The named
+barriers need no finding: the new barrier epoch makes every one begun before it stale
+at once (the first ``MAX_RESET_BARRIERS`` indexed are deleted too; the others expire).
 """
 
 from __future__ import annotations

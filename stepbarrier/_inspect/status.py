@@ -8,14 +8,11 @@ cost Redis about half a second per 100,000 parties in one command: ten planted
 barriers stalled Redis for every team at each ``status`` refresh (issue 34). So
 ``read_open_barriers`` uses only commands of constant cost, and the read-only
 ``index_read`` (which sends no megabyte member a worker planted in the index).
-
-The chief's liveness of every operator's view (and of ``publish``'s refusal,
-``find_live_chief``) is ``stale_limit``/``is_stale`` (``freshness``'s rule) and
-``chief_heard`` (the stall timeout); no waiter decides by either.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -151,15 +148,7 @@ class JobStatus:
 
 def json_ready(record: Any) -> dict[str, Any]:
     """A dataclass as a dictionary, its tuples as lists (what ``--json`` prints)."""
-
-    def lists(value: Any) -> Any:
-        if isinstance(value, dict):
-            return {key: lists(item) for key, item in value.items()}
-        if isinstance(value, list | tuple):
-            return [lists(item) for item in value]
-        return value
-
-    data: dict[str, Any] = lists(asdict(record))
+    data: dict[str, Any] = json.loads(json.dumps(asdict(record)))
     return data
 
 
@@ -218,13 +207,12 @@ def read_status(
     waiters: bool = True,
     max_waiters: int = MAX_INDEXED,
     barriers: bool = True,
-    tasks: bool = True,
     straggler_steps: int | None = None,
 ) -> JobStatus:
     """Read the job's state, its waiters (at most ``max_waiters``, the lowest
-    targets; ``summary`` counts a large job's), its open barriers and its tasks'
-    progress (judged by ``config.stall_timeout``), each unless turned off;
-    raises as ``operator_read``."""
+    targets; ``summary`` counts a large job's) and open barriers, each unless turned
+    off, and its tasks' progress (judged by ``config.stall_timeout``); raises as
+    ``operator_read``."""
     max_waiters = max(0, max_waiters)
 
     def read(active: RedisClient) -> JobStatus:
@@ -255,14 +243,12 @@ def read_status(
         if barriers:
             open_barriers = read_open_barriers(active, keys, snapshot.now_ms, problems, code)
         status = job_status(config.job, snapshot, found, problems, open_barriers)
-        if not tasks:
-            return status
-        progress = read_progress(active, keys, problems)
+        entries, more = read_progress(active, keys, problems)
         return replace(
             status,
             problems=tuple(problems),
             tasks=judge_tasks(
-                progress.entries,
+                entries,
                 chief_step=status.step,
                 chief_live=not status.done and chief_heard(status, config.stall_timeout),
                 now_ms=snapshot.now_ms,
@@ -270,7 +256,7 @@ def read_status(
                 straggler_steps=straggler_steps,
                 chief_idle_s=(snapshot.state.idle_ms or 0) / 1000,
             ),
-            tasks_more=progress.more,
+            tasks_more=more,
             straggler_threshold=straggler_threshold(status.step, straggler_steps),
         )
 

@@ -1,9 +1,7 @@
 """A large job's waiters in numbers: how many, the nearest targets, a histogram.
 
-``status`` and ``watch`` list each waiter while few (``LIST_UP_TO``), and
-summarise more out of the targets index alone: a few ``ZRANGEBYSCORE`` pages,
-never one read per worker, so a refresh costs the same few commands whatever
-the number of waiters (up to ``SUMMARY_LIMIT``).
+Out of the targets index alone, never one read per worker: a refresh costs the
+same few commands whatever the number of waiters (up to ``SUMMARY_LIMIT``).
 """
 
 from __future__ import annotations
@@ -61,9 +59,7 @@ class WaiterSummary:
 
 
 def _histogram(counts: Counter[int], distinct: list[int]) -> tuple[tuple[int, int, int], ...]:
-    if not distinct:
-        return ()
-    if len(distinct) <= BUCKETS:
+    if len(distinct) <= BUCKETS:  # none, or a bar each
         return tuple((t, t, counts[t]) for t in distinct)
     low, high = distinct[0], distinct[-1]
     width = -(-(high - low + 1) // BUCKETS)  # ceiling: BUCKETS bars cover low..high
@@ -98,9 +94,8 @@ def read_overview(
         if len(targets) <= LIST_UP_TO:
             return read_status(config, active, straggler_steps=straggler_steps), None
         status = read_status(config, active, waiters=False, straggler_steps=straggler_steps)
-        complete = len(targets) < SUMMARY_LIMIT
         if problems:  # malformed index members, or more than SUMMARY_LIMIT
             status = dataclasses.replace(status, problems=(*status.problems, *problems))
-        return status, WaiterSummary.of(targets, status.step, complete=complete)
+        return status, WaiterSummary.of(targets, status.step, complete=len(targets) < SUMMARY_LIMIT)
 
     return operator_read(config, client, read)
