@@ -206,8 +206,7 @@ class GlobalStepWaiterHook(tf.compat.v1.train.SessionRunHook):  # type: ignore[m
         self.released_at, self.released_at_step, self.released_by = time.time(), step, by
 
     def after_run(self, run_context: Any, run_values: Any) -> None:
-        if self._waiter is not None:
-            self._close_waiter()
+        self._close_waiter()
         if run_values.results is None:
             return
         step = int(run_values.results)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from stepbarrier._barriers.wait import MAX_INDEXED_BARRIERS, ArriveAgain, BarrierRules
@@ -30,6 +31,31 @@ from stepbarrier.errors import ConfigurationError, RedisUnavailable
 
 READ_RETRY_SECONDS = 5.0
 """How long ``Barrier.read`` retries an unreachable Redis."""
+STATUS_BARRIERS = 50
+"""Most barriers ``status`` reads: those with the latest arrivals."""
+
+
+@dataclass(frozen=True)
+class BarrierInfo:
+    """An open barrier, as an operator sees it: not every party has arrived yet.
+
+    Attributes:
+        name: The barrier's name.
+        run_id: The run it belongs to (``None``: no run id).
+        parties: How many tasks it waits for.
+        arrived: How many have arrived.
+        missing: The ids of the tasks that have not, sorted.
+        open_for: Seconds since the first arrival, by Redis's clock.
+        last_arrival_age: Seconds since the latest arrival, by Redis's clock.
+    """
+
+    name: str
+    run_id: str | None
+    parties: int
+    arrived: int
+    missing: tuple[int, ...]
+    open_for: float | None
+    last_arrival_age: float | None
 
 
 class Barrier(LazyClient):
