@@ -98,17 +98,13 @@ class Barrier(LazyClient):
         super().__init__(config, client)
         self.name = validate_barrier_name(name)
         self.parties = validate_parties(parties)
-        if config.task_id is None:
+        if config.task_id is None or config.task_id >= self.parties:
             raise ConfigurationError(
                 f"barrier {name!r} needs this task's id: set STEPBARRIER_TASK_ID or TF_CONFIG "
-                "(the chief is task 0)",
-                variable="STEPBARRIER_TASK_ID",
-                job=config.job,
-            )
-        if config.task_id >= self.parties:
-            raise ConfigurationError(
-                f"barrier {name!r} of job {config.job} has {self.parties} parties (task ids "
-                f"0..{self.parties - 1}), but this is task {config.task_id}",
+                "(the chief is task 0)"
+                if config.task_id is None
+                else f"barrier {name!r} of job {config.job} has {self.parties} parties (task "
+                f"ids 0..{self.parties - 1}), but this is task {config.task_id}",
                 variable="STEPBARRIER_TASK_ID",
                 job=config.job,
             )
