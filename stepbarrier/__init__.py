@@ -10,8 +10,7 @@ and ``tenacity``; TensorFlow and Keras live in ``stepbarrier.tf_hooks`` and
 ``stepbarrier.keras_callbacks``. Importing stepbarrier contacts no server.
 """
 
-from stepbarrier._barriers.barrier import Barrier
-from stepbarrier._barriers.index import BarrierInfo
+from stepbarrier._barriers.barrier import Barrier, BarrierInfo
 from stepbarrier._chief.publisher import StepPublisher
 from stepbarrier._config.schedule import schedule_wait_until_step
 from stepbarrier._config.settings import BarrierConfig

@@ -60,19 +60,11 @@ class WaitContext(TypedDict, total=False):
 class _WaitError(StepBarrierError):
     """Shared context of errors that end a wait (see the module's docstring)."""
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        job: str | None = None,
-        target: int | None = None,
-        last_step: int | None = None,
-        heartbeat_age: float | None = None,
-    ) -> None:
-        super().__init__(message, job=job)
-        self.target = target
-        self.last_step = last_step
-        self.heartbeat_age = heartbeat_age
+    def __init__(self, message: str, **context: Unpack[WaitContext]) -> None:
+        super().__init__(message, job=context.get("job"))
+        self.target = context.get("target")
+        self.last_step = context.get("last_step")
+        self.heartbeat_age = context.get("heartbeat_age")
 
 
 class BarrierTimeout(_WaitError, TimeoutError):
@@ -98,7 +90,7 @@ class BarrierTimeout(_WaitError, TimeoutError):
         limit: TimeoutLimit | None = None,
         **context: Unpack[WaitContext],
     ) -> None:
-        super().__init__(message, **context)  # the wait's: _WaitError's keywords
+        super().__init__(message, **context)
         self.stalled = stalled
         self.limit: TimeoutLimit = limit or ("stall" if stalled else "deadline")
         self.barrier = barrier
@@ -121,7 +113,7 @@ class BarrierAborted(_WaitError):
         barrier: str | None = None,
         **context: Unpack[WaitContext],
     ) -> None:
-        super().__init__(message, **context)  # the wait's: _WaitError's keywords
+        super().__init__(message, **context)
         self.reason = reason
         self.barrier = barrier
 

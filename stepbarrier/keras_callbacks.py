@@ -3,11 +3,8 @@
 ``StepPublisherCallback`` goes into the chief's ``model.fit``, ``StepWaiterCallback``
 into a worker's, holding it before its first batch until the chief's step reaches
 the worker's; ``callbacks_from_env`` picks them, and the start and end barriers
-(``StartBarrierCallback``, ``EndBarrierCallback``), for this host:
-
-```python
-model.fit(x, y, callbacks=stepbarrier.keras_callbacks.callbacks_from_env())
-```
+(``StartBarrierCallback``, ``EndBarrierCallback``), for this host
+(docs/tensorflow-keras.md#keras-callbacks).
 
 A "step" is an optimizer update, ``model.optimizer.iterations`` (with
 ``gradient_accumulation_steps=N``, one every N batches); with
@@ -147,12 +144,12 @@ _SYNCHRONOUS_STRATEGIES = (
 strategy in neither list (a subclass of ``tf.distribute.Strategy``) is refused too."""
 
 
-def _tf_class(tf: Any, dotted: str) -> type | None:
-    """``tf.<dotted>`` when this TensorFlow has that class, else ``None``."""
+def _tf_class(tf: Any, dotted: str) -> type | tuple[()]:
+    """``tf.<dotted>`` when this TensorFlow has that class, else ``()`` (matches nothing)."""
     found: Any = tf
     for part in dotted.split("."):
         found = getattr(found, part, None)
-    return found if isinstance(found, type) else None
+    return found if isinstance(found, type) else ()
 
 
 def _synchronous_strategy(model: Any) -> str | None:
@@ -169,7 +166,7 @@ def _synchronous_strategy(model: Any) -> str | None:
         default = None
     else:
         default = distribute.get_strategy()  # outside every scope: the default strategy
-    fitting = tuple(c for c in (_tf_class(tf, name) for name in _FITTING_STRATEGIES) if c)
+    fitting = tuple(_tf_class(tf, name) for name in _FITTING_STRATEGIES)
     for strategy in candidates:
         if (
             strategy is None
@@ -180,8 +177,7 @@ def _synchronous_strategy(model: Any) -> str | None:
         ):
             continue
         for name in _SYNCHRONOUS_STRATEGIES:
-            cls = _tf_class(tf, name)
-            if cls is not None and isinstance(strategy, cls):
+            if isinstance(strategy, _tf_class(tf, name)):
                 return f"tf.{name}"
         return f"{type(strategy).__module__}.{type(strategy).__qualname__}"
     return None

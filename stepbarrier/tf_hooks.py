@@ -3,14 +3,7 @@
 ``GlobalStepWaiterHook`` replaces ``tf.compat.v1.train.GlobalStepWaiterHook`` by
 changing the import; ``StartBarrierHook`` and ``EndBarrierHook`` hold every task
 together at the start and the end of training; ``hooks_from_env`` picks what this
-host needs (docs/tensorflow-keras.md):
-
-```python
-hooks = stepbarrier.tf_hooks.hooks_from_env(start_barrier=True, end_barrier=True)
-with tf.compat.v1.train.MonitoredTrainingSession(master=server.target, hooks=hooks) as sess:
-    while not sess.should_stop():
-        sess.run(train_op)
-```
+host needs (how to use them: docs/tensorflow-keras.md#session-hooks).
 
 Warning:
     Unlike TensorFlow's hook, a wait can end with an exception from ``before_run``,
@@ -160,12 +153,24 @@ class GlobalStepWaiterHook(tf.compat.v1.train.SessionRunHook):  # type: ignore[m
         return self._wait_until_step
 
     def begin(self) -> None:
+        global _warned_unconfigured
         self._worker_is_started = False
         self._global_step = _global_step_or_raise("GlobalStepWaiterHook")
-        if self._wait_until_step > 0:
-            follow_tensorflow_logging()
-            if self._config is None:
-                self._config = _config_or_warn()  # a bad setting fails before the session
+        if self._wait_until_step <= 0:
+            return
+        follow_tensorflow_logging()
+        if self._config is None and job_in_env():
+            self._config = BarrierConfig.from_env()  # a bad setting fails before the session
+        elif self._config is None and not _warned_unconfigured:
+            _warned_unconfigured = True
+            log.warning(
+                "STEPBARRIER_JOB is not set: GlobalStepWaiterHook waits as TensorFlow's hook "
+                "does, reading the session's global step every %g s. For wake-ups within "
+                "milliseconds of the step, set STEPBARRIER_JOB and STEPBARRIER_REDIS_URL (and "
+                "STEPBARRIER_REDIS_USERNAME/STEPBARRIER_REDIS_PASSWORD_FILE on a Redis with "
+                "users) on every host, and add GlobalStepPublisherHook to the chief",
+                SESSION_READ_EVERY,
+            )
 
     def before_run(self, run_context: Any) -> Any:
         if not self._worker_is_started:
@@ -206,8 +211,7 @@ class GlobalStepWaiterHook(tf.compat.v1.train.SessionRunHook):  # type: ignore[m
         self.released_at, self.released_at_step, self.released_by = time.time(), step, by
 
     def after_run(self, run_context: Any, run_values: Any) -> None:
-        if self._waiter is not None:
-            self._close_waiter()
+        self._close_waiter()
         if run_values.results is None:
             return
         step = int(run_values.results)
@@ -263,14 +267,12 @@ class GlobalStepPublisherHook(tf.compat.v1.train.SessionRunHook):  # type: ignor
     to Redis; Redis being down never stops training
     (docs/tensorflow-keras.md#how-the-chief-publishes).
 
-    ``end()`` (at the end of each session) finishes the job only at or above
-    ``last_step``; otherwise the publisher pauses until the next session
-    (docs/tensorflow-keras.md#how-a-job-is-finished).
-
     Args:
         config: The job's settings; ``None`` reads ``BarrierConfig.from_env()``
             in ``begin()``.
-        last_step: The job is finished when a session ends at or above it.
+        last_step: The job is finished when a session ends at or above it; a
+            session that ends below it pauses the publisher until the next one
+            (docs/tensorflow-keras.md#how-a-job-is-finished).
 
     Attributes:
         verifications: Extra global-step reads done so far (for tests and
@@ -474,26 +476,7 @@ def wait_on_session(session: StepSource, target: int) -> int:
         time.sleep(session.interval)  # looked up now: tests patch it, as TensorFlow's do
 
 
-_warned_unconfigured = False
-
-
-def _config_or_warn() -> BarrierConfig | None:
-    """``BarrierConfig.from_env()`` (``ConfigurationError`` for an invalid variable), or
-    ``None`` (after one WARNING) without ``STEPBARRIER_JOB``."""
-    global _warned_unconfigured
-    if job_in_env():
-        return BarrierConfig.from_env()
-    if not _warned_unconfigured:
-        _warned_unconfigured = True
-        log.warning(
-            "STEPBARRIER_JOB is not set: GlobalStepWaiterHook waits as TensorFlow's hook "
-            "does, reading the session's global step every %g s. For wake-ups within "
-            "milliseconds of the step, set STEPBARRIER_JOB and STEPBARRIER_REDIS_URL (and "
-            "STEPBARRIER_REDIS_USERNAME/STEPBARRIER_REDIS_PASSWORD_FILE on a Redis with "
-            "users) on every host, and add GlobalStepPublisherHook to the chief",
-            SESSION_READ_EVERY,
-        )
-    return None
+_warned_unconfigured = False  # the WARNING of a hook without STEPBARRIER_JOB: once
 
 
 def hooks_from_env(

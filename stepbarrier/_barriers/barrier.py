@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from stepbarrier._barriers.wait import MAX_INDEXED_BARRIERS, ArriveAgain, BarrierRules
@@ -30,6 +31,31 @@ from stepbarrier.errors import ConfigurationError, RedisUnavailable
 
 READ_RETRY_SECONDS = 5.0
 """How long ``Barrier.read`` retries an unreachable Redis."""
+STATUS_BARRIERS = 50
+"""Most barriers ``status`` reads: those with the latest arrivals."""
+
+
+@dataclass(frozen=True)
+class BarrierInfo:
+    """An open barrier, as an operator sees it: not every party has arrived yet.
+
+    Attributes:
+        name: The barrier's name.
+        run_id: The run it belongs to (``None``: no run id).
+        parties: How many tasks it waits for.
+        arrived: How many have arrived.
+        missing: The ids of the tasks that have not, sorted.
+        open_for: Seconds since the first arrival, by Redis's clock.
+        last_arrival_age: Seconds since the latest arrival, by Redis's clock.
+    """
+
+    name: str
+    run_id: str | None
+    parties: int
+    arrived: int
+    missing: tuple[int, ...]
+    open_for: float | None
+    last_arrival_age: float | None
 
 
 class Barrier(LazyClient):
@@ -72,17 +98,13 @@ class Barrier(LazyClient):
         super().__init__(config, client)
         self.name = validate_barrier_name(name)
         self.parties = validate_parties(parties)
-        if config.task_id is None:
+        if config.task_id is None or config.task_id >= self.parties:
             raise ConfigurationError(
                 f"barrier {name!r} needs this task's id: set STEPBARRIER_TASK_ID or TF_CONFIG "
-                "(the chief is task 0)",
-                variable="STEPBARRIER_TASK_ID",
-                job=config.job,
-            )
-        if config.task_id >= self.parties:
-            raise ConfigurationError(
-                f"barrier {name!r} of job {config.job} has {self.parties} parties (task ids "
-                f"0..{self.parties - 1}), but this is task {config.task_id}",
+                "(the chief is task 0)"
+                if config.task_id is None
+                else f"barrier {name!r} of job {config.job} has {self.parties} parties (task "
+                f"ids 0..{self.parties - 1}), but this is task {config.task_id}",
                 variable="STEPBARRIER_TASK_ID",
                 job=config.job,
             )

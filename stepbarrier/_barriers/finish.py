@@ -83,23 +83,19 @@ def end_barrier_epoch(config: BarrierConfig, client: RedisClient | None = None) 
     with_client(config, client, write, action="end the job's barrier epoch", retry_seconds=5.0)
 
 
-def expire_run_barriers(config: BarrierConfig, ttl: int, client: RedisClient | None = None) -> int:
+def expire_run_barriers(config: BarrierConfig, ttl: int, client: RedisClient | None = None) -> None:
     """Let this run's barriers the index names expire within ``ttl`` seconds (never
     later than they would); only to tidy up, as ``end_barrier_epoch`` made them stale
-    (a barrier the index no longer names is stale all the same).
-
-    Returns:
-        How many barriers were given the shorter TTL.
-    """
+    (a barrier the index no longer names is stale all the same)."""
     index, prefix = config.keys.barrier_index, config.keys.barrier_prefix.encode()
 
-    def run(active: RedisClient) -> int:
+    def run(active: RedisClient) -> None:
         try:  # a longer index was inflated by hand: it gets no more read
             found = active.zrangebyscore(index, "-inf", "+inf", start=0, num=MAX_INDEXED_BARRIERS)
         except redis.exceptions.NoPermissionError:
             raise
         except redis.ResponseError:
-            return 0  # not a sorted set: reset deletes it, and there is nothing to follow
+            return  # not a sorted set: reset deletes it, and there is nothing to follow
         members = [m if isinstance(m, bytes) else str(m).encode() for m in found]
         mine = [
             m for m in members if split_member(m.decode("utf-8", "replace"))[1] == config.run_id
@@ -107,6 +103,7 @@ def expire_run_barriers(config: BarrierConfig, ttl: int, client: RedisClient | N
         pipe = active.pipeline(transaction=False)
         for member in mine:
             pipe.expire(prefix + member, ttl, lt=True)
-        return sum(bool(done) for done in pipe.execute()) if mine else 0
+        if mine:
+            pipe.execute()
 
-    return with_client(config, client, run, action="expire the run's barriers", retry_seconds=5.0)
+    with_client(config, client, run, action="expire the run's barriers", retry_seconds=5.0)

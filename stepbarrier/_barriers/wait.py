@@ -205,7 +205,6 @@ class BarrierRules(WaitTiming):
             f"{self.parties} tasks arrived, missing task(s) {listed}{lost}",
             job=self.config.job,
             stalled=stalled,
-            limit="stall" if stalled else "deadline",
             barrier=self.name,
             missing=missing,
         )

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import redis
 
-from stepbarrier._barriers.index import STATUS_BARRIERS, BarrierInfo
+from stepbarrier._barriers.barrier import STATUS_BARRIERS, BarrierInfo
 from stepbarrier._config.defaults import DEFAULT_HEARTBEAT
 from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._inspect.progress import (

@@ -1,6 +1,6 @@
 """What a named barrier holds in Redis, read back: who arrived, who is missing
 (docs/protocol.md#barriers). Only parsing and naming: reading is
-``stepbarrier._barriers.barrier`` (a waiting task) and ``stepbarrier._barriers.index``
+``stepbarrier._barriers.barrier`` (a waiting task) and ``stepbarrier._inspect.status``
 (``stepbarrier status``).
 """
 

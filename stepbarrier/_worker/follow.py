@@ -34,12 +34,10 @@ class FollowPlan:
     (``every`` and ``start`` as ``StepWaiter.follow`` takes them, checked as steps)."""
 
     def __init__(self, every: int, start: int | None) -> None:
-        self.every = checked_step(every, what="every")
-        first = self.every
+        self.every = self.target = checked_step(every, what="every")
         if start is not None:
             start = checked_step(start, what="start", low=0)
-            first = max(self.every, -(-start // self.every) * self.every)
-        self.target = first
+            self.target = max(self.every, -(-start // self.every) * self.every)
         self.skip_at_once = start is None
 
     def released(self, step: int, before: int | None) -> list[Crossed]:

@@ -41,8 +41,7 @@ REGISTRY_TTL = 30
 
 class LazyClient:
     """A waiter's client and code runner, made on first use (a cluster client reads
-    the slot map at once, and Redis may be down); ``close`` closes them (the client
-    only if it was made here)."""
+    the slot map at once, and Redis may be down)."""
 
     def __init__(
         self,

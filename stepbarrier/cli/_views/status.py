@@ -17,7 +17,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Column, Table
 from rich.text import Text
 
-from stepbarrier._barriers.index import BarrierInfo
+from stepbarrier._barriers.barrier import BarrierInfo
 from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._inspect.progress import TaskProgress
 from stepbarrier._inspect.status import JobStatus, OpenBarrier, is_stale, stale_limit
