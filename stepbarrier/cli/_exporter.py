@@ -141,7 +141,6 @@ PATTERN_GAUGES: dict[str, tuple[str, Callable[[PatternListing], float | None]]] 
     ),
 }
 METRIC_NAMES = frozenset([*JOB_GAUGES, *SERVER_GAUGES, *PATTERN_GAUGES, *TASK_GAUGES])
-"""Every metric the exporter serves."""
 
 
 @dataclass(frozen=True)
@@ -155,20 +154,6 @@ class Reading:
     listing: JobListing | None
     busy: bool = False
     tasks: dict[str, tuple[TaskProgress, ...]] | None = None
-
-
-def require_prometheus_client() -> None:
-    """Import prometheus-client, or raise an ``ImportError`` naming the extra that has it."""
-    try:
-        import prometheus_client  # noqa: F401
-    except ImportError as exc:
-        if exc.name is None or exc.name.partition(".")[0] != "prometheus_client":
-            raise
-        raise ImportError(
-            "the stepbarrier exporter needs prometheus-client: "
-            f"pip install 'stepbarrier[exporter]' ({exc})",
-            name=exc.name,
-        ) from exc
 
 
 class JobsCollector:
@@ -194,7 +179,16 @@ class JobsCollector:
         max_jobs: int = EXPORTED_JOBS,
         read_tasks: TaskReader | None = None,
     ) -> None:
-        require_prometheus_client()
+        try:
+            import prometheus_client  # noqa: F401
+        except ImportError as exc:  # name the extra that has it
+            if exc.name is None or exc.name.partition(".")[0] != "prometheus_client":
+                raise
+            raise ImportError(
+                "the stepbarrier exporter needs prometheus-client: "
+                f"pip install 'stepbarrier[exporter]' ({exc})",
+                name=exc.name,
+            ) from exc
         if not 1 <= max_jobs <= MAX_JOBS:
             raise ConfigurationError(
                 f"the exporter reads 1 to {MAX_JOBS} jobs per reading, got {max_jobs}",
@@ -226,7 +220,7 @@ class JobsCollector:
         return []
 
     def reading(self) -> Reading:
-        """The last reading if it is recent enough, else a new one."""
+        """The last reading if it is recent enough (``min_interval``), else a new one."""
         with self._lock:
             last = self._last
             if last is None or self._clock() - last.taken_at >= self.min_interval:
@@ -282,8 +276,8 @@ def _families(
     labels: list[str],
     rows: Sequence[tuple[tuple[str, ...], T]],
 ) -> Iterator[Metric]:
-    """One gauge family per entry of ``gauges``, a series per row whose value is not
-    ``None``; a family without labels is left out when it has no series."""
+    """A family per gauge, a series per row whose value is not ``None``; a family
+    without labels is left out when it has no series."""
     from prometheus_client.core import GaugeMetricFamily
 
     for name, (text, value_of) in gauges.items():
@@ -334,7 +328,6 @@ def read_job_tasks(config: BarrierConfig, jobs: list[str]) -> dict[str, tuple[Ta
 
 
 def _truncated(listing: JobListing) -> set[str]:
-    """The patterns a listing left jobs out of."""
     return {part.pattern for part in listing.patterns if part.truncated}
 
 
@@ -358,7 +351,6 @@ class MetricsServer(AbstractContextManager["MetricsServer"]):
         return f"http://{f'[{host}]' if ':' in host else host}:{self.port}/metrics"
 
     def close(self) -> None:
-        """Stop serving and release the port."""
         self._httpd.shutdown()
         self._httpd.server_close()
         self._thread.join(10)
