@@ -123,8 +123,6 @@ EXIT_CODES = exit_codes(
 )
 """The group's epilog: every code any command ends with."""
 
-_WHITESPACE = re.compile(r"(\s+)")
-
 log = logging.getLogger("stepbarrier.cli")
 """The command's own warnings, shown whatever the verbosity (``command_logging``)."""
 _SHOWN_WARNINGS = ("stepbarrier.cli", "stepbarrier.tls")
@@ -145,7 +143,7 @@ def mask_secrets(text: str, secrets: Iterable[str | None] = ()) -> str:
     Word by word (``mask_url`` on each word holding ``://``), in linear time: a
     regular expression here took quadratic time on a 100 000-character job name.
     """
-    words = _WHITESPACE.split(text)
+    words = re.split(r"(\s+)", text)
     for index, word in enumerate(words):
         if "://" in word:
             words[index] = mask_url(word)
@@ -176,10 +174,7 @@ class Duration(click.ParamType):  # type: ignore[type-arg]
         self.low, self.high, self.low_open = low, high, low_open
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            seconds: float | None = float(value)
-        else:
-            seconds = parse_duration(str(value))
+        seconds = parse_duration(str(value))  # a default too: str(0.5) is "0.5"
         if seconds is None:
             self.fail(f"{str(value)[:40]!r} is no duration: give {DURATION_EXAMPLES}", param, ctx)
         too_low = seconds <= self.low if self.low_open else seconds < self.low

@@ -3,9 +3,7 @@ its metrics, bounds and teams: docs/operations.md#jobs-metrics-and-alerts).
 
 A reading of Redis serves several Prometheus servers (``MIN_READ_INTERVAL``), and
 its bounds (``EXPORTED_JOBS``, ``SCRAPE_SCAN_CALLS``) end it well within
-Prometheus's scrape timeout whatever the keyspace holds. Jobs are labelled
-``job_name``: ``job`` is Prometheus's own target label (a clash would rename ours
-``exported_job``).
+Prometheus's scrape timeout whatever the keyspace holds.
 """
 
 from __future__ import annotations
@@ -88,7 +86,8 @@ JOB_GAUGES: dict[str, tuple[str, Callable[[JobSummary], float | None]]] = {
         lambda j: len(j.problems),
     ),
 }
-"""The per-job gauges (label ``job_name``): help text, and a job's value (``None``: no series)."""
+"""The per-job gauges: help text, and a job's value (``None``: no series). Their label
+is ``job_name``: ``job`` is Prometheus's own (a clash would rename ours ``exported_job``)."""
 TASK_GAUGES: dict[str, tuple[str, Callable[[TaskProgress], float | None]]] = {
     "stepbarrier_task_step": (
         "The step a task last reported (ProgressReporter, the hooks and callbacks).",

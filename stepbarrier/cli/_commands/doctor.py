@@ -58,8 +58,6 @@ FIXES = {
     "the server wants client certificates) and the host name in the URL",
 }
 """What to fix when connecting failed, by the kind of ``RedisRefused``."""
-Check = tuple[str, str, str]
-"""A check's outcome, what was found and what to do (``""``: nothing)."""
 
 
 class _Report:
@@ -119,7 +117,6 @@ def _network(config: BarrierConfig, report: _Report) -> bool:
         return True
     host, port = parts.hostname, parts.port or 6379
     try:
-        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         socket.create_connection((host, port), timeout=PROBE_SECONDS).close()
     except socket.gaierror as exc:
         report.add(
@@ -210,8 +207,9 @@ def _redis_version(client: RedisClient) -> str | None:
     return None
 
 
-def _library(config: BarrierConfig, client: RedisClient) -> Check:
-    """Check the library without loading it."""
+def _library(config: BarrierConfig, client: RedisClient) -> tuple[str, str, str]:
+    """The library's outcome, what was found and what to do (``""``: nothing); it is
+    never loaded here."""
     if config.use_eval:
         return INFO, "not used: STEPBARRIER_USE_EVAL=1 runs EVAL scripts", ""
     try:

@@ -134,20 +134,14 @@ def waiters_table(status: JobStatus, *, progress: bool, now: float | None = None
     )
     step = status.step or 0
     for waiter in status.waiters:
-        cells: list[RenderableType] = [
+        target, since = waiter.wait_until_step, waiter.since
+        table.add_row(
             "-" if waiter.task_id is None else str(waiter.task_id),
-            str(waiter.wait_until_step),
-        ]
-        if progress:
-            cells += progress_cells(step, waiter.wait_until_step)
-        else:
-            cells.append(_clock_time(waiter.since))
-        host = waiter.host if waiter.pid is None else f"{waiter.host}:{waiter.pid}"
-        cells += [
-            _seconds(None if waiter.since is None else max(0.0, now - waiter.since)),
-            Text(host),
-        ]
-        table.add_row(*cells)
+            str(target),
+            *(progress_cells(step, target) if progress else [_clock_time(since)]),
+            _seconds(None if since is None else max(0.0, now - since)),
+            Text(waiter.host if waiter.pid is None else f"{waiter.host}:{waiter.pid}"),
+        )
     return table
 
 
