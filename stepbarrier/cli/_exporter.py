@@ -334,7 +334,6 @@ def _truncated(listing: JobListing) -> set[str]:
 class MetricsServer(AbstractContextManager["MetricsServer"]):
     """The HTTP server of ``serve``; ``close()`` (or ``with``) stops it."""
 
-    collector: JobsCollector
     _httpd: WSGIServer
     _thread: threading.Thread
 
@@ -384,4 +383,4 @@ def serve(
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
     httpd, thread = start_http_server(port, addr=bind, registry=registry)
-    return MetricsServer(collector, httpd, thread)
+    return MetricsServer(httpd, thread)

@@ -108,8 +108,7 @@ def doctor() -> None:
 
 
 def _network(config: BarrierConfig, report: _Report) -> bool:
-    """Name resolution, the TCP connection and TLS on both sides; False if the rest
-    cannot run."""
+    """Name resolution, TCP and TLS on both sides; False if the rest cannot run."""
     parts = urlsplit(config.redis_url)
     if config.sentinels or parts.scheme not in ("redis", "rediss") or not parts.hostname:
         how = "Sentinels" if config.sentinels else "a unix socket"

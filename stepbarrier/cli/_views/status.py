@@ -31,8 +31,7 @@ UNKNOWN = "?"
 MIN_HOST = 16
 """Narrowest host column: a longer host name folds onto more lines, never cut."""
 TASKS_LISTED = 20
-"""Most tasks the terminal lists (stuck first, then stragglers, then the most
-behind); the others are counted under the table (``--json`` lists every one read)."""
+"""Most tasks the terminal lists (``tasks_by_concern``); ``--json`` lists every one read."""
 BAR_WIDTH = 30
 """Characters of the longest histogram bar, and of the widest progress bar."""
 MIN_BAR = 10
@@ -205,11 +204,8 @@ def status_view(
     here: BarrierConfig | None = None,
     now: float | None = None,
 ) -> RenderableType:
-    """The whole status: the chief, the waiting workers (summarised with a ``summary``),
-    the tasks and the open barriers. With ``here`` (the command's settings) it also
-    says which run id they give (``run here``), and whether the stored state is
-    another run's. ``now``: the Unix time the waits are measured to.
-    """
+    """The whole status; with ``here`` (the command's settings) it also says which
+    run id they give (``run here``). ``now``: the Unix time the waits are measured to."""
     waiting = len(status.waiters) if summary is None else summary.waiting
     parts: list[RenderableType] = [_summary(status, waiting, here)]
     if summary is not None:
