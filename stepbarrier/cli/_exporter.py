@@ -126,7 +126,6 @@ SERVER_GAUGES: dict[str, tuple[str, Callable[[Reading], float | None]]] = {
         lambda r: None if r.listing is None else len(r.listing.jobs),
     ),
 }
-"""The gauges without labels, about the exporter's reading of Redis."""
 PATTERN_GAUGES: dict[str, tuple[str, Callable[[PatternListing], float | None]]] = {
     "stepbarrier_jobs_found": (
         "Jobs the last reading's scan found whose names match the pattern (a team's), "

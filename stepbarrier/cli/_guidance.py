@@ -14,7 +14,6 @@ from stepbarrier.cli._context import EXIT_NO_JOB, current_session
 from stepbarrier.errors import StepBarrierError
 
 CUT = " ..."
-"""Ends a text ``one_line`` shortened."""
 LIST_THEM = "list them with `stepbarrier jobs` as a user that may SCAN (e.g. the monitor user)"
 
 

@@ -19,7 +19,6 @@ from rich.text import Text
 
 from stepbarrier._barriers.index import BarrierInfo
 from stepbarrier._config.settings import BarrierConfig
-from stepbarrier._inspect.progress import TaskProgress
 from stepbarrier._inspect.status import JobStatus, OpenBarrier, is_stale, stale_limit
 from stepbarrier._inspect.summary import WaiterSummary
 from stepbarrier._protocol.barrier_record import describe_tasks
@@ -68,7 +67,6 @@ OTHER_RUN = (
     " - not the run of the chief's state: a worker with these settings ignores it "
     "and waits for its own run's chief (docs/configuration.md#run-id)"
 )
-"""Said after ``run here`` when the stored state is another run's."""
 
 
 def describe_vouch(status: JobStatus) -> str:
@@ -159,14 +157,6 @@ def describe_stuck(status: JobStatus, stall_timeout: float) -> str:
     )
 
 
-def _task_state(task: TaskProgress) -> Text:
-    if task.stuck:
-        return Text("STUCK", style="bold red")
-    if task.straggler:
-        return Text("straggler", style="yellow")
-    return Text("ok")
-
-
 def tasks_table(status: JobStatus) -> RenderableType:
     """Each task's reported step and how far behind the chief (``TASKS_LISTED``)."""
     ordered = status.tasks_by_concern
@@ -179,7 +169,11 @@ def tasks_table(status: JobStatus) -> RenderableType:
             str(task.step),
             "-" if task.behind is None else str(task.behind),
             describe_age(task.changed_age_s),
-            _task_state(task),
+            Text("STUCK", style="bold red")
+            if task.stuck
+            else Text("straggler", style="yellow")
+            if task.straggler
+            else Text("ok"),
         )
     stuck = len(status.stuck_tasks)
     stragglers = sum(1 for t in status.tasks if t.straggler)
