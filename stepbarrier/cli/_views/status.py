@@ -214,16 +214,13 @@ def status_view(
 
 
 def live_view(
-    status: JobStatus | None, *, note: str | None = None, summary: WaiterSummary | None = None
+    status: JobStatus, *, note: str | None = None, summary: WaiterSummary | None = None
 ) -> RenderableType:
     """The ``watch`` view: the status with progress bars, and a note (e.g. an error)."""
-    parts: list[RenderableType] = []
-    if status is not None:
-        parts.append(status_view(status, progress=True, summary=summary))
-    if note:
-        parts.append(Text(note, style="yellow"))
-    parts.append(Text(f"updated {time.strftime('%H:%M:%S')} - Ctrl-C to stop", style="dim"))
-    return Group(*parts)
+    view = status_view(status, progress=True, summary=summary)
+    noted = [Text(note, style="yellow")] if note else []
+    updated = Text(f"updated {time.strftime('%H:%M:%S')} - Ctrl-C to stop", style="dim")
+    return Group(view, *noted, updated)
 
 
 def summary_view(summary: WaiterSummary, step: int | None) -> RenderableType:
