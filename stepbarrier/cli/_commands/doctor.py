@@ -306,11 +306,8 @@ def _permissions(
     if answer is not None:  # else no ACL DRYRUN for this user (or Redis < 7): the reads tell
         may = "may" if answer == "OK" else "may not"
         why = "" if answer == "OK" else f" ({answer[:120]})"
-        report.add(
-            "permission",
-            INFO,
-            f"ACL DRYRUN: user {redis_user(config)!r} {may} publish the step{why}",
-        )
+        detail = f"ACL DRYRUN: user {redis_user(config)!r} {may} publish the step{why}"
+        report.add("permission", INFO, detail)
     return state_read
 
 
