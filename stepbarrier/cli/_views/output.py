@@ -1,4 +1,4 @@
-"""Printing a view: rich on a terminal; plain lines when piped (docs/cli.md#status).
+"""Printing a view: rich on a terminal; plain lines when piped (docs/cli.md#commands).
 
 Whether the output is a terminal is the stream's own ``isatty()``: rich also
 calls a pipe a terminal under ``FORCE_COLOR`` or ``TTY_COMPATIBLE`` (which CI
