@@ -126,8 +126,7 @@ EXIT_CODES = exit_codes(
 log = logging.getLogger("stepbarrier.cli")
 """The command's own warnings, shown whatever the verbosity (``command_logging``)."""
 _SHOWN_WARNINGS = ("stepbarrier.cli", "stepbarrier.tls")
-"""Loggers whose WARNINGs every command shows; ``stepbarrier.tls`` (a client made
-with weakened TLS, each time) only once per command, unless --debug."""
+"""Loggers whose WARNINGs every command shows (``stepbarrier.tls``'s once: ``command_logging``)."""
 
 URL_PASSWORD_WARNING = (
     "--redis-url holds a password, which every user of this host can read in the process "

@@ -1,10 +1,5 @@
 """A Prometheus exporter of every job on a Redis (``stepbarrier exporter``;
-its metrics, bounds and teams: docs/operations.md#jobs-metrics-and-alerts).
-
-A reading of Redis serves several Prometheus servers (``MIN_READ_INTERVAL``), and
-its bounds (``EXPORTED_JOBS``, ``SCRAPE_SCAN_CALLS``) end it well within
-Prometheus's scrape timeout whatever the keyspace holds.
-"""
+its metrics, bounds and teams: docs/operations.md#jobs-metrics-and-alerts)."""
 
 from __future__ import annotations
 
@@ -46,7 +41,7 @@ DEFAULT_PORT = 9464
 DEFAULT_BIND = "127.0.0.1"
 """The address it listens on: loopback unless told otherwise (``--bind 0.0.0.0``)."""
 MIN_READ_INTERVAL = 2.0
-"""Seconds a reading of Redis is served again before the next scrape reads anew."""
+"""Seconds a reading of Redis is served again (to several Prometheus servers too)."""
 READ_RETRY_SECONDS = 1.0
 """How long one reading retries an unreachable Redis: a scrape must end well
 within Prometheus's scrape timeout (10 s by default)."""

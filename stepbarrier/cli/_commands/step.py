@@ -1,11 +1,5 @@
 """``stepbarrier wait``, ``publish`` and ``reset``: a shell script waits like a worker
-(``StepWaiter``), sets the step like a chief (``StepPublisher``) or clears the job.
-
-While it waits, ``wait`` shows its progress on stderr (``WaitProgress``,
-docs/cli.md#wait-progress): a thread of its own reads the job's state with its own
-client (the read every role may run: ``read_status`` without waiters or
-barriers); it never touches the wait itself, and a failed read is shown, not raised.
-"""
+(``StepWaiter``), sets the step like a chief (``StepPublisher``) or clears the job."""
 
 from __future__ import annotations
 
@@ -206,8 +200,13 @@ def describe_duration(seconds: float) -> str:
 
 
 class WaitProgress:
-    """Shows the wait for ``target`` on stderr (or ``console``) from a thread, while
-    entered; ``config.timeout`` bounds the time left."""
+    """Shows the wait for ``target`` on stderr (or ``console``) while entered
+    (docs/cli.md#wait-progress); ``config.timeout`` bounds the time left.
+
+    A thread of its own reads the job's state with its own client (the read every
+    role may run: ``read_status`` without waiters or barriers); it never touches the
+    wait itself, and a failed read is shown, not raised.
+    """
 
     def __init__(self, config: BarrierConfig, target: int, console: Console | None = None) -> None:
         self.config, self.target = config, target
