@@ -123,13 +123,10 @@ EXIT_CODES = exit_codes(
 )
 """The group's epilog: every code any command ends with."""
 
-_WHITESPACE = re.compile(r"(\s+)")
-
 log = logging.getLogger("stepbarrier.cli")
 """The command's own warnings, shown whatever the verbosity (``command_logging``)."""
 _SHOWN_WARNINGS = ("stepbarrier.cli", "stepbarrier.tls")
-"""Loggers whose WARNINGs every command shows; ``stepbarrier.tls`` (a client made
-with weakened TLS, each time) only once per command, unless --debug."""
+"""Loggers whose WARNINGs every command shows (``stepbarrier.tls``'s once: ``command_logging``)."""
 
 URL_PASSWORD_WARNING = (
     "--redis-url holds a password, which every user of this host can read in the process "
@@ -145,11 +142,7 @@ def mask_secrets(text: str, secrets: Iterable[str | None] = ()) -> str:
     Word by word (``mask_url`` on each word holding ``://``), in linear time: a
     regular expression here took quadratic time on a 100 000-character job name.
     """
-    words = _WHITESPACE.split(text)
-    for index, word in enumerate(words):
-        if "://" in word:
-            words[index] = mask_url(word)
-    text = "".join(words)
+    text = "".join(mask_url(word) if "://" in word else word for word in re.split(r"(\s+)", text))
     for secret in secrets:
         if secret:
             text = text.replace(secret, "***")
@@ -176,10 +169,7 @@ class Duration(click.ParamType):  # type: ignore[type-arg]
         self.low, self.high, self.low_open = low, high, low_open
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            seconds: float | None = float(value)
-        else:
-            seconds = parse_duration(str(value))
+        seconds = parse_duration(str(value))  # a default too: str(0.5) is "0.5"
         if seconds is None:
             self.fail(f"{str(value)[:40]!r} is no duration: give {DURATION_EXAMPLES}", param, ctx)
         too_low = seconds <= self.low if self.low_open else seconds < self.low
@@ -213,7 +203,7 @@ def exit_code_for(exc: BaseException) -> int:
 
 @dataclass
 class _Session:
-    """What one invocation collected: variables from options, verbosity, secrets."""
+    """What one invocation collected from its options, and the secrets to mask."""
 
     overrides: dict[str, str] = field(default_factory=dict)
     debug: bool = False
@@ -327,15 +317,6 @@ class _VariableOption(click.Option):
         self.variable = variable
 
 
-def _option_for(variable: str | None) -> str | None:
-    """The current command's option that stands for ``variable``, for error messages."""
-    context = click.get_current_context(silent=True)
-    for param in context.command.params if context else ():
-        if isinstance(param, _VariableOption) and param.variable == variable:
-            return param.opts[0]
-    return None
-
-
 def variable_option(*decls: str, variable: str, help: str, **kwargs: Any) -> Callable[[F], F]:
     """An option that sets ``variable`` for this invocation (and that an error about
     ``variable`` names)."""
@@ -360,12 +341,11 @@ def variable_option(*decls: str, variable: str, help: str, **kwargs: Any) -> Cal
     )
 
 
-def _flag(name: str) -> Callable[[click.Context, click.Parameter, bool], bool]:
-    def remember(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
-        setattr(ctx.ensure_object(_Session), name, getattr(ctx.obj, name) or value)
-        return value
-
-    return remember
+def _flag(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+    """``--debug``/``--verbose``: set on the group or the command, either counts."""
+    name = str(param.name)
+    setattr(ctx.ensure_object(_Session), name, getattr(ctx.obj, name) or value)
+    return value
 
 
 def _options(*decorators: Callable[[F], F]) -> Callable[[F], F]:
@@ -411,22 +391,17 @@ _JOB = variable_option("--job", variable="STEPBARRIER_JOB", metavar="NAME", help
 
 connection_options = _options(_REDIS_URL, _JOB, *_CREDENTIALS)
 """The options every command that talks to the job's Redis takes."""
-server_options = _options(_REDIS_URL, *_CREDENTIALS)
-"""The options of a command about every job of a Redis: ``connection_options``
-without ``--job``."""
+server_options = _options(_REDIS_URL, *_CREDENTIALS)  # a command about every job of a Redis
 
 
 def stall_timeout_option(help: str) -> Callable[[F], F]:
-    """``--stall-timeout``, ``help`` saying what the command does with it."""
     return variable_option(
         "--stall-timeout", variable="STEPBARRIER_STALL_TIMEOUT", type=Duration(), help=help
     )
 
 
 def wait_options(stall: str, task_id: str) -> Callable[[F], F]:
-    """The options of the commands that wait (``wait``, ``follow``, ``arrive``):
-    ``--timeout``, ``--stall-timeout`` (``stall`` says what it waits for, e.g. ``"a
-    chief heartbeat"``) and ``--task-id`` (``task_id``: its help)."""
+    """The options of the commands that wait; ``stall``: what they wait for."""
     return _options(
         variable_option(
             "--timeout",
@@ -477,7 +452,7 @@ verbosity_options = _options(
         "--debug",
         is_flag=True,
         expose_value=False,
-        callback=_flag("debug"),
+        callback=_flag,
         help="Log everything and print tracebacks.",
     ),
     click.option(
@@ -485,7 +460,7 @@ verbosity_options = _options(
         "-v",
         is_flag=True,
         expose_value=False,
-        callback=_flag("verbose"),
+        callback=_flag,
         help="Log what the barrier does (INFO lines on stderr).",
     ),
 )
@@ -501,10 +476,8 @@ def command(
     redis_errors: bool = True,
     epilog: str = "",
 ) -> Callable[[Callable[..., Any]], click.Command]:
-    """A ``stepbarrier`` command (of ``group``, if given): ``options`` before its own,
-    ``--debug``/``--verbose`` after them, errors turned into one line and an exit code
-    (``reporting``), and an epilog listing ``codes`` (``exit_codes``; with ``options``,
-    Redis unreachable or busy too unless ``redis_errors`` is false), then ``epilog``.
+    """A ``stepbarrier`` command: ``options`` before its own, ``reporting``'s after
+    them, and an epilog listing ``codes`` (``exit_codes``), then ``epilog``.
 
     ``long_running`` shows the library's warnings without ``--verbose`` too: for a
     command that may run long (``wait``, ``arrive``, ``exporter``), a lost
@@ -530,9 +503,11 @@ def fail(exc: BaseException, session: _Session) -> None:
     """Print ``exc`` as one masked line (plus the traceback under --debug) and exit."""
     code = exit_code_for(exc)
     message = " ".join(str(exc).split()) or type(exc).__name__
-    option = _option_for(exc.variable) if isinstance(exc, ConfigurationError) else None
-    if option is not None:
-        message += f" (option {option})"
+    variable = exc.variable if isinstance(exc, ConfigurationError) else None
+    context = click.get_current_context(silent=True)
+    for param in context.command.params if context and variable else ():
+        if isinstance(param, _VariableOption) and param.variable == variable:
+            message += f" (option {param.opts[0]})"  # the option that set the variable
     if code == EXIT_FAILED:
         message = f"unexpected {type(exc).__name__}: {message} (run with --debug for details)"
     if session.debug:

@@ -1,12 +1,5 @@
 """A Prometheus exporter of every job on a Redis (``stepbarrier exporter``;
-its metrics, bounds and teams: docs/operations.md#jobs-metrics-and-alerts).
-
-A reading of Redis serves several Prometheus servers (``MIN_READ_INTERVAL``), and
-its bounds (``EXPORTED_JOBS``, ``SCRAPE_SCAN_CALLS``) end it well within
-Prometheus's scrape timeout whatever the keyspace holds. Jobs are labelled
-``job_name``: ``job`` is Prometheus's own target label (a clash would rename ours
-``exported_job``).
-"""
+its metrics, bounds and teams: docs/operations.md#jobs-metrics-and-alerts)."""
 
 from __future__ import annotations
 
@@ -48,7 +41,7 @@ DEFAULT_PORT = 9464
 DEFAULT_BIND = "127.0.0.1"
 """The address it listens on: loopback unless told otherwise (``--bind 0.0.0.0``)."""
 MIN_READ_INTERVAL = 2.0
-"""Seconds a reading of Redis is served again before the next scrape reads anew."""
+"""Seconds a reading of Redis is served again (to several Prometheus servers too)."""
 READ_RETRY_SECONDS = 1.0
 """How long one reading retries an unreachable Redis: a scrape must end well
 within Prometheus's scrape timeout (10 s by default)."""
@@ -88,7 +81,8 @@ JOB_GAUGES: dict[str, tuple[str, Callable[[JobSummary], float | None]]] = {
         lambda j: len(j.problems),
     ),
 }
-"""The per-job gauges (label ``job_name``): help text, and a job's value (``None``: no series)."""
+"""The per-job gauges: help text, and a job's value (``None``: no series). Their label
+is ``job_name``: ``job`` is Prometheus's own (a clash would rename ours ``exported_job``)."""
 TASK_GAUGES: dict[str, tuple[str, Callable[[TaskProgress], float | None]]] = {
     "stepbarrier_task_step": (
         "The step a task last reported (ProgressReporter, the hooks and callbacks).",
@@ -127,7 +121,6 @@ SERVER_GAUGES: dict[str, tuple[str, Callable[[Reading], float | None]]] = {
         lambda r: None if r.listing is None else len(r.listing.jobs),
     ),
 }
-"""The gauges without labels, about the exporter's reading of Redis."""
 PATTERN_GAUGES: dict[str, tuple[str, Callable[[PatternListing], float | None]]] = {
     "stepbarrier_jobs_found": (
         "Jobs the last reading's scan found whose names match the pattern (a team's), "
@@ -141,7 +134,6 @@ PATTERN_GAUGES: dict[str, tuple[str, Callable[[PatternListing], float | None]]] 
     ),
 }
 METRIC_NAMES = frozenset([*JOB_GAUGES, *SERVER_GAUGES, *PATTERN_GAUGES, *TASK_GAUGES])
-"""Every metric the exporter serves."""
 
 
 @dataclass(frozen=True)
@@ -155,20 +147,6 @@ class Reading:
     listing: JobListing | None
     busy: bool = False
     tasks: dict[str, tuple[TaskProgress, ...]] | None = None
-
-
-def require_prometheus_client() -> None:
-    """Import prometheus-client, or raise an ``ImportError`` naming the extra that has it."""
-    try:
-        import prometheus_client  # noqa: F401
-    except ImportError as exc:
-        if exc.name is None or exc.name.partition(".")[0] != "prometheus_client":
-            raise
-        raise ImportError(
-            "the stepbarrier exporter needs prometheus-client: "
-            f"pip install 'stepbarrier[exporter]' ({exc})",
-            name=exc.name,
-        ) from exc
 
 
 class JobsCollector:
@@ -194,7 +172,16 @@ class JobsCollector:
         max_jobs: int = EXPORTED_JOBS,
         read_tasks: TaskReader | None = None,
     ) -> None:
-        require_prometheus_client()
+        try:
+            import prometheus_client  # noqa: F401
+        except ImportError as exc:  # name the extra that has it
+            if exc.name is None or exc.name.partition(".")[0] != "prometheus_client":
+                raise
+            raise ImportError(
+                "the stepbarrier exporter needs prometheus-client: "
+                f"pip install 'stepbarrier[exporter]' ({exc})",
+                name=exc.name,
+            ) from exc
         if not 1 <= max_jobs <= MAX_JOBS:
             raise ConfigurationError(
                 f"the exporter reads 1 to {MAX_JOBS} jobs per reading, got {max_jobs}",
@@ -226,7 +213,7 @@ class JobsCollector:
         return []
 
     def reading(self) -> Reading:
-        """The last reading if it is recent enough, else a new one."""
+        """The last reading if it is recent enough (``min_interval``), else a new one."""
         with self._lock:
             last = self._last
             if last is None or self._clock() - last.taken_at >= self.min_interval:
@@ -282,8 +269,8 @@ def _families(
     labels: list[str],
     rows: Sequence[tuple[tuple[str, ...], T]],
 ) -> Iterator[Metric]:
-    """One gauge family per entry of ``gauges``, a series per row whose value is not
-    ``None``; a family without labels is left out when it has no series."""
+    """A family per gauge, a series per row whose value is not ``None``; a family
+    without labels is left out when it has no series."""
     from prometheus_client.core import GaugeMetricFamily
 
     for name, (text, value_of) in gauges.items():
@@ -334,7 +321,6 @@ def read_job_tasks(config: BarrierConfig, jobs: list[str]) -> dict[str, tuple[Ta
 
 
 def _truncated(listing: JobListing) -> set[str]:
-    """The patterns a listing left jobs out of."""
     return {part.pattern for part in listing.patterns if part.truncated}
 
 
@@ -342,7 +328,6 @@ def _truncated(listing: JobListing) -> set[str]:
 class MetricsServer(AbstractContextManager["MetricsServer"]):
     """The HTTP server of ``serve``; ``close()`` (or ``with``) stops it."""
 
-    collector: JobsCollector
     _httpd: WSGIServer
     _thread: threading.Thread
 
@@ -358,7 +343,6 @@ class MetricsServer(AbstractContextManager["MetricsServer"]):
         return f"http://{f'[{host}]' if ':' in host else host}:{self.port}/metrics"
 
     def close(self) -> None:
-        """Stop serving and release the port."""
         self._httpd.shutdown()
         self._httpd.server_close()
         self._thread.join(10)
@@ -393,4 +377,4 @@ def serve(
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
     httpd, thread = start_http_server(port, addr=bind, registry=registry)
-    return MetricsServer(collector, httpd, thread)
+    return MetricsServer(httpd, thread)

@@ -14,7 +14,6 @@ from stepbarrier.cli._context import EXIT_NO_JOB, current_session
 from stepbarrier.errors import StepBarrierError
 
 CUT = " ..."
-"""Ends a text ``one_line`` shortened."""
 LIST_THEM = "list them with `stepbarrier jobs` as a user that may SCAN (e.g. the monitor user)"
 
 
@@ -67,10 +66,8 @@ def describe_others(others: OtherJobs) -> str:
         return f"this user may not list the jobs here: {LIST_THEM}"
     if not others.names:
         return f"none found in a short scan: {LIST_THEM}" if others.more else "no other job either"
-    names = ", ".join(others.names)
-    close = ""
-    if others.close:
-        close = f"did you mean {' or '.join(repr(name) for name in others.close)}? "
+    names, guesses = ", ".join(others.names), " or ".join(map(repr, others.close))
+    close = f"did you mean {guesses}? " if guesses else ""
     if others.more:
         return f"{close}jobs here include: {names} (`stepbarrier jobs` lists them all)"
     return f"{close}jobs here: {names}"

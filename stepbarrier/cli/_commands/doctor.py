@@ -58,8 +58,6 @@ FIXES = {
     "the server wants client certificates) and the host name in the URL",
 }
 """What to fix when connecting failed, by the kind of ``RedisRefused``."""
-Check = tuple[str, str, str]
-"""A check's outcome, what was found and what to do (``""``: nothing)."""
 
 
 class _Report:
@@ -110,8 +108,7 @@ def doctor() -> None:
 
 
 def _network(config: BarrierConfig, report: _Report) -> bool:
-    """Name resolution, the TCP connection and TLS on both sides; False if the rest
-    cannot run."""
+    """Name resolution, TCP and TLS on both sides; False if the rest cannot run."""
     parts = urlsplit(config.redis_url)
     if config.sentinels or parts.scheme not in ("redis", "rediss") or not parts.hostname:
         how = "Sentinels" if config.sentinels else "a unix socket"
@@ -119,7 +116,6 @@ def _network(config: BarrierConfig, report: _Report) -> bool:
         return True
     host, port = parts.hostname, parts.port or 6379
     try:
-        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         socket.create_connection((host, port), timeout=PROBE_SECONDS).close()
     except socket.gaierror as exc:
         report.add(
@@ -210,8 +206,9 @@ def _redis_version(client: RedisClient) -> str | None:
     return None
 
 
-def _library(config: BarrierConfig, client: RedisClient) -> Check:
-    """Check the library without loading it."""
+def _library(config: BarrierConfig, client: RedisClient) -> tuple[str, str, str]:
+    """The library's outcome, what was found and what to do (``""``: nothing); it is
+    never loaded here."""
     if config.use_eval:
         return INFO, "not used: STEPBARRIER_USE_EVAL=1 runs EVAL scripts", ""
     try:
@@ -309,11 +306,8 @@ def _permissions(
     if answer is not None:  # else no ACL DRYRUN for this user (or Redis < 7): the reads tell
         may = "may" if answer == "OK" else "may not"
         why = "" if answer == "OK" else f" ({answer[:120]})"
-        report.add(
-            "permission",
-            INFO,
-            f"ACL DRYRUN: user {redis_user(config)!r} {may} publish the step{why}",
-        )
+        detail = f"ACL DRYRUN: user {redis_user(config)!r} {may} publish the step{why}"
+        report.add("permission", INFO, detail)
     return state_read
 
 

@@ -199,12 +199,10 @@ def exporter(
     stop = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())  # a container's stop
     try:
-        with server:
+        with contextlib.suppress(KeyboardInterrupt), server:
             shown = ", ".join(repr(pattern) for pattern in patterns)
             click.echo(f"serving {server.url} (jobs {shown} of {describe_redis(config)})")
             while not stop.wait(60):
                 pass
-    except KeyboardInterrupt:
-        pass
     finally:
         signal.signal(signal.SIGTERM, previous)

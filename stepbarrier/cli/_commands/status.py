@@ -116,17 +116,14 @@ def _check(config: BarrierConfig, as_json: bool, straggler_steps: int | None = N
         verdict, code, why = "missing", EXIT_NO_JOB, missing_job_message(config)
     elif job_status.done:
         verdict, code, why = "done", EXIT_OK, "the chief marked the job done"
-    elif age is None:
+    elif age is None or not chief_heard(job_status, config.stall_timeout):
         verdict, code = "dead", EXIT_DEAD
         why = (
             "no chief has written a heartbeat (only waiters, tasks' progress or a reset "
             "marker are there)"
-        )
-    elif not chief_heard(job_status, config.stall_timeout):
-        verdict, code = "dead", EXIT_DEAD
-        why = (
-            f"no chief heartbeat for {describe_duration(age)} (over the stall timeout of "
-            f"{config.stall_timeout:g} s)"
+            if age is None
+            else f"no chief heartbeat for {describe_duration(age)} (over the stall timeout "
+            f"of {config.stall_timeout:g} s)"
         )
     elif is_stale(job_status):  # the rule `status` marks STALE by
         verdict, code = "stale", EXIT_STALE

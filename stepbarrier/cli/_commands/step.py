@@ -1,11 +1,5 @@
 """``stepbarrier wait``, ``publish`` and ``reset``: a shell script waits like a worker
-(``StepWaiter``), sets the step like a chief (``StepPublisher``) or clears the job.
-
-While it waits, ``wait`` shows its progress on stderr (``WaitProgress``,
-docs/cli.md#wait-progress): a thread of its own reads the job's state with its own
-client (the read every role may run: ``read_status`` without waiters or
-barriers); it never touches the wait itself, and a failed read is shown, not raised.
-"""
+(``StepWaiter``), sets the step like a chief (``StepPublisher``) or clears the job."""
 
 from __future__ import annotations
 
@@ -88,13 +82,9 @@ def wait(as_json: bool, quiet: bool, **_: Any) -> None:
     config = current_session().config()
     target = config.resolved_wait_until_step()
     started = time.monotonic()
-    progress = None if quiet or target <= 0 else WaitProgress(config, target).start()
-    try:
-        with stopped_like_ctrl_c(), StepWaiter(config) as waiter:
-            step = waiter.wait(target)
-    finally:
-        if progress is not None:
-            progress.stop()
+    progress = contextlib.nullcontext() if quiet or target <= 0 else WaitProgress(config, target)
+    with progress, stopped_like_ctrl_c(), StepWaiter(config) as waiter:
+        step = waiter.wait(target)
     if not as_json:
         click.echo(step)
         return
@@ -210,8 +200,13 @@ def describe_duration(seconds: float) -> str:
 
 
 class WaitProgress:
-    """Shows the wait for ``target`` on stderr (or ``console``) from a thread, between
-    ``start`` and ``stop``; ``config.timeout`` bounds the time left."""
+    """Shows the wait for ``target`` on stderr (or ``console``) while entered
+    (docs/cli.md#wait-progress); ``config.timeout`` bounds the time left.
+
+    A thread of its own reads the job's state with its own client (the read every
+    role may run: ``read_status`` without waiters or barriers); it never touches the
+    wait itself, and a failed read is shown, not raised.
+    """
 
     def __init__(self, config: BarrierConfig, target: int, console: Console | None = None) -> None:
         self.config, self.target = config, target
@@ -223,11 +218,11 @@ class WaitProgress:
         self._thread = threading.Thread(target=self._run, name="stepbarrier-progress", daemon=True)
         self._client: RedisClient | None = None
 
-    def start(self) -> WaitProgress:
+    def __enter__(self) -> WaitProgress:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self._stop.set()
         self._thread.join(timeout=READ_SOCKET_TIMEOUT + 1)
 
@@ -306,8 +301,5 @@ class WaitProgress:
         grid.add_row("heartbeat", heartbeat)
         grid.add_row("waited", describe_duration(waited))
         grid.add_row("time left", "no timeout" if left is None else describe_duration(left))
-        parts: list[RenderableType] = [grid]
-        if self.note:
-            parts.append(Text(self.note, style="yellow"))
-        parts.append(Text("Ctrl-C to stop waiting", style="dim"))
-        return Group(*parts)
+        noted = [Text(self.note, style="yellow")] if self.note else []
+        return Group(grid, *noted, Text("Ctrl-C to stop waiting", style="dim"))

@@ -39,14 +39,12 @@ COLUMNS: list[tuple[str, JustifyMethod, bool, Cell]] = [
     ("next step", "right", False, lambda job: _number(job.next_wait_until_step)),
     ("oldest wait", "right", False, lambda job: describe_duration(job.oldest_wait, "-")),
 ]
-"""The listing's columns, and each one's cell of a job."""
 PROBLEMS: tuple[str, JustifyMethod, bool, Cell] = (
     "problems",
     "right",
     False,
     lambda job: Text(str(len(job.problems)), style="red") if job.problems else "",
 )
-"""The column counting each job's problems, when one has any."""
 
 
 def jobs_view(listing: JobListing, *, where: str) -> RenderableType:
@@ -61,8 +59,5 @@ def jobs_view(listing: JobListing, *, where: str) -> RenderableType:
         table.add_column(header, justify=justify, no_wrap=not wraps, overflow="fold")
     for job in listing.jobs:
         table.add_row(*(cell(job) for *_, cell in columns))
-    parts: list[RenderableType] = [table]
-    for job in listing.jobs:
-        for problem in job.problems:
-            parts.append(Text(f"{job.job}: {problem}", style="red"))
-    return Group(*parts, *left_out)
+    problems = [Text(f"{job.job}: {p}", style="red") for job in listing.jobs for p in job.problems]
+    return Group(table, *problems, *left_out)

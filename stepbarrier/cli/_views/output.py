@@ -1,11 +1,8 @@
-"""Printing a view: rich on a terminal; plain lines without trailing spaces when piped.
+"""Printing a view: rich on a terminal; plain lines when piped (docs/cli.md#commands).
 
-Piped output is for logs and scripts: no colours, no cursor moves, no padding
-at line ends, and each frame flushed as it is written (``watch`` in a CI log).
 Whether the output is a terminal is the stream's own ``isatty()``: rich also
 calls a pipe a terminal under ``FORCE_COLOR`` or ``TTY_COMPATIBLE`` (which CI
-systems set for colours), and would then redraw live views with cursor moves
-and cut every line at the width.
+systems set), and would then redraw live views and cut every line at the width.
 """
 
 from __future__ import annotations
@@ -18,7 +15,7 @@ from rich.table import Column, Table
 
 
 def interactive(console: Console) -> bool:
-    """True if ``console`` writes to a real terminal (its stream's ``isatty()``)."""
+    """True if ``console`` writes to a real terminal."""
     try:
         return console.is_terminal and console.file.isatty()
     except (AttributeError, ValueError, OSError):  # a closed or unusual stream

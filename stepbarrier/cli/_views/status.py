@@ -19,7 +19,6 @@ from rich.text import Text
 
 from stepbarrier._barriers.barrier import BarrierInfo
 from stepbarrier._config.settings import BarrierConfig
-from stepbarrier._inspect.progress import TaskProgress
 from stepbarrier._inspect.status import JobStatus, OpenBarrier, is_stale, stale_limit
 from stepbarrier._inspect.summary import WaiterSummary
 from stepbarrier._protocol.barrier_record import describe_tasks
@@ -31,8 +30,7 @@ UNKNOWN = "?"
 MIN_HOST = 16
 """Narrowest host column: a longer host name folds onto more lines, never cut."""
 TASKS_LISTED = 20
-"""Most tasks the terminal lists (stuck first, then stragglers, then the most
-behind); the others are counted under the table (``--json`` lists every one read)."""
+"""Most tasks the terminal lists (``tasks_by_concern``); ``--json`` lists every one read."""
 BAR_WIDTH = 30
 """Characters of the longest histogram bar, and of the widest progress bar."""
 MIN_BAR = 10
@@ -69,7 +67,6 @@ OTHER_RUN = (
     " - not the run of the chief's state: a worker with these settings ignores it "
     "and waits for its own run's chief (docs/configuration.md#run-id)"
 )
-"""Said after ``run here`` when the stored state is another run's."""
 
 
 def describe_vouch(status: JobStatus) -> str:
@@ -134,20 +131,14 @@ def waiters_table(status: JobStatus, *, progress: bool, now: float | None = None
     )
     step = status.step or 0
     for waiter in status.waiters:
-        cells: list[RenderableType] = [
+        target, since = waiter.wait_until_step, waiter.since
+        table.add_row(
             "-" if waiter.task_id is None else str(waiter.task_id),
-            str(waiter.wait_until_step),
-        ]
-        if progress:
-            cells += progress_cells(step, waiter.wait_until_step)
-        else:
-            cells.append(_clock_time(waiter.since))
-        host = waiter.host if waiter.pid is None else f"{waiter.host}:{waiter.pid}"
-        cells += [
-            _seconds(None if waiter.since is None else max(0.0, now - waiter.since)),
-            Text(host),
-        ]
-        table.add_row(*cells)
+            str(target),
+            *(progress_cells(step, target) if progress else [_clock_time(since)]),
+            _seconds(None if since is None else max(0.0, now - since)),
+            Text(waiter.host if waiter.pid is None else f"{waiter.host}:{waiter.pid}"),
+        )
     return table
 
 
@@ -166,14 +157,6 @@ def describe_stuck(status: JobStatus, stall_timeout: float) -> str:
     )
 
 
-def _task_state(task: TaskProgress) -> Text:
-    if task.stuck:
-        return Text("STUCK", style="bold red")
-    if task.straggler:
-        return Text("straggler", style="yellow")
-    return Text("ok")
-
-
 def tasks_table(status: JobStatus) -> RenderableType:
     """Each task's reported step and how far behind the chief (``TASKS_LISTED``)."""
     ordered = status.tasks_by_concern
@@ -186,7 +169,11 @@ def tasks_table(status: JobStatus) -> RenderableType:
             str(task.step),
             "-" if task.behind is None else str(task.behind),
             describe_age(task.changed_age_s),
-            _task_state(task),
+            Text("STUCK", style="bold red")
+            if task.stuck
+            else Text("straggler", style="yellow")
+            if task.straggler
+            else Text("ok"),
         )
     stuck = len(status.stuck_tasks)
     stragglers = sum(1 for t in status.tasks if t.straggler)
@@ -211,11 +198,8 @@ def status_view(
     here: BarrierConfig | None = None,
     now: float | None = None,
 ) -> RenderableType:
-    """The whole status: the chief, the waiting workers (summarised with a ``summary``),
-    the tasks and the open barriers. With ``here`` (the command's settings) it also
-    says which run id they give (``run here``), and whether the stored state is
-    another run's. ``now``: the Unix time the waits are measured to.
-    """
+    """The whole status; with ``here`` (the command's settings) it also says which
+    run id they give (``run here``). ``now``: the Unix time the waits are measured to."""
     waiting = len(status.waiters) if summary is None else summary.waiting
     parts: list[RenderableType] = [_summary(status, waiting, here)]
     if summary is not None:
@@ -230,16 +214,13 @@ def status_view(
 
 
 def live_view(
-    status: JobStatus | None, *, note: str | None = None, summary: WaiterSummary | None = None
+    status: JobStatus, *, note: str | None = None, summary: WaiterSummary | None = None
 ) -> RenderableType:
     """The ``watch`` view: the status with progress bars, and a note (e.g. an error)."""
-    parts: list[RenderableType] = []
-    if status is not None:
-        parts.append(status_view(status, progress=True, summary=summary))
-    if note:
-        parts.append(Text(note, style="yellow"))
-    parts.append(Text(f"updated {time.strftime('%H:%M:%S')} - Ctrl-C to stop", style="dim"))
-    return Group(*parts)
+    view = status_view(status, progress=True, summary=summary)
+    noted = [Text(note, style="yellow")] if note else []
+    updated = Text(f"updated {time.strftime('%H:%M:%S')} - Ctrl-C to stop", style="dim")
+    return Group(view, *noted, updated)
 
 
 def summary_view(summary: WaiterSummary, step: int | None) -> RenderableType:
