@@ -227,12 +227,6 @@ def scan_jobs(
     return found
 
 
-def find_jobs(client: RedisClient, pattern: str = "*", *, limit: int = MAX_JOBS) -> list[str]:
-    """The names of the jobs whose names match ``pattern`` (validated): the lowest
-    ``limit + 1``, sorted."""
-    return scan_jobs(client, (validate_jobs_pattern(pattern),), limit + 1).lowest(0)
-
-
 def list_jobs(
     config: BarrierConfig,
     client: RedisClient | None = None,

@@ -64,7 +64,8 @@ T = TypeVar("T")
 STATUS_RETRY_SECONDS = 5.0
 """How long ``read_status`` retries an unreachable Redis before giving up."""
 MAX_HEARTBEAT_PERIOD_MS = 3_600_000
-"""Longest heartbeat period (ms) a chief may state: the config's own limit."""
+"""Longest heartbeat period (ms) ``status`` takes from a state (an hour; a chief's own
+limit is ``freshness.MAX_HEARTBEAT``): a longer one is implausible and ignored."""
 MAX_BARRIER_INDEX_READ = 2 * MAX_BARRIER_INDEX
 """Largest barrier index ``status`` reads: an arrival keeps it below this (it
 drops a larger one), so only a hand-made index is larger, and it is reported."""

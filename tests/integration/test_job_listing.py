@@ -18,7 +18,7 @@ from click.testing import CliRunner, Result
 
 from stepbarrier import BarrierConfig
 from stepbarrier._inspect import listing as job_listing
-from stepbarrier._inspect.listing import find_jobs, job_of_state_key, list_jobs
+from stepbarrier._inspect.listing import job_of_state_key, list_jobs, scan_jobs
 from stepbarrier._protocol.keys import JobKeys
 from stepbarrier.cli import cli
 from tests.conftest import ROOT, subprocess_env
@@ -139,7 +139,7 @@ def test_keys_that_only_look_like_state_keys_are_not_listed(
     client.hset(f"stepbarrier:{{{name}-real}}:state", mapping={"step": 1, "generation": 1})
     client.set(f"stepbarrier:{{{name}-real}}:waiter:x}}:state", "a worker's crafted id")
     client.set(f"stepbarrier:{{{name} spaced}}:state", "not a job name")
-    assert find_jobs(client, f"{name}*") == [f"{name}-real"]
+    assert scan_jobs(client, (f"{name}*",), keep=10).lowest(0) == [f"{name}-real"]
 
 
 def test_a_job_with_malformed_keys_is_listed_with_its_problems(
