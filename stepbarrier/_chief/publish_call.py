@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._protocol.calls import WriterMode, begin_generation_call, publish_step_call
-from stepbarrier._protocol.wire import parse_int, parse_run_id
+from stepbarrier._protocol.wire import as_text, parse_int, parse_run_id
 from stepbarrier._redis.client import RedisClient
 from stepbarrier._redis.functions import RedisCode, publish_command
 
@@ -87,7 +87,7 @@ class StepWriter:
             self._config.keys, run_id=self._config.run_id or "", floor=self.floor
         )
         reply = list(self._code.call(*call))
-        generation, marker, run, beat, done, chief, stored = (_text(x) for x in reply[:7])
+        generation, marker, run, beat, done, chief, stored = (as_text(x) for x in reply[:7])
         stored_generation = parse_int(stored) or 0
         self.floor = max(self.floor, int(generation), stored_generation)
         summary = None
@@ -141,9 +141,3 @@ def finished_ttl(config: BarrierConfig) -> int:
     plus a minute, so that a waiter cut off while the job finished can still read
     it when its link is back (before its own stall timeout ends the wait)."""
     return max(config.done_ttl, math.ceil(config.stall_timeout) + 60)
-
-
-def _text(raw: object) -> str:
-    if isinstance(raw, bytes):
-        return raw.decode("utf-8", "replace")
-    return "" if raw is None else str(raw)

@@ -13,8 +13,8 @@ import redis
 
 from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._inspect.listing import SCAN_COUNT, scan_jobs
-from stepbarrier._inspect.registry import as_text
 from stepbarrier._inspect.status import JobStatus, operator_read
+from stepbarrier._protocol.wire import as_text
 from stepbarrier._redis.client import RedisClient
 
 SUGGEST = 5

@@ -16,7 +16,7 @@ import redis
 from stepbarrier._protocol.calls import index_call
 from stepbarrier._protocol.keys import JobKeys
 from stepbarrier._protocol.library import MAX_ARGUMENT, MAX_FIELDS, MAX_VALUE
-from stepbarrier._protocol.wire import parse_int, preview
+from stepbarrier._protocol.wire import as_text, parse_int, preview
 from stepbarrier._redis.client import RedisClient
 from stepbarrier._redis.failures import is_transient
 from stepbarrier._redis.functions import RedisCode
@@ -56,14 +56,9 @@ def printable(raw: object, limit: int = TEXT_LIMIT) -> str:
 
     A terminal would otherwise obey escape sequences a worker wrote into Redis.
     """
-    text = "" if raw is None else as_text(raw)
+    text = as_text(raw)
     shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit])
     return shown + ("..." if len(text) > limit else "")
-
-
-def as_text(raw: object) -> str:
-    """A Redis reply as text (undecodable bytes replaced)."""
-    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
 
 
 def one_line(raw: object, limit: int = 120) -> str:

@@ -33,7 +33,6 @@ from stepbarrier._inspect.registry import (
     MAX_INDEXED,
     SINCE_LIMIT,
     WaiterInfo,
-    as_text,
     one_line,
     parse_index,
     printable,
@@ -54,7 +53,7 @@ from stepbarrier._protocol.library import (
     MAX_TASK_VALUE,
     MAX_VALUE,
 )
-from stepbarrier._protocol.wire import ChiefState, parse_int, preview
+from stepbarrier._protocol.wire import ChiefState, as_text, parse_int, preview
 from stepbarrier._redis.client import RedisClient, with_client
 from stepbarrier._redis.functions import RedisCode
 from stepbarrier._worker.snapshot import parse_snapshot as parse_waiter_read

@@ -92,7 +92,15 @@ class ProgressReporter(BackgroundWriter):
             config, action="report the task's progress", doing="reporting progress", log=log
         )
         super().__init__(config, client, name="progress", outage=outage)
-        self.task_id = _task_id(config, task_id)
+        if task_id is None:
+            task_id = 0 if config.task_id is None and config.role == "chief" else config.task_id
+        if task_id is None:
+            raise ConfigurationError(
+                "a progress reporter needs the task id: set STEPBARRIER_TASK_ID (or a "
+                "launcher's rank, TF_CONFIG), or pass task_id",
+                variable="STEPBARRIER_TASK_ID",
+            )
+        self.task_id: int = TASK_ID.check(task_id, "task_id")
         self.interval = float(_INTERVAL.check(interval, "interval"))
         # the key lives key_ttl after the last write: write again well before
         self.keepalive = max(self.interval, config.key_ttl / 3)
@@ -194,7 +202,10 @@ class ProgressReporter(BackgroundWriter):
 
     def _run(self) -> None:
         while not self._ended:
-            self._wake.wait(self._sleep_for())
+            # until the end of the interval since the last write, or a whole interval
+            # (report() wakes no thread: the step is looked at once per interval)
+            left = self._written_at + self.interval - self._clock()
+            self._wake.wait(left if left > 0 else self.interval)
             self._wake.clear()
             stopping = self._stopping.is_set()
             urgent = stopping or self._urgent
@@ -221,12 +232,6 @@ class ProgressReporter(BackgroundWriter):
                 self._urgent = False
             if stopping:
                 break
-
-    def _sleep_for(self) -> float:
-        """Until the end of the interval since the last write, or a whole interval
-        (``report`` wakes no thread: the step is looked at once per interval)."""
-        left = self._written_at + self.interval - self._clock()
-        return left if left > 0 else self.interval
 
     def _write(self, step: int) -> None:
         if self._code is None:
@@ -261,17 +266,3 @@ def _passing(exc: BaseException) -> bool:
     return is_out_of_memory(exc) or (
         isinstance(exc, REDIS_ERRORS) and "tasks already" in str(exc) and "progress" in str(exc)
     )
-
-
-def _task_id(config: BarrierConfig, task_id: int | None) -> int:
-    """The task a reporter reports as: ``task_id``, ``config.task_id``, or 0 for the chief."""
-    if task_id is None:
-        task_id = 0 if config.task_id is None and config.role == "chief" else config.task_id
-    if task_id is None:
-        raise ConfigurationError(
-            "a progress reporter needs the task id: set STEPBARRIER_TASK_ID (or a "
-            "launcher's rank, TF_CONFIG), or pass task_id",
-            variable="STEPBARRIER_TASK_ID",
-        )
-    TASK_ID.check(task_id, "task_id")
-    return task_id

@@ -131,6 +131,13 @@ def _to_text(raw: object) -> str | None:
     return raw if isinstance(raw, str) else None
 
 
+def as_text(raw: object) -> str:
+    """A Redis reply as text (undecodable bytes replaced, ``None`` empty)."""
+    if isinstance(raw, bytes):
+        return raw.decode("utf-8", "replace")
+    return "" if raw is None else str(raw)
+
+
 def _is_one(raw: object) -> bool:  # a stored flag that is set
     return raw == b"1" or raw == "1"
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stepbarrier._protocol.library import MAX_FIELDS, MAX_VALUE
-from stepbarrier._protocol.wire import ChiefState, parse_int, parse_state
+from stepbarrier._protocol.wire import ChiefState, as_text, parse_int, parse_state
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class Snapshot:
 def parse_snapshot(reply: Any) -> Snapshot:
     """What the ``waiter_read`` call returned, parsed without trusting it."""
     reply = list(reply)
-    kind = reply[2].decode() if isinstance(reply[2], bytes) else str(reply[2])
+    kind = as_text(reply[2])
     if kind == "hash":
         flat = reply[3:]
         state = parse_state(dict(zip(flat[0::2], flat[1::2], strict=False)))
@@ -36,10 +36,8 @@ def parse_snapshot(reply: Any) -> Snapshot:
         )
     else:
         state = ChiefState.empty(f"state key holds a {kind}, not a hash")
-    return Snapshot(now_ms=parse_int(reply[0]) or 0, reset_marker=_marker(reply[1]), state=state)
-
-
-def _marker(raw: object) -> str | None:
-    if raw is None or raw is False:
-        return None
-    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+    return Snapshot(
+        now_ms=parse_int(reply[0]) or 0,
+        reset_marker=None if reply[1] is None or reply[1] is False else as_text(reply[1]),
+        state=state,
+    )
