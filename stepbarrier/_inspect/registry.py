@@ -121,7 +121,9 @@ def parse_index(
         return []
     members = []
     for member, score in zip(raw[1::2], raw[2::2], strict=False):
-        target = _index_target(score)
+        if isinstance(score, float):  # RESP3 replies carry doubles
+            score = int(score) if math.isfinite(score) and score.is_integer() else None
+        target = parse_int(score, low=1)
         if target is None:
             problems.append(f"waiter index: {preview(member)} has target {preview(score)}")
         else:
@@ -133,12 +135,6 @@ def parse_index(
     if index_length(raw) >= limit:
         problems.append(f"more than {limit} indexed waiters: only the first are shown")
     return members
-
-
-def _index_target(score: object) -> int | None:
-    if isinstance(score, float):  # RESP3 replies carry doubles
-        score = int(score) if math.isfinite(score) and score.is_integer() else None
-    return parse_int(score, low=1)
 
 
 def to_bytes(member: object) -> bytes:

@@ -320,10 +320,6 @@ def no_master(service_name: str, errors: list[tuple[str, rex.RedisError]]) -> re
     )
 
 
-def _hiredis_packer() -> Any:
-    return HiredisRespSerializer()  # type: ignore[no-untyped-call]
-
-
 SYNC = ClientKind(
     redis=redis.Redis,
     cluster=RedisCluster,
@@ -333,7 +329,7 @@ SYNC = ClientKind(
     # packs it, which hiredis does itself in C: about 120k instructions more per
     # FCALL or pipeline (bench.instructions: a whole wait() 2.3x -> 2.9x its floor).
     # stepbarrier sends only str (UTF-8), bytes and int, which hiredis packs alike.
-    command_packer=_hiredis_packer() if HIREDIS_AVAILABLE else None,
+    command_packer=HiredisRespSerializer() if HIREDIS_AVAILABLE else None,  # type: ignore[no-untyped-call]
 )
 """The blocking side's classes."""
 
