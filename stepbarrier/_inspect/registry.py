@@ -223,7 +223,9 @@ def parse_entry(
         problems.append(f"waiter {name}: waits for {wait_until_step}, indexed at {target}")
     task_id = _optional_int(fields, "task_id", 1_000_000, name, problems)
     pid = _optional_int(fields, "pid", 2**31, name, problems)
-    since = parse_since(fields.get("since"))
+    # a stored Unix time: plain decimal, finite, in [0, SINCE_LIMIT) (_SINCE's 11 digits)
+    since_text = as_text(fields.get("since"))
+    since = float(since_text) if _SINCE.fullmatch(since_text) else None
     if since is None:
         problems.append(f"waiter {name}: since={preview(fields.get('since'))}")
     return WaiterInfo(
@@ -243,10 +245,3 @@ def _optional_int(
     if raw not in (None, b"", "") and value is None:  # empty: the waiter has none
         problems.append(f"waiter {name}: {field}={preview(raw)}")
     return value
-
-
-def parse_since(raw: object) -> float | None:
-    """A stored Unix time: plain decimal, finite, in ``[0, SINCE_LIMIT)`` (``_SINCE``'s
-    11 digits at most); else ``None``."""
-    text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else raw
-    return float(text) if isinstance(text, str) and _SINCE.fullmatch(text) else None

@@ -62,11 +62,6 @@ class JobKeys:
         """The hash of one barrier (``member``: its name, or ``name:run_id``)."""
         return f"{self.barrier_prefix}{member}"
 
-    @property
-    def barrier_pattern(self) -> str:
-        """Glob pattern matching every barrier hash of the job."""
-        return f"{self.barrier_prefix}*"
-
     def all_fixed(self) -> tuple[str, ...]:
         """The job's keys other than the per-waiter entries."""
         return (self.state, self.targets, self.registrations, self.reset)

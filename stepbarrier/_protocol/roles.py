@@ -176,7 +176,7 @@ def role_rules(role: str, jobs_pattern: str) -> str:
             f"the role must be one of {', '.join(JOB_ROLES)}, got {role!r}", variable="role"
         )
     keys = JobKeys.for_job(validate_jobs_pattern(jobs_pattern))
-    barriers = (keys.barrier_index, keys.barrier_pattern)
+    barriers = (keys.barrier_index, keys.barrier("*"))  # every barrier hash
     news: list[str] = []
     if role == "chief":
         access = [f"~{key}" for key in (*keys.all_fixed(), keys.waiter_pattern, *barriers)]
