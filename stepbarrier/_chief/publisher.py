@@ -409,19 +409,16 @@ class StepPublisher(BackgroundWriter):
                 # the probation's end is a write: it is what releases workers
                 next_beat = min(next_beat, self._state.probation_until + 0.001)
             if wrote:
-                self._forget_stale_wake()
-
-    def _forget_stale_wake(self) -> None:
-        # Every publish() between crossing a threshold and this write's new
-        # threshold set the event again; honoured, it would make a second
-        # write per crossed threshold at high step rates. Clear it, then look
-        # again, so no wake that still matters (a crossing, close()) is lost.
-        self._wake.clear()
-        latest = self._handover.latest
-        if self._stopping.is_set() or (
-            latest is not None and latest >= self._handover.next_threshold
-        ):
-            self._wake.set()
+                # Every publish() between crossing a threshold and this write's new
+                # threshold set the event again; honoured, it would make a second
+                # write per crossed threshold at high step rates. Clear it, then look
+                # again, so no wake that still matters (a crossing, close()) is lost.
+                self._wake.clear()
+                latest = self._handover.latest
+                if self._stopping.is_set() or (
+                    latest is not None and latest >= self._handover.next_threshold
+                ):
+                    self._wake.set()
 
     def _finish(self, done: bool) -> None:
         """The final write, retried until the close's deadline while Redis answers, and

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from stepbarrier._protocol.wire import NAME, json_object, parse_int
+from stepbarrier._protocol.wire import NAME, as_text, json_object, parse_int
 from stepbarrier.errors import ConfigurationError
 
 MAX_PARTIES = 10_000
@@ -130,8 +130,7 @@ def describe_tasks(tasks: Iterable[int], *, limit: int = 12, spans: bool = True)
 def parse_barrier_notice(raw: object) -> str | None:
     """A message of the barrier channel: ``"reset"``, the member name of a barrier
     that just completed, or ``None`` for anything else."""
-    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
-    data = json_object(text if isinstance(text, str) else None, most=1024)
+    data = json_object(as_text(raw), most=1024)
     if data is None:
         return None
     if data.get("reset") is True:

@@ -210,12 +210,8 @@ class AsyncRedisCode:
             with contextlib.suppress(StopIteration):
                 command = next(steps)
                 while True:
-                    command = steps.send(await _reply(self._client.execute_command(*command)))
-
-
-async def _reply(command: Awaitable[Any]) -> Any:
-    """``command``'s reply, or the Redis error in its place."""
-    try:
-        return await command
-    except rex.RedisError as exc:
-        return exc
+                    try:  # the reply, or the Redis error in its place
+                        reply = await self._client.execute_command(*command)
+                    except rex.RedisError as exc:
+                        reply = exc
+                    command = steps.send(reply)
