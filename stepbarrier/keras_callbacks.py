@@ -185,18 +185,16 @@ def _synchronous_strategy(model: Any) -> str | None:
 
 def _refuse_a_synchronous_strategy(model: Any) -> None:
     """Raise ``ConfigurationError`` if ``model`` trains under a synchronous strategy."""
-    name = _synchronous_strategy(model)
-    if name is None:
-        return
-    raise ConfigurationError(
-        f"StepWaiterCallback does not run under {name}, a synchronous strategy: "
-        "across workers it takes every training step in one all-reduce of them all, "
-        "so the chief's first step would wait for this worker while this worker waits "
-        "for the chief's step, a deadlock (refused by the kind of strategy, in a single "
-        "process too). Use StartBarrierCallback and EndBarrierCallback instead; a step "
-        "wait fits the default strategy and OneDeviceStrategy "
-        "(docs/tensorflow-keras.md#distribution-strategies)."
-    )
+    if (name := _synchronous_strategy(model)) is not None:
+        raise ConfigurationError(
+            f"StepWaiterCallback does not run under {name}, a synchronous strategy: "
+            "across workers it takes every training step in one all-reduce of them all, "
+            "so the chief's first step would wait for this worker while this worker waits "
+            "for the chief's step, a deadlock (refused by the kind of strategy, in a single "
+            "process too). Use StartBarrierCallback and EndBarrierCallback instead; a step "
+            "wait fits the default strategy and OneDeviceStrategy "
+            "(docs/tensorflow-keras.md#distribution-strategies)."
+        )
 
 
 class StepWaiterCallback(keras.callbacks.Callback):  # type: ignore[misc]
