@@ -69,11 +69,8 @@ def reset_job(config: BarrierConfig, client: RedisClient | None = None) -> int:
 
 
 def _indexed(client: RedisClient, key: str, *, most: int, page: int) -> list[bytes]:
-    """The members of the index ``key``, at most ``most``, ``page`` per ``LIMIT`` read.
-
-    Raises:
-        redis.exceptions.NoPermissionError: The user may not read the index.
-    """
+    """The members of the index ``key``, at most ``most``, ``page`` per ``LIMIT`` read
+    (``NoPermissionError`` if the user may not read it)."""
     members: list[bytes] = []
     try:
         while len(members) < most:
