@@ -179,34 +179,49 @@ class WaitRules(WaitTiming):
             return None
         if announcement.reset:
             return READ_NOW  # a hint: the reset marker decides
-        if not self.take_in(announcement, self.clock()):
+        step, generation = announcement.step, announcement.generation
+        assert step is not None and generation is not None
+        if announcement.run_id != self.run_id or generation < self.generation:
             # another run's chief (it neither releases nor aborts us), or an older
             # chief's write, overtaken by what we read
             return None
-        step, generation = announcement.step, announcement.generation
-        assert step is not None and generation is not None
+        if (
+            step >= self.target
+            and generation == self.generation
+            and announcement.vouch
+            and not (announcement.done or announcement.pinned)
+        ):
+            # _judge's release of a live, vouched step, the release of most waits,
+            # without its checks nor the bookkeeping only a wait that goes on needs
+            # (_observed's): the wake's instruction count (docs/performance.md)
+            self.chief_seen = True
+            self.last_alive = self.clock()
+            return self.released(step, "an announcement")
+        mark = (generation, announcement.beat)
+        now = self.clock()
+        self._observed(mark, now, announcement.idle_ms)
         if generation > self.generation:
             # a generation not read yet: the state and reset marker decide, and no
             # lower generation counts from now on (the model's zombie-after-finish)
             self.generation = generation
             return READ_NOW
-        done, pinned = announcement.done, announcement.pinned
-        if step >= self.target and announcement.vouch and not (done or pinned):
-            # _judge's release of a live, vouched step, the release of most waits,
-            # without its checks: the wake's instruction count (docs/performance.md)
-            return self.released(step, "an announcement")
+        read_mark = self.read_mark
+        if read_mark is None or mark >= read_mark:  # not an older write, late
+            if step != self.last_step and now > self.last_progress:
+                self.last_progress = now
+            self.last_step = step
         return self._judge(step, announcement, live=True, by="an announcement")
 
-    def take_in(self, announcement: StepAnnouncement | None, at: float) -> bool:
-        """Take in an announcement heard at ``clock()`` time ``at``, never a release or an
-        abort (``on_announcement`` judges it then; ``AsyncStepWaiter``'s waits take in so
-        those their shared subscription judged not to concern them): False if it is
-        another run's, or of an older chief generation than the wait has read."""
+    def take_in(self, announcement: StepAnnouncement | None, at: float) -> None:
+        """Take in, as ``on_announcement`` does but never a release or an abort, an
+        announcement heard at ``clock()`` time ``at`` that ``AsyncStepWaiter``'s shared
+        subscription judged not to concern this wait (inline in ``on_announcement``:
+        every wake runs it)."""
         self.reads_without_message = 0
         if announcement is None or announcement.step is None or announcement.generation is None:
-            return False
+            return
         if announcement.run_id != self.run_id or announcement.generation < self.generation:
-            return False
+            return
         mark = (announcement.generation, announcement.beat)
         self._observed(mark, at, announcement.idle_ms)
         if announcement.generation == self.generation and (
@@ -215,7 +230,6 @@ class WaitRules(WaitTiming):
             if announcement.step != self.last_step and at > self.last_progress:
                 self.last_progress = at
             self.last_step = announcement.step
-        return True
 
     def on_snapshot(self, snapshot: Snapshot, after: StepAnnouncement | None = None) -> int | None:
         """Judge a read of the stored state (the truth): the releasing step, or ``None``;
