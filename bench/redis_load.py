@@ -48,8 +48,11 @@ def in_script_commands() -> frozenset[str]:
     ``SPUBLISH`` are named by a variable there."""
     from stepbarrier._redis.functions import library_source
 
-    named = re.findall(r"redis\.call(?:\(|, )\s*'([A-Z]+)'", library_source())
-    return frozenset({name.lower() for name in named} | {"publish", "spublish"})
+    # a container command is counted under its subcommand ('OBJECT', 'ENCODING' is
+    # object|encoding); another quoted word after a name only adds a name never seen
+    named = re.findall(r"redis\.call(?:\(|, )\s*'([A-Z]+)'(?:,\s*'([A-Z]+)')?", library_source())
+    names = {name.lower() for name, _ in named} | {f"{n}|{s}".lower() for n, s in named if s}
+    return frozenset(names | {"publish", "spublish"})
 
 
 IN_SCRIPT = in_script_commands()
