@@ -6,7 +6,7 @@ local MAX_MARKER, MAX_PARTIES, MAX_BARRIER_INDEX = 64, 10000, 1000
 local MAX_TARGETS_READ, MAX_REMOVED = 1000, 1000
 local MAX_REGISTRATIONS, MAX_RESET_KEYS = 1000, 2000
 local MAX_ARGUMENT, MAX_RESTORED, MAX_WRITE_KEYS = 256, 1000, 8
-local MAX_INDEX_READ = 10000
+local MAX_INDEX_READ, MAX_JOB_INDEX = 10000, 10000
 local MAX_TASK_ID, MAX_PROGRESS_TASKS = 1000000, 10000
 local MAX_PROGRESS_VALUE = 33
 local STATE_FIELDS = {'generation', 'step', 'beat', 'run_id', 'vouch', 'fence', 'begun', 'probation', 'done', 'pinned', 'reset_seen', 'chief', 'heartbeat_ms', 'done_ms', 'heartbeat_period_ms', 'idle_ms'}
@@ -950,4 +950,39 @@ redis.call('EXPIRE', KEYS[1], ARGV[3])
 return value
 end
 redis.register_function{function_name='stepbarrier_v3_report_progress', callback=report_progress, flags={}}
+local function job_index(KEYS, ARGV)
+-- KEYS[1] a team's job index (keys.job_index: a zset of job names, each scored
+-- with the Redis time, in ms, until which its chief keeps it)
+-- ARGV[1] the job, ARGV[2] seconds the entry lives unless its chief says it again
+-- Adds or refreshes the job, then keeps the index bounded whatever the team's
+-- users planted: anything but a zset there is replaced; one of more than twice
+-- MAX_JOB_INDEX entries is dropped whole (UNLINK frees it off the main thread;
+-- every chief puts its job back at its next refresh); the expired entries go,
+-- then the ones that expire first beyond MAX_JOB_INDEX. So a call removes at
+-- most 2 * MAX_JOB_INDEX members and copies none of them (a member may be large).
+local refusal = called(KEYS, ARGV, 'a job index entry', 1, 1, 2, 2)
+if refusal then return refusal end
+local lifetime = positive(ARGV[2])
+if not lifetime or #ARGV[1] == 0 or not run_id_ok(ARGV[1]) then  -- a job name's rule
+  return refused('a job index entry takes a job name and a lifetime in seconds')
+end
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind ~= 'zset' and kind ~= 'none' then redis.call('UNLINK', KEYS[1]) end
+if kind == 'zset' and redis.call('ZCARD', KEYS[1]) > 2 * MAX_JOB_INDEX then
+  redis.call('UNLINK', KEYS[1])
+end
+local now = now_ms()
+redis.call('ZADD', KEYS[1], now + lifetime * 1000, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. now)
+local size = redis.call('ZCARD', KEYS[1])
+if size > MAX_JOB_INDEX then
+  redis.call('ZREMRANGEBYRANK', KEYS[1], 0, size - MAX_JOB_INDEX - 1)
+end
+-- the index lives as long as the longest lifetime a chief gave it (NX: a new
+-- index, GT: a longer one), so a finished job's shorter one never cuts it short
+redis.call('EXPIRE', KEYS[1], lifetime, 'NX')
+redis.call('EXPIRE', KEYS[1], lifetime, 'GT')
+return 1
+end
+redis.register_function{function_name='stepbarrier_v3_job_index', callback=job_index, flags={}}
 redis.register_function{function_name='stepbarrier_v3_version', callback=function() return 3 end, flags={'no-writes'}}

@@ -8,7 +8,13 @@ import math
 from dataclasses import dataclass
 
 from stepbarrier._config.settings import BarrierConfig
-from stepbarrier._protocol.calls import WriterMode, begin_generation_call, publish_step_call
+from stepbarrier._protocol.calls import (
+    WriterMode,
+    begin_generation_call,
+    job_index_call,
+    publish_step_call,
+)
+from stepbarrier._protocol.keys import job_index
 from stepbarrier._protocol.wire import as_text, parse_int, parse_run_id
 from stepbarrier._redis.client import RedisClient
 from stepbarrier._redis.functions import RedisCode, publish_command
@@ -134,6 +140,10 @@ class StepWriter:
             probation=parse_int(probation) or 0,
             targets=tuple(sorted({t for t in map(parse_int, targets) if t is not None})),
         )
+
+    def index_job(self, pattern: str, lifetime: int) -> None:
+        """Keep the job in the job index of ``pattern`` for ``lifetime`` seconds (one try)."""
+        self._code.call(*job_index_call(job_index(pattern), self._config.job, lifetime=lifetime))
 
 
 def finished_ttl(config: BarrierConfig) -> int:

@@ -19,13 +19,14 @@ from collections.abc import Callable
 
 import redis
 
-from stepbarrier._chief.publish_call import Beginning, StepWriter
+from stepbarrier._chief.publish_call import Beginning, StepWriter, finished_ttl
 from stepbarrier._chief.state import Handover, PublisherState, log
 from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._protocol.calls import WriterMode
 from stepbarrier._protocol.freshness import FENCE
 from stepbarrier._protocol.wire import checked_step, parse_int
 from stepbarrier._redis.client import RedisClient, disconnect_all, refresh_topology
+from stepbarrier._redis.failures import translate
 from stepbarrier._redis.outage import LOST_REDIS_WAIT, BackgroundWriter, Outage
 
 _listener_log = logging.getLogger("stepbarrier._chief.registrations")  # its lines' own name
@@ -38,6 +39,9 @@ REGISTRATION_BATCH = 1000
 """Most registrations one wake takes off the list."""
 REPORT_PER_WAKE = 32
 """Most targets one wake hands to the publisher (the lowest, without duplicates)."""
+INDEX_REFRESH = 60.0
+"""Seconds between a chief's entries of its job in its team's job index
+(``STEPBARRIER_JOBS_PATTERN``), each kept ``key_ttl`` seconds."""
 
 # The paused chief publisher of each job in this process (at most one): a new
 # chief publisher of the job (a hook or callback made anew for the next session)
@@ -118,6 +122,8 @@ class StepPublisher(BackgroundWriter):
             quiet=optional and contributor,
         )
         self._final_done: bool | None = None
+        self._index_due = -math.inf  # the next entry in the job index (the writer thread's)
+        self._index_failing = False
         self._close_deadline = math.inf  # may grow to the next one: see _finish
         self._answered_deadline = -math.inf  # the close's whole timeout's
         self._listener = (
@@ -475,7 +481,34 @@ class StepPublisher(BackgroundWriter):
         self.writes += 1
         if result.repaired:
             log.warning("job %s: replaced malformed content in its state keys", self.config.job)
-        return self._state.take_reply(result, seq, wanted)
+        accepted = self._state.take_reply(result, seq, wanted)
+        self._keep_indexed(done)
+        return accepted
+
+    def _keep_indexed(self, done: bool) -> None:
+        """A chief with a jobs pattern puts its job in that pattern's job index now and
+        then, and when it finishes (the entry then lives as its finished keys do). A
+        failure is told once, at WARNING, and costs the job only its place in listings."""
+        pattern, now = self.config.jobs_pattern, self._clock()
+        if pattern is None or self._mode != "chief" or (not done and now < self._index_due):
+            return
+        self._index_due = now + INDEX_REFRESH
+        lifetime = finished_ttl(self.config) if done else self.config.key_ttl
+        try:
+            self._step_writer().index_job(pattern, lifetime)
+        except Exception as exc:  # never the chief's end
+            if not self._index_failing:
+                told = translate(exc, self.config, action="keep the job in its job index")
+                log.warning(
+                    "job %s: not kept in the job index of STEPBARRIER_JOBS_PATTERN %r (a "
+                    "listing of that pattern reads its index, and leaves this job out): %s",
+                    self.config.job,
+                    pattern,
+                    " ".join(str(told).split()),
+                )
+            self._index_failing = True
+        else:
+            self._index_failing = False
 
     def _begin(self) -> Beginning | None:
         """Begin a generation, unless another run's chief is live (one found is watched

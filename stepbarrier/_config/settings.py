@@ -6,6 +6,7 @@ Each field says, once, its type, default, ``STEPBARRIER_*`` variable and kind
 
 from __future__ import annotations
 
+import fnmatch
 import logging
 import os
 import threading
@@ -49,6 +50,7 @@ from stepbarrier._config.schedule import schedule_wait_until_step, validate_sche
 from stepbarrier._config.tf_config import HostTask
 from stepbarrier._protocol.freshness import FENCE, MAX_HEARTBEAT
 from stepbarrier._protocol.keys import JobKeys
+from stepbarrier._protocol.roles import validate_jobs_pattern
 from stepbarrier._protocol.wire import MAX_STEP
 from stepbarrier.errors import ConfigurationError
 
@@ -119,6 +121,12 @@ class BarrierConfig:
     report_every: int | None = setting(None, integer(0, 1_000_000), "STEPBARRIER_REPORT_EVERY")
     # the TF hooks and the Keras callbacks report each task's own step (ProgressReporter)
     report_progress: bool = setting(True, FLAG, "STEPBARRIER_REPORT_PROGRESS")
+    # a chief's team on a shared Redis: the jobs pattern of its user's ACL rules; the
+    # chief keeps its job in that pattern's job index, which listings read
+    # (docs/operations.md#jobs-metrics-and-alerts)
+    jobs_pattern: str | None = setting(
+        None, Validated(validate=validate_jobs_pattern), "STEPBARRIER_JOBS_PATTERN"
+    )
 
     def __post_init__(self) -> None:
         # the one check of every setting; a message names a field as it is called,
@@ -313,6 +321,14 @@ def check_relations(values: Mapping[str, Any], name_of: Callable[[str], str]) ->
             f"a Redis Cluster has only database 0: {url_name} must end in /0 or name no "
             f"database, got {shown}",
             "redis_url",
+        )
+    pattern, job = values["jobs_pattern"], values["job"]
+    if pattern is not None and not fnmatch.fnmatchcase(job, pattern):
+        # Redis's glob and fnmatch's agree on a valid pattern ('*', '?', no brackets)
+        raise refuse(
+            f"the job {job!r} does not match {name_of('jobs_pattern')} {pattern!r}: give the "
+            "jobs pattern of the chief's Redis user (its team's), which its job matches",
+            "jobs_pattern",
         )
     for name in ("run_id", "task_id"):
         value, source, what = values[name], values[f"{name}_source"], name.replace("_", " ")

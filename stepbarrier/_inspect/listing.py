@@ -1,9 +1,12 @@
-"""Every job on a Redis at a glance, fairly per team: found by ``SCAN``, read in batches.
+"""Every job on a Redis at a glance, fairly per team: found in the teams' job indexes
+(else by ``SCAN``), read in batches.
 
-There is no index of jobs (on a Redis Cluster it would live in another slot than
-a job's keys, where the job's functions could not write it), so the jobs are
-found by their state keys: ``scan_keys`` walks every master, the whole keyspace,
-so operators only (``stepbarrier jobs``, the exporter), never a chief or a worker.
+A pattern's jobs are the members of its job index (``keys.job_index``) when it
+has one: the chiefs given that pattern (``STEPBARRIER_JOBS_PATTERN``, their
+team's) keep it, and one bounded read (``index_read``) lists them, whatever
+else the keyspace holds. A pattern without one has its jobs found by their state
+keys: ``scan_keys`` walks every master, the whole keyspace, so operators only
+(``stepbarrier jobs``, the exporter), never a chief or a worker.
 
 Teams: docs/operations.md#jobs-metrics-and-alerts (every bound below is shared
 among the patterns by ``status.fair_shares``); ``truncation_lines`` says what
@@ -29,6 +32,7 @@ from stepbarrier._config.checks import JOB_NAME
 from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._inspect.registry import (
     as_refused,
+    index_length,
     one_line,
     parse_index,
     raise_transient,
@@ -47,7 +51,8 @@ from stepbarrier._inspect.status import (
     parse_snapshot,
 )
 from stepbarrier._protocol.calls import Call, index_call, read_call
-from stepbarrier._protocol.keys import JobKeys
+from stepbarrier._protocol.keys import JobKeys, job_index
+from stepbarrier._protocol.library import MAX_INDEX_READ
 from stepbarrier._protocol.roles import validate_jobs_pattern
 from stepbarrier._protocol.wire import ChiefState
 from stepbarrier._redis.client import RedisClient, ScanTally, make_client, scan_keys
@@ -123,14 +128,16 @@ class JobSummary:
 
 @dataclass(frozen=True)
 class PatternListing:
-    """How the jobs of one pattern (a team's) fared: ``found`` by the scan (matching
-    no pattern before it), ``read`` of them, ``truncated`` if some were left out
-    (more than its share, or the scan stopped at its bound)."""
+    """How the jobs of one pattern (a team's) fared: ``found`` in its job index
+    (``indexed``), else by the scan (matching no pattern before it), ``read`` of
+    them, ``truncated`` if some were left out (more than its share, an index longer
+    than one read, or the scan stopped at its bound)."""
 
     pattern: str
     found: int
     read: int
     truncated: bool
+    indexed: bool = False
 
 
 @dataclass(frozen=True)
@@ -180,8 +187,8 @@ def job_of_state_key(key: bytes | str) -> str | None:
 
 
 class Found:
-    """What one walk of the keyspace found: per pattern, its lowest ``keep`` job
-    names and how many jobs match it."""
+    """What the job indexes and one walk of the keyspace found: per pattern, its
+    lowest ``keep`` job names and how many jobs match it."""
 
     def __init__(self, patterns: tuple[str, ...], keep: int) -> None:
         # Redis's glob and fnmatch's agree on these patterns ('*', '?', no brackets)
@@ -190,14 +197,22 @@ class Found:
         self.names: list[set[str]] = [set() for _ in patterns]
         self.counts = [0] * len(patterns)
         self.seen: set[str] = set()
-        self.complete = True
+        self.complete = True  # the scan's (if any) walked the whole keyspace
+        self.indexed: set[int] = set()  # the patterns found in their job index
+        self.cut: set[int] = set()  # the indexed patterns whose index was longer than a read
 
-    def add(self, job: str) -> None:
+    def add(self, job: str, index: int | None = None) -> None:
+        """Count ``job`` for the first pattern it matches (scanned), or for the pattern
+        ``index`` whose job index named it."""
         number = 0  # one pattern: the scan's MATCH matched it already
-        if len(self.matchers) > 1:
+        if index is not None:
+            number = index if self.matchers[index](job) else -1
+        elif len(self.matchers) > 1:
             number = next((n for n, match in enumerate(self.matchers) if match(job)), -1)
-        if number < 0 or job in self.seen:
-            return  # another team's job (a scan for several patterns), or seen already
+        if number < 0 or job in self.seen or (index is None and number in self.indexed):
+            # another team's job, seen already, or one a scan found of an indexed pattern
+            # (its index alone says which jobs it has)
+            return
         if len(self.seen) < REMEMBERED:
             self.seen.add(job)
         self.counts[number] += 1
@@ -211,13 +226,41 @@ class Found:
         return sorted(self.names[number])[: self.keep]
 
 
-def scan_jobs(
-    client: RedisClient, patterns: tuple[str, ...], keep: int, scan_calls: int = MAX_SCAN_CALLS
-) -> Found:
-    """One bounded walk of the keyspace for the jobs of ``patterns`` (valid ones)."""
-    # every name is checked (job_of_state_key), and given to the first pattern it matches
-    match = JobKeys.for_job(patterns[0] if len(patterns) == 1 else "*").state
+def indexed_jobs(code: RedisCode, patterns: tuple[str, ...], keep: int) -> Found:
+    """The jobs of each pattern that has a job index, one bounded read of each (an
+    index it may not read, or a key that is no index there, counts as none)."""
     found = Found(patterns, keep)
+    for number, pattern in enumerate(patterns):
+        # one call per index: on a Cluster each lies in a slot of its own
+        raw = as_refused(code.replies([index_call(job_index(pattern), count=MAX_INDEX_READ)])[0])
+        raise_transient([raw])
+        if isinstance(raw, Exception) or not isinstance(raw, list) or index_length(raw) == 0:
+            continue  # no index: the scan finds the pattern's jobs
+        found.indexed.add(number)
+        if index_length(raw) >= MAX_INDEX_READ:
+            found.cut.add(number)
+        for member in raw[1::2]:
+            name = member.decode("ascii", "replace") if isinstance(member, bytes) else str(member)
+            if JOB_NAME.fullmatch(name) is not None:  # a job name: else planted, not listed
+                found.add(name, number)
+    return found
+
+
+def scan_jobs(
+    client: RedisClient,
+    patterns: tuple[str, ...],
+    keep: int,
+    scan_calls: int = MAX_SCAN_CALLS,
+    found: Found | None = None,
+) -> Found:
+    """One bounded walk of the keyspace for the jobs of ``patterns`` (valid ones) that
+    ``found`` (``indexed_jobs``'s) holds no index of."""
+    # every name is checked (job_of_state_key), and given to the first pattern it matches
+    found = Found(patterns, keep) if found is None else found
+    scanned = [p for n, p in enumerate(patterns) if n not in found.indexed]
+    if not scanned:
+        return found
+    match = JobKeys.for_job(scanned[0] if len(scanned) == 1 else "*").state
     tally = ScanTally()
     for key in scan_keys(client, match, count=SCAN_COUNT, most=scan_calls, tally=tally):
         job = job_of_state_key(key)
@@ -268,7 +311,12 @@ def list_jobs(
 
     try:
         most = MAX_SCAN_CALLS if scan_calls is None else scan_calls
-        found: Found = retried(lambda: scan_jobs(active(), chosen, limit, most), "list the jobs")
+
+        def find() -> Found:
+            found = indexed_jobs(RedisCode(active(), config), chosen, limit)
+            return scan_jobs(active(), chosen, limit, most, found)
+
+        found: Found = retried(find, "list the jobs")
         shares = fair_shares([len(names) for names in found.names], limit)
         selected = [found.lowest(n)[:share] for n, share in enumerate(shares)]
         waiter_shares = fair_shares(
@@ -291,7 +339,9 @@ def list_jobs(
             pattern=chosen[n],
             found=found.counts[n],
             read=len(selected[n]),
-            truncated=found.counts[n] > len(selected[n]) or not found.complete,
+            truncated=found.counts[n] > len(selected[n])
+            or (n in found.cut if n in found.indexed else not found.complete),
+            indexed=n in found.indexed,
         )
         for n in range(len(chosen))
     )
@@ -315,6 +365,11 @@ def truncation_lines(listing: JobListing) -> list[str]:
             "the scan for jobs stopped at its bound of SCAN calls: jobs past it are not listed"
         )
     for part in listing.patterns:
+        if part.indexed and part.truncated and part.found <= part.read:
+            lines.append(
+                f"the job index of {part.pattern!r} holds more than {MAX_INDEX_READ:,} "
+                "entries: only those one read returns are listed (the first to expire)"
+            )
         if part.found > part.read:
             lines.append(
                 f"{part.found:,} jobs match {part.pattern!r}: only {part.read:,} are listed "

@@ -160,6 +160,12 @@ def index_call(key: str, *, start: int = 0, count: int) -> Call:
     return ("index_read", [key], [start, count])
 
 
+def job_index_call(index: str, job: str, *, lifetime: int) -> Call:
+    """A chief's entry of ``job`` in the job index ``index`` (``keys.job_index``), kept
+    ``lifetime`` seconds unless said again (``lua/job_index.lua``)."""
+    return ("job_index", [index], [job, lifetime])
+
+
 def register_call(
     keys: JobKeys,
     waiter_id: str,

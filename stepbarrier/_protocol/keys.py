@@ -65,3 +65,17 @@ class JobKeys:
     def all_fixed(self) -> tuple[str, ...]:
         """The job's keys other than the per-waiter entries."""
         return (self.state, self.targets, self.registrations, self.reset)
+
+
+def job_index(pattern: str) -> str:
+    """The job index of the jobs ``pattern`` (validated): a sorted set of job names that
+    the chiefs of those jobs keep (``STEPBARRIER_JOBS_PATTERN``) and listings read
+    instead of walking the keyspace. Its name holds the pattern as it is written, so
+    that the team's ACL rules (``~stepbarrier:{team-a-*}:jobs``) cover it and no other
+    team's, and no job's key is ever named alike (a job name holds no ``*`` or ``?``).
+
+    Example:
+        >>> job_index("team-a-*")
+        'stepbarrier:{team-a-*}:jobs'
+    """
+    return f"{PREFIX}:{{{pattern}}}:jobs"

@@ -58,6 +58,9 @@ MAX_PROGRESS_TASKS = MAX_PARTIES
 full hash is refused (``HLEN``, O(1))."""
 MAX_INDEX_READ = 10_000
 """Most members one ``index_read`` returns (``calls.index_call``)."""
+MAX_JOB_INDEX = MAX_INDEX_READ
+"""Most jobs a team's job index keeps (``job_index``): the ones that expire first go;
+one read by ``index_read`` reads them all."""
 BARRIER_FIELDS = ("parties", "arrived", "created_ms", "run_id", "epoch", "last_ms", "completed_ms")
 """A barrier hash's own fields; the others are ``t<task id>``, one per arrival."""
 EPOCH_FIELDS = ("token", "by")
@@ -75,7 +78,7 @@ local MAX_MARKER, MAX_PARTIES, MAX_BARRIER_INDEX = {MAX_MARKER}, {MAX_PARTIES}, 
 local MAX_TARGETS_READ, MAX_REMOVED = {MAX_TARGETS_READ}, {MAX_REMOVED}
 local MAX_REGISTRATIONS, MAX_RESET_KEYS = {MAX_REGISTRATIONS}, {MAX_RESET_KEYS}
 local MAX_ARGUMENT, MAX_RESTORED, MAX_WRITE_KEYS = {MAX_ARGUMENT}, {MAX_RESTORED}, {MAX_WRITE_KEYS}
-local MAX_INDEX_READ = {MAX_INDEX_READ}
+local MAX_INDEX_READ, MAX_JOB_INDEX = {MAX_INDEX_READ}, {MAX_JOB_INDEX}
 local MAX_TASK_ID, MAX_PROGRESS_TASKS = {MAX_TASK_ID}, {MAX_PROGRESS_TASKS}
 local MAX_PROGRESS_VALUE = {MAX_PROGRESS_VALUE}
 local STATE_FIELDS = {_lua_names(STATE_FIELDS)}
@@ -111,6 +114,7 @@ BODIES: dict[str, tuple[str, bool]] = {
         ("may_write", False),
         ("barrier_arrive", False),
         ("report_progress", False),
+        ("job_index", False),
     ]
 }
 """Each piece of code by name: its Lua body and whether it only reads."""

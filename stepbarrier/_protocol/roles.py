@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import re
 
-from stepbarrier._protocol.keys import JobKeys
+from stepbarrier._protocol.keys import JobKeys, job_index
 from stepbarrier.errors import ConfigurationError
 
 JOB_ROLES = ("chief", "worker", "monitor")
@@ -67,7 +67,9 @@ _COMMANDS = {
     # SUBSCRIBE (SSUBSCRIBE) to the barrier channel; EXPIRE of a finished run's
     # barriers. A chief's user may wait too (waiter_register: RPUSH and LTRIM of
     # the registrations, as a worker's). report_progress (the chief reports its
-    # own step as task 0) on the job's progress hash. The range commands: see
+    # own step as task 0) on the job's progress hash. job_index (TYPE, ZCARD,
+    # UNLINK, TIME, ZADD, ZREMRANGEBYSCORE, ZREMRANGEBYRANK, EXPIRE) on its
+    # team's job index (STEPBARRIER_JOBS_PATTERN). The range commands: see
     # docs/reliability-security.md#threat-model.
     "chief": f"{_CONNECT} +fcall {_READS} {_LISTING} +hget +exists +hset +set +expire "
     "+zremrangebyscore +publish +spublish +blpop +zadd +zremrangebyrank +subscribe +ssubscribe "
@@ -87,10 +89,11 @@ _COMMANDS = {
     "worker": f"{_CONNECT} +fcall {_READS} {_WORKER_OWN}",
     # The status reads only (no FCALL: nothing that may write); PING for health
     # checks and ZRANGE for redis-cli (docs/operations.md#through-the-redis-keys).
-    # SCAN: `stepbarrier jobs` and the exporter find the jobs by their state keys
-    # (there is no index of jobs), with a bounded COUNT. SCAN names no key, so the
-    # key patterns do not confine it: it shows the names (never the contents) of
-    # every key, other teams' jobs included.
+    # SCAN: `stepbarrier jobs` and the exporter read a pattern's job index
+    # (index_read), and find the jobs of a pattern without one by their state
+    # keys, with a bounded COUNT. SCAN names no key, so the key patterns do not
+    # confine it: it shows the names (never the contents) of every key, other
+    # teams' jobs included.
     "monitor": f"{_CONNECT} {_READS} {_LISTING} +ping +zrange +scan",
 }
 
@@ -126,15 +129,17 @@ COMMAND for ``--cluster``, whose client reads the slot map and the command table
 (metadata only) to load the library on every master."""
 
 
-def validate_jobs_pattern(pattern: str) -> str:
+def validate_jobs_pattern(pattern: str, variable: str = "jobs") -> str:
     """``pattern``, a job name in which ``*`` matches any characters and ``?`` one (Redis's
     glob). Brackets and backslashes are refused: job names cannot hold them, and in a key
-    pattern they would mean something else."""
+    pattern they would mean something else. A message names ``variable`` (``"jobs"``: the
+    jobs pattern)."""
     if not isinstance(pattern, str) or _JOBS_PATTERN.fullmatch(pattern) is None:
+        name = "the jobs pattern" if variable == "jobs" else variable
         raise ConfigurationError(
-            "the jobs pattern must be 1 to 64 characters from letters, digits, '.', '_', "
-            f"'-', '*' (any characters) and '?' (one character), got {pattern!r}",
-            variable="jobs",
+            f"{name} must be 1 to 64 characters from letters, digits, '.', '_', "
+            f"'-', '*' (any characters) and '?' (one character), got {repr(pattern)[:80]}",
+            variable=variable,
         )
     return pattern
 
@@ -180,7 +185,7 @@ def role_rules(role: str, jobs_pattern: str) -> str:
     news: list[str] = []
     if role == "chief":
         access = [f"~{key}" for key in (*keys.all_fixed(), keys.waiter_pattern, *barriers)]
-        access.append(f"~{keys.progress}")
+        access += [f"~{keys.progress}", f"~{job_index(jobs_pattern)}"]
     elif role == "worker":
         # read-only: the state and the reset marker are the chief's alone
         access = [f"%R~{keys.state}", f"%R~{keys.reset}", f"%RW~{keys.waiter_pattern}"]
@@ -193,6 +198,7 @@ def role_rules(role: str, jobs_pattern: str) -> str:
     else:
         access = [f"%R~{key}" for key in (keys.state, keys.reset, keys.targets)]
         access += [f"%R~{key}" for key in (keys.waiter_pattern, *barriers, keys.progress)]
+        access.append(f"%R~{job_index(jobs_pattern)}")
     channel = [] if role == "monitor" else [f"&{keys.channel}", f"&{keys.barrier_channel}"]
     return " ".join([_RESET, *access, *channel, _COMMANDS[role], *news])
 

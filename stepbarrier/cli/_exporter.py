@@ -123,14 +123,21 @@ SERVER_GAUGES: dict[str, tuple[str, Callable[[Reading], float | None]]] = {
 }
 PATTERN_GAUGES: dict[str, tuple[str, Callable[[PatternListing], float | None]]] = {
     "stepbarrier_jobs_found": (
-        "Jobs the last reading's scan found whose names match the pattern (a team's), "
-        "each counted for the first pattern it matches.",
+        "Jobs the last reading found whose names match the pattern (a team's): the "
+        "members of its job index, else those its scan found, each counted for the first "
+        "pattern it matches.",
         lambda p: p.found,
     ),
     "stepbarrier_jobs_truncated": (
         "1 when some of the pattern's jobs are not exported: more than its fair share of "
-        "the jobs one reading reads, or the scan stopped at its bound; else 0.",
+        "the jobs one reading reads, a job index longer than one read, or the scan "
+        "stopped at its bound; else 0.",
         lambda p: int(p.truncated),
+    ),
+    "stepbarrier_jobs_indexed": (
+        "1 when the pattern's jobs were read from its job index (its chiefs set "
+        "STEPBARRIER_JOBS_PATTERN to it), 0 when a scan of the keyspace found them.",
+        lambda p: int(p.indexed),
     ),
 }
 METRIC_NAMES = frozenset([*JOB_GAUGES, *SERVER_GAUGES, *PATTERN_GAUGES, *TASK_GAUGES])

@@ -4,6 +4,7 @@ user is enough there too."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Iterator
@@ -13,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from stepbarrier import BarrierConfig
-from stepbarrier._protocol.keys import JobKeys
+from stepbarrier._protocol.keys import JobKeys, job_index
 from stepbarrier._redis.functions import library_source
 from stepbarrier.cli import cli
 from stepbarrier.cli._exporter import serve
@@ -85,3 +86,40 @@ def test_jobs_and_the_exporter_cover_every_master_as_the_monitor(cluster: LocalC
     assert samples["stepbarrier_jobs"] == [({}, float(len(jobs)))]
     assert job_value(samples, "stepbarrier_step", jobs[-1]) == len(jobs)
     assert job_value(samples, "stepbarrier_waiting_workers", waited) == 1
+
+
+def test_a_teams_job_index_lists_its_jobs_on_every_master(cluster: LocalCluster) -> None:
+    """Issue 34: chiefs with ``jobs_pattern`` keep their jobs in the pattern's index,
+    which lies in a slot of its own (its hash tag is the pattern); the listing reads it
+    there, with no SCAN of any master, and finds the jobs wherever their keys live."""
+    name = prefix("indexed")
+    pattern = f"{name}-*"
+    jobs = jobs_on_every_master(cluster, name)
+    with ExitStack() as running:
+        for step, job in enumerate(jobs, start=1):
+            chief = dataclasses.replace(as_user(cluster, job, "chief"), jobs_pattern=pattern)
+            running.enter_context(live_job(chief, step))
+        before = {port: scans(cluster, port) for port in cluster.masters}
+        login = ["--username", "monitor", "--password-file", str(SECRETS / "monitor.password")]
+        command = ["jobs", "--cluster", "--redis-url", cluster.seed_url, *login]
+        listed = CliRunner().invoke(cli, [*command, "--job", pattern, "--json"])
+        after = {port: scans(cluster, port) for port in cluster.masters}
+    assert listed.exit_code == 0, listed.output
+    data = json.loads(listed.stdout)
+    assert sorted(row["job"] for row in data["jobs"]) == jobs
+    assert [(p["pattern"], p["indexed"], p["truncated"]) for p in data["patterns"]] == [
+        (pattern, True, False)
+    ]
+    assert after == before  # no master was scanned
+    index_owner = cluster.owner_of(job_index(pattern))
+    assert {cluster.owner_of(JobKeys.for_job(job).state) for job in jobs} - {index_owner}
+
+
+def scans(cluster: LocalCluster, port: int) -> int:
+    """SCAN calls the master at ``port`` has served."""
+    node = cluster.node_client(port)
+    try:
+        stats = node.info("commandstats")
+    finally:
+        node.close()
+    return int(stats.get("cmdstat_scan", {}).get("calls", 0))

@@ -43,6 +43,7 @@ TEAM_A = {
     "barrier_index": "stepbarrier:{team-a-*}:barrier-index",
     "barriers": "stepbarrier:{team-a-*}:barrier:*",
     "progress": "stepbarrier:{team-a-*}:progress",
+    "job_index": "stepbarrier:{team-a-*}:jobs",
 }
 TEAM_A_CHANNELS = {"&stepbarrier:{team-a-*}:steps", "&stepbarrier:{team-a-*}:barriers"}
 CODE_OF_ITS_OWN = {"+eval", "+evalsha", "+eval_ro", "+evalsha_ro", "+script|load", "+script"}
@@ -114,6 +115,7 @@ def test_the_monitor_only_reads_what_status_reads() -> None:
             "barrier_index",
             "barriers",
             "progress",
+            "job_index",
         )
     }
 
@@ -302,6 +304,8 @@ def test_the_cli_reads_the_password_from_stdin() -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout == acl_line("c", "chief", "team-a-*", password_hash(SECRET)) + "\n"
     assert SECRET not in result.stdout + result.stderr
+    # a team's chief is told how its jobs get into the team's job index (on stderr)
+    assert "Give this user's chiefs STEPBARRIER_JOBS_PATTERN='team-a-*'" in result.stderr
 
 
 @pytest.mark.parametrize("role", ADMIN_ROLES)

@@ -191,6 +191,7 @@ def worker_attacks(keys: JobKeys) -> dict[str, tuple[list[Any], list[Any]]]:
         "may_write": ([w("x")], []),
         "barrier_arrive": ([keys.barrier("b"), keys.barrier_index, keys.barrier_epoch], arrive),
         "report_progress": ([keys.progress], [1, 5, 60]),
+        "job_index": ([w("j")], [keys.job, 60]),
     }
 
 

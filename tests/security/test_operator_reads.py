@@ -28,6 +28,7 @@ import sys
 import threading
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -129,7 +130,16 @@ class Teams:
 
 @pytest.fixture(scope="module")
 def teams(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Teams]:
-    directory = tmp_path_factory.mktemp("operator-reads")
+    found = start_teams(tmp_path_factory.mktemp("operator-reads"))
+    found.admin.config_set("slowlog-max-len", 200_000)
+    yield found
+    found.admin.close()
+    found.server.cleanup()
+
+
+def start_teams(directory: Path, *server_args: str) -> Teams:
+    """A shipped Redis (``server_args`` added) with each team's users, as ``stepbarrier
+    acl`` prints them for ``team-a-*`` and ``team-b-*``, and the harness user."""
     lines, passwords = [], {}
     for team in TEAMS:
         for role in ROLES:
@@ -148,12 +158,9 @@ def teams(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Teams]:
             lines.append(made.stdout.strip())
             passwords[user] = password
     server = OpsRedis(acl_file=acl_with(directory, *lines, HARNESS_LINE))
+    server.args += server_args
     server.start()
-    found = Teams(server, passwords)
-    found.admin.config_set("slowlog-max-len", 200_000)
-    yield found
-    found.admin.close()
-    server.cleanup()
+    return Teams(server, passwords)
 
 
 def job_of(team: str) -> str:

@@ -211,6 +211,10 @@ def test_role_and_task_id() -> None:
         ("key_ttl", "10"),
         ("key_ttl", "1e9"),
         ("key_ttl", "forever"),
+        ("jobs_pattern", "team-[ab]-*"),
+        ("jobs_pattern", "team a"),
+        ("jobs_pattern", "x" * 65),
+        ("jobs_pattern", "other-*"),  # the job (mnist-42) does not match it
     ],
 )
 def test_each_bad_value_names_its_variable(name: str, value: str) -> None:
@@ -574,3 +578,17 @@ def test_a_url_with_braces_is_refused_by_name_not_by_a_format_error(
     }
     with pytest.raises(ConfigurationError, match="STEPBARRIER_TLS_CA_FILE is set"):
         BarrierConfig.from_env(environ)
+
+
+def test_a_jobs_pattern_is_the_one_its_job_matches() -> None:
+    cfg = BarrierConfig.from_env(env(jobs_pattern="mnist-*"))
+    assert cfg.jobs_pattern == "mnist-*"
+    assert BarrierConfig.from_env(BASE).jobs_pattern is None
+    with pytest.raises(ConfigurationError) as info:
+        BarrierConfig.from_env(env(jobs_pattern="team-a-*"))
+    assert str(info.value).startswith(
+        "the job 'mnist-42' does not match STEPBARRIER_JOBS_PATTERN 'team-a-*': give the jobs "
+        "pattern of the chief's Redis user"
+    )
+    with pytest.raises(ConfigurationError, match=r"^jobs_pattern must be 1 to 64 characters"):
+        BarrierConfig(job="mnist-42", jobs_pattern="mnist-{42}")

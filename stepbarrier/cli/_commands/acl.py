@@ -62,6 +62,13 @@ def acl(role: str, user: str, jobs: str | None, password_file: str | None) -> No
     password = _read_password(password_file)
     current_session().secrets.add(password)  # masked in any error message
     click.echo(acl_line(user, role, jobs, password_hash(password)))
+    if role == "chief" and jobs != "*":
+        click.echo(
+            f"Give this user's chiefs STEPBARRIER_JOBS_PATTERN='{jobs}': their jobs are then "
+            "listed from the team's job index, which no other team can fill or empty "
+            "(docs/operations.md#jobs-metrics-and-alerts).",
+            err=True,
+        )
 
 
 def _read_password(path: str | None) -> str:
