@@ -1,4 +1,4 @@
-#!lua name=stepbarrier_v3
+#!lua name=stepbarrier_v4
 
 local MAX_STEP = 9007199254740990
 local MAX_FIELDS, MAX_VALUE, MAX_TASK_VALUE = 32, 256, 16
@@ -6,7 +6,8 @@ local MAX_MARKER, MAX_PARTIES, MAX_BARRIER_INDEX = 64, 10000, 1000
 local MAX_TARGETS_READ, MAX_REMOVED = 1000, 1000
 local MAX_REGISTRATIONS, MAX_RESET_KEYS = 1000, 2000
 local MAX_ARGUMENT, MAX_RESTORED, MAX_WRITE_KEYS = 256, 1000, 8
-local MAX_INDEX_READ, MAX_JOB_INDEX = 10000, 10000
+local MAX_INDEX_READ, MAX_JOB_INDEX = 10000, 9999
+local MAX_LIFETIME = 315360000
 local MAX_TASK_ID, MAX_PROGRESS_TASKS = 1000000, 10000
 local MAX_PROGRESS_VALUE = 33
 local STATE_FIELDS = {'generation', 'step', 'beat', 'run_id', 'vouch', 'fence', 'begun', 'probation', 'done', 'pinned', 'reset_seen', 'chief', 'heartbeat_ms', 'done_ms', 'heartbeat_period_ms', 'idle_ms'}
@@ -222,7 +223,7 @@ return {string.format('%.0f', generation), marker, string.sub(run, 1, 64),
         string.sub(beat, 1, 16), string.sub(done, 1, 1), string.sub(chief, 1, 200),
         stored and string.format('%.0f', stored) or '0'}
 end
-redis.register_function{function_name='stepbarrier_v3_begin_generation', callback=begin_generation, flags={}}
+redis.register_function{function_name='stepbarrier_v4_begin_generation', callback=begin_generation, flags={}}
 local function publish_step(KEYS, ARGV)
 -- KEYS[1] state hash, KEYS[2] targets zset, KEYS[3] reset marker
 -- ARGV[1] generation, ARGV[2] step, ARGV[3] done (0/1), ARGV[4] key TTL (s),
@@ -422,7 +423,7 @@ for i = 2, #pending, 2 do
 end
 return result
 end
-redis.register_function{function_name='stepbarrier_v3_publish_step', callback=publish_step, flags={}}
+redis.register_function{function_name='stepbarrier_v4_publish_step', callback=publish_step, flags={}}
 local function reset_job(KEYS, ARGV)
 -- KEYS[1] state, KEYS[2] targets, KEYS[3] registrations, KEYS[4] reset marker,
 -- KEYS[5] barrier index, KEYS[6] barrier epoch, KEYS[7..] waiter registry keys
@@ -472,7 +473,7 @@ redis.call(publish_command(ARGV[3]), ARGV[1], notice)
 if ARGV[4] then redis.call(publish_command(ARGV[3]), ARGV[4], notice) end
 return now_ms
 end
-redis.register_function{function_name='stepbarrier_v3_reset_job', callback=reset_job, flags={}}
+redis.register_function{function_name='stepbarrier_v4_reset_job', callback=reset_job, flags={}}
 local function waiter_register(KEYS, ARGV)
 -- KEYS[1] this waiter's registry hash, KEYS[2] targets zset, KEYS[3] registrations list
 -- ARGV[1] registry TTL (s), ARGV[2] key TTL (s), ARGV[3] waiter id, ARGV[4] target,
@@ -498,27 +499,33 @@ if refusal then return refusal end
 if not positive(ARGV[1]) or not positive(ARGV[2]) or not tonumber(ARGV[4]) then
   return refused('a registration takes two TTLs, a waiter id and a target step')
 end
-local entry = {}
-for i = 5, #ARGV do entry[#entry + 1] = ARGV[i] end
 local fresh_entry = redis.call('EXPIRE', KEYS[1], ARGV[1]) == 0
 -- an entry there is this waiter's: its fields are written over (HSET costs what
--- its arguments do, whatever the hash holds); anything else there is replaced
-if #entry > 0 and (fresh_entry or not pcall(redis.call, 'HSET', KEYS[1], unpack(entry))) then
-  redis.call('UNLINK', KEYS[1])
-  redis.call('HSET', KEYS[1], unpack(entry))
-  redis.call('EXPIRE', KEYS[1], ARGV[1])
+-- its arguments do, whatever the hash holds); anything else there is replaced. No
+-- entry (EXPIRE found no key: the first wait, or one its release removed): written
+if #ARGV > 4 then
+  if fresh_entry then
+    redis.call('HSET', KEYS[1], unpack(ARGV, 5))
+    redis.call('EXPIRE', KEYS[1], ARGV[1])
+  elseif not pcall(redis.call, 'HSET', KEYS[1], unpack(ARGV, 5)) then
+    redis.call('UNLINK', KEYS[1])
+    redis.call('HSET', KEYS[1], unpack(ARGV, 5))
+    redis.call('EXPIRE', KEYS[1], ARGV[1])
+  end
 end
 -- the targets and the list only guide the chief: a malformed one is skipped
 local push = fresh_entry
--- the waiters indexed at the target before this one (a users.acl without
--- +zcount refuses it: then every new target or entry is pushed, as before)
-local counted, indexed = pcall(redis.call, 'ZCOUNT', KEYS[2], ARGV[4], ARGV[4])
 local ok, changed = pcall(redis.call, 'ZADD', KEYS[2], 'CH', ARGV[4], ARGV[3])
 if ok then
-  redis.call('EXPIRE', KEYS[2], ARGV[2])
   push = push or changed == 1
-  -- unchanged: this waiter was indexed at the target already, and counted
-  if counted and indexed > (changed == 1 and 0 or 1) then push = false end
+  -- a push candidate: the waiters indexed at the target, this one included (a
+  -- users.acl without +zcount refuses it: then every candidate is pushed, as before)
+  local counted, indexed = true, 1
+  if push then counted, indexed = pcall(redis.call, 'ZCOUNT', KEYS[2], ARGV[4], ARGV[4]) end
+  if counted and indexed > 1 then push = false end
+  -- a zset this ZADD made is a push (no waiter was at its target): its TTL is set
+  -- here; the chief's writes refresh it (and a refresh of the same wait needs none)
+  if push or not counted then redis.call('EXPIRE', KEYS[2], ARGV[2]) end
 end
 if push then
   -- the list keeps the newest MAX_REGISTRATIONS: a trim removes at most that
@@ -541,14 +548,16 @@ if push then
 end
 return 1
 end
-redis.register_function{function_name='stepbarrier_v3_waiter_register', callback=waiter_register, flags={}}
+redis.register_function{function_name='stepbarrier_v4_waiter_register', callback=waiter_register, flags={}}
 local function waiter_read(KEYS, ARGV)
 -- KEYS[1] a hash: the job's state, or a named barrier (under
 -- stepbarrier:{JOB}:barrier:, the epoch included), KEYS[2] reset marker (read
 -- only: FCALL_RO); ARGV (optional): 'wait', a waiter's read of the state (only
 -- WAIT_FIELDS, now_ms '0'); or 'party', parties, task id: a party's read of a barrier
 -- Returns {now_ms, reset marker or false, kind, field/value pairs...}: a state's
--- STATE_FIELDS (a wait's WAIT_FIELDS); a barrier's BARRIER_FIELDS, EPOCH_FIELDS and
+-- STATE_FIELDS (a wait's WAIT_FIELDS; of a listpack state, kind 'values' and the
+-- values alone, in WAIT_FIELDS' order, false for an absent one); a barrier's
+-- BARRIER_FIELDS, EPOCH_FIELDS and
 -- t0 .. t<parties - 1> (a party's: its own parties), or while HLEN less the own
 -- fields is below a party's parties (they cannot be complete), in O(1): kind
 -- 'counted', its own t<task> and 'tasks' (that bound). kind is else the key's type,
@@ -570,6 +579,19 @@ local marker = short_string(KEYS[2], MAX_MARKER)
 if marker == false then marker = 'oversized' elseif marker == nil then marker = false end
 result[2] = marker
 local barrier = string.find(KEYS[1], '}:barrier:', 1, true) ~= nil
+if wait and not barrier then
+  -- a wait's read of a listpack state, the common case: the same checks as the
+  -- general path below, and the values alone, in WAIT_FIELDS' order (kind
+  -- 'values'), which costs Redis about 40% less than the named pairs
+  local ok, length = pcall(redis.call, 'HLEN', KEYS[1])
+  if ok and length > 0 and length <= MAX_FIELDS and compact(KEYS[1]) then
+    local values = redis.call('HMGET', KEYS[1], unpack(WAIT_FIELDS))
+    for i = 1, #WAIT_FIELDS do
+      if values[i] and #values[i] > MAX_VALUE then return {result[1], result[2], 'oversized'} end
+    end
+    return {result[1], result[2], 'values', unpack(values)}
+  end
+end
 local names = wait and WAIT_FIELDS or STATE_FIELDS
 if barrier then
   names = {}
@@ -616,7 +638,7 @@ for first = 0, parties - 1, 1000 do
 end
 return result
 end
-redis.register_function{function_name='stepbarrier_v3_waiter_read', callback=waiter_read, flags={'no-writes'}}
+redis.register_function{function_name='stepbarrier_v4_waiter_read', callback=waiter_read, flags={'no-writes'}}
 local function index_read(KEYS, ARGV)
 -- KEYS[1] a job's sorted set (its targets or its barrier index); ARGV[1] the
 -- first rank, ARGV[2] how many (at most MAX_INDEX_READ), lowest score first
@@ -642,7 +664,7 @@ for i = 1, #found, 2 do
 end
 return result
 end
-redis.register_function{function_name='stepbarrier_v3_index_read', callback=index_read, flags={'no-writes'}}
+redis.register_function{function_name='stepbarrier_v4_index_read', callback=index_read, flags={'no-writes'}}
 local function waiter_leave(KEYS, ARGV)
 -- KEYS[1] this waiter's registry hash, KEYS[2] targets zset; ARGV[1] waiter id
 local refusal = called(KEYS, ARGV, 'a leave', 2, 2, 1, 1)
@@ -651,7 +673,7 @@ redis.call('UNLINK', KEYS[1])
 if redis.call('TYPE', KEYS[2]).ok == 'zset' then redis.call('ZREM', KEYS[2], ARGV[1]) end
 return 1
 end
-redis.register_function{function_name='stepbarrier_v3_waiter_leave', callback=waiter_leave, flags={}}
+redis.register_function{function_name='stepbarrier_v4_waiter_leave', callback=waiter_leave, flags={}}
 local function may_write(KEYS, ARGV)
 -- KEYS: the keys a caller means to write. Does nothing: Redis's ACL checks the
 -- declared keys before running it, so it tells whether this user may write them.
@@ -660,7 +682,7 @@ local refusal = called(KEYS, ARGV, 'may_write', 1, MAX_WRITE_KEYS, 0, 0)
 if refusal then return refusal end
 return 1
 end
-redis.register_function{function_name='stepbarrier_v3_may_write', callback=may_write, flags={}}
+redis.register_function{function_name='stepbarrier_v4_may_write', callback=may_write, flags={}}
 local function barrier_arrive(KEYS, ARGV)
 -- KEYS[1] the barrier's hash, KEYS[2] the job's barrier index (sorted set),
 -- KEYS[3] the job's barrier epoch (hash: token, by)
@@ -898,7 +920,7 @@ redis.call('EXPIRE', KEYS[2], ARGV[4])
 return {1, now_text, string.format('%.0f', arrived), string.format('%.0f', parties),
         completed, repaired, token, restorable}
 end
-redis.register_function{function_name='stepbarrier_v3_barrier_arrive', callback=barrier_arrive, flags={}}
+redis.register_function{function_name='stepbarrier_v4_barrier_arrive', callback=barrier_arrive, flags={}}
 local function report_progress(KEYS, ARGV)
 -- KEYS[1] the job's progress hash; ARGV[1] the task id, ARGV[2] its step,
 -- ARGV[3] the key's TTL (s)
@@ -949,7 +971,7 @@ redis.call('HSET', KEYS[1], field, value)
 redis.call('EXPIRE', KEYS[1], ARGV[3])
 return value
 end
-redis.register_function{function_name='stepbarrier_v3_report_progress', callback=report_progress, flags={}}
+redis.register_function{function_name='stepbarrier_v4_report_progress', callback=report_progress, flags={}}
 local function job_index(KEYS, ARGV)
 -- KEYS[1] a team's job index (keys.job_index: a zset of job names, each scored
 -- with the Redis time, in ms, until which its chief keeps it)
@@ -963,8 +985,10 @@ local function job_index(KEYS, ARGV)
 local refusal = called(KEYS, ARGV, 'a job index entry', 1, 1, 2, 2)
 if refusal then return refusal end
 local lifetime = positive(ARGV[2])
-if not lifetime or #ARGV[1] == 0 or not run_id_ok(ARGV[1]) then  -- a job name's rule
-  return refused('a job index entry takes a job name and a lifetime in seconds')
+if not lifetime or lifetime > MAX_LIFETIME or #ARGV[1] == 0 or not run_id_ok(ARGV[1]) then
+  -- (a job name is a run id's characters, 1 to 64 of them)
+  return refused('a job index entry takes a job name and a lifetime of at most ' .. MAX_LIFETIME ..
+                 ' seconds')
 end
 local kind = redis.call('TYPE', KEYS[1]).ok
 if kind ~= 'zset' and kind ~= 'none' then redis.call('UNLINK', KEYS[1]) end
@@ -984,5 +1008,5 @@ redis.call('EXPIRE', KEYS[1], lifetime, 'NX')
 redis.call('EXPIRE', KEYS[1], lifetime, 'GT')
 return 1
 end
-redis.register_function{function_name='stepbarrier_v3_job_index', callback=job_index, flags={}}
-redis.register_function{function_name='stepbarrier_v3_version', callback=function() return 3 end, flags={'no-writes'}}
+redis.register_function{function_name='stepbarrier_v4_job_index', callback=job_index, flags={}}
+redis.register_function{function_name='stepbarrier_v4_version', callback=function() return 4 end, flags={'no-writes'}}

@@ -141,9 +141,11 @@ class StepWriter:
             targets=tuple(sorted({t for t in map(parse_int, targets) if t is not None})),
         )
 
-    def index_job(self, pattern: str, lifetime: int) -> None:
-        """Keep the job in the job index of ``pattern`` for ``lifetime`` seconds (one try)."""
-        self._code.call(*job_index_call(job_index(pattern), self._config.job, lifetime=lifetime))
+    def index_job(self, pattern: str, lifetime: int, timeout: float) -> None:
+        """Keep the job in the job index of ``pattern`` for ``lifetime`` seconds (one try,
+        within ``timeout``)."""
+        call = job_index_call(job_index(pattern), self._config.job, lifetime=lifetime)
+        self._code.call(*call, timeout=timeout)
 
 
 def finished_ttl(config: BarrierConfig) -> int:

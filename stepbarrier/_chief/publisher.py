@@ -24,6 +24,7 @@ from stepbarrier._chief.state import Handover, PublisherState, log
 from stepbarrier._config.settings import BarrierConfig
 from stepbarrier._protocol.calls import WriterMode
 from stepbarrier._protocol.freshness import FENCE
+from stepbarrier._protocol.library import MAX_LIFETIME
 from stepbarrier._protocol.wire import checked_step, parse_int
 from stepbarrier._redis.client import RedisClient, disconnect_all, refresh_topology
 from stepbarrier._redis.failures import translate
@@ -39,9 +40,15 @@ REGISTRATION_BATCH = 1000
 """Most registrations one wake takes off the list."""
 REPORT_PER_WAKE = 32
 """Most targets one wake hands to the publisher (the lowest, without duplicates)."""
-INDEX_REFRESH = 60.0
+INDEX_REFRESH = 60
 """Seconds between a chief's entries of its job in its team's job index
-(``STEPBARRIER_JOBS_PATTERN``), each kept ``key_ttl`` seconds."""
+(``STEPBARRIER_JOBS_PATTERN``), each kept ``key_ttl`` seconds and this more (the keys
+live ``key_ttl`` after the last write)."""
+INDEX_RETRY = 10
+"""Seconds until a failed entry in the job index is tried again."""
+INDEX_CALL_TIMEOUT = 1.0
+"""Seconds one entry in the job index may take (on a Cluster the index lies on another
+master than the job's keys): the writer thread is the one that releases workers."""
 
 # The paused chief publisher of each job in this process (at most one): a new
 # chief publisher of the job (a hook or callback made anew for the next session)
@@ -493,20 +500,22 @@ class StepPublisher(BackgroundWriter):
         if pattern is None or self._mode != "chief" or (not done and now < self._index_due):
             return
         self._index_due = now + INDEX_REFRESH
-        lifetime = finished_ttl(self.config) if done else self.config.key_ttl
+        lifetime = finished_ttl(self.config) if done else self.config.key_ttl + INDEX_REFRESH
         try:
-            self._step_writer().index_job(pattern, lifetime)
+            self._step_writer().index_job(pattern, min(lifetime, MAX_LIFETIME), INDEX_CALL_TIMEOUT)
         except Exception as exc:  # never the chief's end
             if not self._index_failing:
                 told = translate(exc, self.config, action="keep the job in its job index")
                 log.warning(
                     "job %s: not kept in the job index of STEPBARRIER_JOBS_PATTERN %r (a "
-                    "listing of that pattern reads its index, and leaves this job out): %s",
+                    "listing of that pattern finds it only by a scan): %s; tried again in %d s",
                     self.config.job,
                     pattern,
                     " ".join(str(told).split()),
+                    INDEX_RETRY,
                 )
             self._index_failing = True
+            self._index_due = self._clock() + INDEX_RETRY
         else:
             self._index_failing = False
 

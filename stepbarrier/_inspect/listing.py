@@ -19,6 +19,7 @@ import dataclasses
 import fnmatch
 import functools
 import logging
+import math
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -197,22 +198,23 @@ class Found:
         self.names: list[set[str]] = [set() for _ in patterns]
         self.counts = [0] * len(patterns)
         self.seen: set[str] = set()
-        self.complete = True  # the scan's (if any) walked the whole keyspace
-        self.indexed: set[int] = set()  # the patterns found in their job index
-        self.cut: set[int] = set()  # the indexed patterns whose index was longer than a read
+        self.complete = True  # the scan walked the whole keyspace
+        self.indexed: set[int] = set()  # the patterns that have a job index
+        self.cut: set[int] = set()  # the indexed patterns whose index one read did not list
+        self.in_index: set[str] = set()  # the jobs an index named
 
     def add(self, job: str, index: int | None = None) -> None:
-        """Count ``job`` for the first pattern it matches (scanned), or for the pattern
-        ``index`` whose job index named it."""
-        number = 0  # one pattern: the scan's MATCH matched it already
+        """Count ``job`` for the first pattern it matches: found by the scan, or named by
+        the job index of the pattern ``index`` (which it must match)."""
         if index is not None:
-            number = index if self.matchers[index](job) else -1
-        elif len(self.matchers) > 1:
+            if not self.matchers[index](job):
+                return  # planted in the index: no job of its pattern
+            self.in_index.add(job)
+        number = 0  # one pattern: the scan's MATCH (or the index's check) matched it
+        if len(self.matchers) > 1:
             number = next((n for n, match in enumerate(self.matchers) if match(job)), -1)
-        if number < 0 or job in self.seen or (index is None and number in self.indexed):
-            # another team's job, seen already, or one a scan found of an indexed pattern
-            # (its index alone says which jobs it has)
-            return
+        if number < 0 or job in self.seen:
+            return  # another team's job (a scan for several patterns), or seen already
         if len(self.seen) < REMEMBERED:
             self.seen.add(job)
         self.counts[number] += 1
@@ -226,24 +228,42 @@ class Found:
         return sorted(self.names[number])[: self.keep]
 
 
-def indexed_jobs(code: RedisCode, patterns: tuple[str, ...], keep: int) -> Found:
-    """The jobs of each pattern that has a job index, one bounded read of each (an
-    index it may not read, or a key that is no index there, counts as none)."""
+def indexed_jobs(
+    code: RedisCode, client: RedisClient, patterns: tuple[str, ...], keep: int
+) -> Found:
+    """The jobs named by the job index of each pattern that has one, one bounded read of
+    each (an index it may not read, or a key that is no index there, counts as none),
+    but for the entries expired by Redis's clock (their chief no longer keeps them)."""
     found = Found(patterns, keep)
+    now_ms: int | None = None
     for number, pattern in enumerate(patterns):
         # one call per index: on a Cluster each lies in a slot of its own
         raw = as_refused(code.replies([index_call(job_index(pattern), count=MAX_INDEX_READ)])[0])
         raise_transient([raw])
         if isinstance(raw, Exception) or not isinstance(raw, list) or index_length(raw) == 0:
-            continue  # no index: the scan finds the pattern's jobs
+            continue  # no index
         found.indexed.add(number)
-        if index_length(raw) >= MAX_INDEX_READ:
-            found.cut.add(number)
-        for member in raw[1::2]:
+        if index_length(raw) >= MAX_INDEX_READ or (isinstance(raw[0], int) and raw[0] > 0):
+            found.cut.add(number)  # longer than one read, or members too long to be sent
+        if now_ms is None:
+            seconds, micros = client.time()
+            now_ms = int(seconds) * 1000 + int(micros) // 1000
+        for member, score in zip(raw[1::2], raw[2::2], strict=False):
             name = member.decode("ascii", "replace") if isinstance(member, bytes) else str(member)
-            if JOB_NAME.fullmatch(name) is not None:  # a job name: else planted, not listed
-                found.add(name, number)
+            kept_until = parse_score(score)
+            if JOB_NAME.fullmatch(name) is None or kept_until is None or kept_until < now_ms:
+                continue  # planted (no job's name, no time), or expired
+            found.add(name, number)
     return found
+
+
+def parse_score(score: object) -> float | None:
+    """A sorted set member's score as a number (``None``: not one)."""
+    try:
+        value = float(score.decode() if isinstance(score, bytes) else score)  # type: ignore[arg-type]
+    except (TypeError, ValueError, UnicodeDecodeError):
+        return None
+    return value if math.isfinite(value) else None
 
 
 def scan_jobs(
@@ -253,14 +273,11 @@ def scan_jobs(
     scan_calls: int = MAX_SCAN_CALLS,
     found: Found | None = None,
 ) -> Found:
-    """One bounded walk of the keyspace for the jobs of ``patterns`` (valid ones) that
-    ``found`` (``indexed_jobs``'s) holds no index of."""
+    """One bounded walk of the keyspace for the jobs of ``patterns`` (valid ones), added
+    to ``found`` (``indexed_jobs``'s: a job its chief keeps in no index is found too)."""
     # every name is checked (job_of_state_key), and given to the first pattern it matches
     found = Found(patterns, keep) if found is None else found
-    scanned = [p for n, p in enumerate(patterns) if n not in found.indexed]
-    if not scanned:
-        return found
-    match = JobKeys.for_job(scanned[0] if len(scanned) == 1 else "*").state
+    match = JobKeys.for_job(patterns[0] if len(patterns) == 1 else "*").state
     tally = ScanTally()
     for key in scan_keys(client, match, count=SCAN_COUNT, most=scan_calls, tally=tally):
         job = job_of_state_key(key)
@@ -313,7 +330,7 @@ def list_jobs(
         most = MAX_SCAN_CALLS if scan_calls is None else scan_calls
 
         def find() -> Found:
-            found = indexed_jobs(RedisCode(active(), config), chosen, limit)
+            found = indexed_jobs(RedisCode(active(), config), active(), chosen, limit)
             return scan_jobs(active(), chosen, limit, most, found)
 
         found: Found = retried(find, "list the jobs")
@@ -324,11 +341,13 @@ def list_jobs(
         )
         code = RedisCode(active(), config)
         summaries: list[JobSummary] = []
-        for jobs, budget in zip(selected, waiter_shares, strict=True):
+        for number, (jobs, budget) in enumerate(zip(selected, waiter_shares, strict=True)):
             for first in range(0, len(jobs), READ_BATCH):
                 batch = jobs[first : first + READ_BATCH]
                 read = functools.partial(_read_batch, config, code, active(), batch, budget)
                 got, spent = retried(read, "read the jobs")
+                if number in found.indexed:
+                    got = [_unindexed(s, chosen[number], found) for s in got]
                 summaries += got
                 budget -= spent
     finally:
@@ -339,6 +358,8 @@ def list_jobs(
             pattern=chosen[n],
             found=found.counts[n],
             read=len(selected[n]),
+            # an indexed pattern's jobs are all listed whatever the scan missed: but
+            # those whose chief keeps them in no index
             truncated=found.counts[n] > len(selected[n])
             or (n in found.cut if n in found.indexed else not found.complete),
             indexed=n in found.indexed,
@@ -367,8 +388,9 @@ def truncation_lines(listing: JobListing) -> list[str]:
     for part in listing.patterns:
         if part.indexed and part.truncated and part.found <= part.read:
             lines.append(
-                f"the job index of {part.pattern!r} holds more than {MAX_INDEX_READ:,} "
-                "entries: only those one read returns are listed (the first to expire)"
+                f"the job index of {part.pattern!r} holds more than one read lists (over "
+                f"{MAX_INDEX_READ - 1:,} entries, or names over 256 bytes): the rest are "
+                "listed only if the scan finds them"
             )
         if part.found > part.read:
             lines.append(
@@ -478,6 +500,18 @@ def _read_batch(
         done[position] = summary
     spent = sum(len(index) for index in indexes.values())
     return [done[position] for position in sorted(done)], spent
+
+
+def _unindexed(summary: JobSummary, pattern: str, found: Found) -> JobSummary:
+    """``summary``, with a problem if its job is missing from its pattern's job index:
+    only a scan found it, which another team's keys could cut short."""
+    if summary.job in found.in_index:
+        return summary
+    problem = (
+        f"not in the job index of {pattern!r}: its chief does not set "
+        f"STEPBARRIER_JOBS_PATTERN={pattern!r}, so only a scan finds it"
+    )
+    return dataclasses.replace(summary, problems=(*summary.problems, problem))
 
 
 def _unreadable(config: BarrierConfig, job: str, refusal: BaseException) -> JobSummary:

@@ -58,9 +58,11 @@ MAX_PROGRESS_TASKS = MAX_PARTIES
 full hash is refused (``HLEN``, O(1))."""
 MAX_INDEX_READ = 10_000
 """Most members one ``index_read`` returns (``calls.index_call``)."""
-MAX_JOB_INDEX = MAX_INDEX_READ
+MAX_JOB_INDEX = MAX_INDEX_READ - 1
 """Most jobs a team's job index keeps (``job_index``): the ones that expire first go;
-one read by ``index_read`` reads them all."""
+one read by ``index_read`` reads them all, and one more entry tells it is longer."""
+MAX_LIFETIME = 10 * 365 * 24 * 3600
+"""Longest lifetime of a job index entry (s): a key TTL's own limit."""
 BARRIER_FIELDS = ("parties", "arrived", "created_ms", "run_id", "epoch", "last_ms", "completed_ms")
 """A barrier hash's own fields; the others are ``t<task id>``, one per arrival."""
 EPOCH_FIELDS = ("token", "by")
@@ -79,6 +81,7 @@ local MAX_TARGETS_READ, MAX_REMOVED = {MAX_TARGETS_READ}, {MAX_REMOVED}
 local MAX_REGISTRATIONS, MAX_RESET_KEYS = {MAX_REGISTRATIONS}, {MAX_RESET_KEYS}
 local MAX_ARGUMENT, MAX_RESTORED, MAX_WRITE_KEYS = {MAX_ARGUMENT}, {MAX_RESTORED}, {MAX_WRITE_KEYS}
 local MAX_INDEX_READ, MAX_JOB_INDEX = {MAX_INDEX_READ}, {MAX_JOB_INDEX}
+local MAX_LIFETIME = {MAX_LIFETIME}
 local MAX_TASK_ID, MAX_PROGRESS_TASKS = {MAX_TASK_ID}, {MAX_PROGRESS_TASKS}
 local MAX_PROGRESS_VALUE = {MAX_PROGRESS_VALUE}
 local STATE_FIELDS = {_lua_names(STATE_FIELDS)}

@@ -185,7 +185,9 @@ def role_rules(role: str, jobs_pattern: str) -> str:
     news: list[str] = []
     if role == "chief":
         access = [f"~{key}" for key in (*keys.all_fixed(), keys.waiter_pattern, *barriers)]
-        access += [f"~{keys.progress}", f"~{job_index(jobs_pattern)}"]
+        # its own pattern's job index alone: the name's '*' and '?' escaped, so that
+        # 'team-?' does not match the index of 'team-*' (nor 'team-*' that of 'team-a*')
+        access += [f"~{keys.progress}", f"~{_escaped(job_index(jobs_pattern))}"]
     elif role == "worker":
         # read-only: the state and the reset marker are the chief's alone
         access = [f"%R~{keys.state}", f"%R~{keys.reset}", f"%RW~{keys.waiter_pattern}"]
@@ -201,6 +203,11 @@ def role_rules(role: str, jobs_pattern: str) -> str:
         access.append(f"%R~{job_index(jobs_pattern)}")
     channel = [] if role == "monitor" else [f"&{keys.channel}", f"&{keys.barrier_channel}"]
     return " ".join([_RESET, *access, *channel, _COMMANDS[role], *news])
+
+
+def _escaped(key: str) -> str:
+    """An ACL key pattern that matches ``key`` alone (its glob characters escaped)."""
+    return key.replace("*", "\\*").replace("?", "\\?")
 
 
 def emergency_rules() -> str:

@@ -23,7 +23,7 @@ from stepbarrier._redis.client import RedisClient, refresh_topology, slot_client
 from stepbarrier._redis.failures import is_transient
 from stepbarrier.errors import RedisRefused
 
-LIBRARY_VERSION = 3
+LIBRARY_VERSION = 4
 """Version of the Functions library; raise it whenever ``scripts.BODIES`` change
 (a test compares ``LIBRARY_SHA256`` with the code)."""
 LIBRARY_NAME = f"stepbarrier_v{LIBRARY_VERSION}"

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stepbarrier._protocol.library import MAX_FIELDS, MAX_VALUE
-from stepbarrier._protocol.wire import ChiefState, as_text, parse_int, parse_state
+from stepbarrier._protocol.wire import WAIT_FIELDS, ChiefState, as_text, parse_int, parse_state
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,10 @@ def parse_snapshot(reply: Any) -> Snapshot:
     """What the ``waiter_read`` call returned, parsed without trusting it."""
     reply = list(reply)
     kind = as_text(reply[2])
-    if kind == "hash":
+    if kind == "values":  # a wait's read: WAIT_FIELDS' values in order (None: absent)
+        values = zip(WAIT_FIELDS, reply[3:], strict=False)
+        state = parse_state({name: value for name, value in values if value is not None})
+    elif kind == "hash":
         flat = reply[3:]
         state = parse_state(dict(zip(flat[0::2], flat[1::2], strict=False)))
     elif kind == "none":

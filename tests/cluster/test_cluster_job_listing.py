@@ -18,6 +18,7 @@ from stepbarrier._protocol.keys import JobKeys, job_index
 from stepbarrier._redis.functions import library_source
 from stepbarrier.cli import cli
 from stepbarrier.cli._exporter import serve
+from tests.barrier_helpers import eventually
 from tests.cluster.conftest import Timings
 from tests.cluster_harness import LocalCluster
 from tests.observability import job_value, live_job, prefix, scrape
@@ -88,38 +89,27 @@ def test_jobs_and_the_exporter_cover_every_master_as_the_monitor(cluster: LocalC
     assert job_value(samples, "stepbarrier_waiting_workers", waited) == 1
 
 
-def test_a_teams_job_index_lists_its_jobs_on_every_master(cluster: LocalCluster) -> None:
+def test_a_job_index_lists_its_jobs_on_every_master(cluster: LocalCluster) -> None:
     """Issue 34: chiefs with ``jobs_pattern`` keep their jobs in the pattern's index,
     which lies in a slot of its own (its hash tag is the pattern); the listing reads it
-    there, with no SCAN of any master, and finds the jobs wherever their keys live."""
+    there, and finds the jobs wherever their keys live (the shipped chief's pattern is
+    '*': its user may write that index alone)."""
     name = prefix("indexed")
-    pattern = f"{name}-*"
     jobs = jobs_on_every_master(cluster, name)
     with ExitStack() as running:
         for step, job in enumerate(jobs, start=1):
-            chief = dataclasses.replace(as_user(cluster, job, "chief"), jobs_pattern=pattern)
+            chief = dataclasses.replace(as_user(cluster, job, "chief"), jobs_pattern="*")
             running.enter_context(live_job(chief, step))
-        before = {port: scans(cluster, port) for port in cluster.masters}
+        admin = cluster.client()
+        eventually(lambda: all(admin.zscore(job_index("*"), job) for job in jobs))
         login = ["--username", "monitor", "--password-file", str(SECRETS / "monitor.password")]
         command = ["jobs", "--cluster", "--redis-url", cluster.seed_url, *login]
-        listed = CliRunner().invoke(cli, [*command, "--job", pattern, "--json"])
-        after = {port: scans(cluster, port) for port in cluster.masters}
+        listed = CliRunner().invoke(cli, [*command, "--job", "*", "--json"])
     assert listed.exit_code == 0, listed.output
     data = json.loads(listed.stdout)
-    assert sorted(row["job"] for row in data["jobs"]) == jobs
-    assert [(p["pattern"], p["indexed"], p["truncated"]) for p in data["patterns"]] == [
-        (pattern, True, False)
-    ]
-    assert after == before  # no master was scanned
-    index_owner = cluster.owner_of(job_index(pattern))
+    rows = {row["job"]: row for row in data["jobs"]}
+    assert set(jobs) <= set(rows)
+    assert all(rows[job]["problems"] == [] for job in jobs)  # each in the index
+    assert [(p["pattern"], p["indexed"]) for p in data["patterns"]] == [("*", True)]
+    index_owner = cluster.owner_of(job_index("*"))
     assert {cluster.owner_of(JobKeys.for_job(job).state) for job in jobs} - {index_owner}
-
-
-def scans(cluster: LocalCluster, port: int) -> int:
-    """SCAN calls the master at ``port`` has served."""
-    node = cluster.node_client(port)
-    try:
-        stats = node.info("commandstats")
-    finally:
-        node.close()
-    return int(stats.get("cmdstat_scan", {}).get("calls", 0))

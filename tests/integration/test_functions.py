@@ -26,6 +26,7 @@ LIBRARY_SHA256 = {
     1: "659e3f3e9ccdb8f353f670e94593fc9c296b6abb5f3d13b2ff7cdccab66f1a59",
     2: "b571c3f276660dcca736e151afd268cfb81f0c5d293005a12675cf8f295dae18",
     3: "45c383e598ac0599b6e1c078b09e9af094a8583fb4288f8df75157c227a97497",
+    4: "f3383d810373ccbe5ca0518117d11bae34b5415693e2abbe100fd9243bef1a71",
 }
 """The library's fingerprint per version: changing the code means a new version."""
 

@@ -28,10 +28,13 @@ from stepbarrier._inspect.listing import list_jobs
 from stepbarrier._protocol.calls import job_index_call
 from stepbarrier._protocol.keys import job_index
 from stepbarrier._protocol.library import MAX_JOB_INDEX
+from stepbarrier._protocol.roles import role_rules
 from stepbarrier._redis.functions import RedisCode
 from stepbarrier.cli import cli
 from stepbarrier.cli._exporter import JobsCollector
+from tests.barrier_helpers import eventually
 from tests.ops_redis import PASSWORDS
+from tests.security.test_bounded_work import acl_arguments
 from tests.security.test_operator_reads import Teams as OperatorTeams
 from tests.security.test_operator_reads import start_teams
 
@@ -73,6 +76,8 @@ def indexed_chief(teams: Teams, team: str, job: str, step: int, **extra: Any) ->
     chief = StepPublisher(config)
     chief.publish(step)
     assert chief.flush(10)
+    # the entry follows the write, on the writer's thread
+    eventually(lambda: entry(teams, f"{team}-*", job) is not None)
     return chief
 
 
@@ -131,9 +136,10 @@ def test_another_team_can_neither_write_nor_empty_a_teams_index(teams: Teams) ->
         chief.close(done=False, timeout=2.0)
 
 
-def test_another_teams_keys_neither_cost_nor_hide_an_indexed_teams_jobs(teams: Teams) -> None:
-    """Three million keys and megabyte names of team B: team A's listing, its team's
-    monitor's and the shared exporter's, reads its index and makes no SCAN."""
+def test_another_teams_keys_never_hide_an_indexed_teams_jobs(teams: Teams) -> None:
+    """Three million keys and megabyte names of team B cut every scan short: team A's
+    listing (its team's monitor's, the shared monitor's, the shared exporter's) still
+    lists all of team A's jobs, from its index, and says that the scan was cut."""
     job = job_of("team-a")
     chief = indexed_chief(teams, "team-a", job, 7)
     admin = teams.admin
@@ -147,13 +153,14 @@ def test_another_teams_keys_neither_cost_nor_hide_an_indexed_teams_jobs(teams: T
         admin.slowlog_reset()
         for config in (teams.monitor(), teams.config("team-a", "monitor", "any")):
             admin.config_resetstat()
-            listing = list_jobs(config, patterns=("team-a-*",))
+            listing = list_jobs(config, patterns=("team-a-*",), scan_calls=10)
             calls = teams.calls()
             assert job in {summary.job for summary in listing.jobs}
             [part] = listing.patterns
             assert (part.indexed, part.truncated, listing.complete) == (True, False, True)
-            assert "scan" not in calls, calls
-            assert calls.get("fcall_ro", 0) < 20, calls  # the index, then the jobs' reads
+            assert not listing.scan_complete  # team B's keys: more than 10 SCAN calls
+            assert calls["scan"] == 10, calls
+            assert [s.problems for s in listing.jobs if s.job == job] == [()]
         # both teams at once, a scan budget that team B's keys exhaust: team A whole
         listing = list_jobs(teams.monitor(), patterns=TEAM_PATTERNS, scan_calls=10)
         mine, theirs = listing.patterns
@@ -208,8 +215,10 @@ def test_what_a_team_plants_in_its_own_index_lists_no_foreign_or_malformed_job(
         assert "team-a-ghost" not in listed and not any("y" * 100 in name for name in listed)
         # team A's index counts its job and the ghost (read, then left out: no keys);
         # the victim only for its own team's pattern (by the scan); the brace name is
-        # no job's, and the megabyte member is never sent (index_read counts it)
+        # no job's, and the megabyte member is never sent (index_read counts it): the
+        # index is then more than one read lists, and the listing says so
         assert (mine.found, theirs.found) == (2, 1)
+        assert mine.truncated and not theirs.truncated and not listing.complete
     finally:
         planter.close()
         chief.close(done=False, timeout=2.0)
@@ -315,3 +324,85 @@ def test_the_jobs_command_says_which_patterns_came_from_an_index(teams: Teams) -
         ]
     finally:
         chief.close(done=False, timeout=2.0)
+
+
+def test_a_job_its_chief_keeps_in_no_index_is_listed_and_named(teams: Teams) -> None:
+    """The index is not the whole list: a chief without STEPBARRIER_JOBS_PATTERN (an older
+    release, a forgotten variable), or whose entry expired, is found by the scan, and
+    its job says that it is not in the team's index."""
+    indexed, plain, expired = job_of("team-a"), job_of("team-a"), job_of("team-a")
+    chiefs = [indexed_chief(teams, "team-a", indexed, 1)]
+    for job in (plain, expired):
+        chief = StepPublisher(teams.config("team-a", "chief", job))
+        chief.publish(2)
+        assert chief.flush(10)
+        chiefs.append(chief)
+    index = job_index("team-a-*")
+    teams.admin.zadd(index, {expired: teams.redis_ms() - 1000})  # its chief stopped saying it
+    try:
+        listing = list_jobs(teams.monitor(), patterns=("team-a-*",))
+        [part] = listing.patterns
+        assert part.indexed and not part.truncated and listing.complete
+        problems = {s.job: s.problems for s in listing.jobs}
+        assert problems[indexed] == ()
+        for job in (plain, expired):
+            assert problems[job] == (
+                "not in the job index of 'team-a-*': its chief does not set "
+                "STEPBARRIER_JOBS_PATTERN='team-a-*', so only a scan finds it",
+            )
+    finally:
+        for chief in chiefs:
+            chief.close(done=False, timeout=2.0)
+        teams.admin.unlink(index)
+
+
+def test_overlapping_patterns_count_each_job_once_for_the_first_it_matches(
+    teams: Teams,
+) -> None:
+    """An umbrella pattern's index ('team-*', listed first) and team B's scanned pattern:
+    team B's job is listed once, for the first pattern it matches, never lost."""
+    ours, theirs = job_of("team-a"), job_of("team-b")
+    chiefs = [indexed_chief(teams, "team-a", ours, 1)]
+    chief = StepPublisher(teams.config("team-b", "chief", theirs))
+    chief.publish(3)
+    assert chief.flush(10)
+    chiefs.append(chief)
+    umbrella = job_index("team-*")
+    teams.admin.zadd(umbrella, {ours: teams.redis_ms() + 600_000})  # an umbrella team's chief
+    try:
+        for patterns in (("team-*", "team-b-*"), ("team-b-*", "team-*")):
+            listing = list_jobs(teams.monitor(), patterns=patterns)
+            listed = [s.job for s in listing.jobs]
+            assert listed.count(ours) == 1 and listed.count(theirs) == 1
+            by_pattern = {part.pattern: part for part in listing.patterns}
+            assert by_pattern["team-*"].indexed and not by_pattern["team-b-*"].indexed
+            # each job counts for the first pattern it matches
+            found = [part.found for part in listing.patterns]
+            if patterns[0] == "team-*":
+                assert found[0] >= 2 and found[1] == 0
+            else:
+                assert found[0] >= 1 and found[1] >= 1
+    finally:
+        for chief in chiefs:
+            chief.close(done=False, timeout=2.0)
+        teams.admin.unlink(umbrella)
+
+
+def test_a_pattern_that_globs_another_cannot_write_its_index(teams: Teams) -> None:
+    """A chief of 'team-?' (whose glob matches the name 'team-*' too) writes the index
+    of 'team-?' alone: the index rule escapes the pattern's '*' and '?'."""
+    user, password = f"globber-{uuid.uuid4().hex[:6]}", uuid.uuid4().hex
+    rules = role_rules("chief", "team-?")
+    teams.admin.execute_command(  # type: ignore[no-untyped-call]
+        "ACL", "SETUSER", user, "on", f">{password}", *acl_arguments(rules)
+    )
+    client = teams.server.client(username=user, password=password)
+    try:
+        for pattern in ("team-*", "team-a-*", "*"):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                client.zadd(job_index(pattern), {"team-x": 1})
+        assert client.zadd(job_index("team-?"), {"team-x": 1}) == 1
+    finally:
+        client.close()
+        teams.admin.unlink(job_index("team-?"))
+        teams.admin.acl_deluser(user)

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from stepbarrier import BarrierConfig, RedisRefused
+from stepbarrier import BarrierConfig, RedisRefused, StepWaiter
 from stepbarrier._protocol.keys import JobKeys
 from stepbarrier._protocol.roles import WORKER_BOUNDED, acl_line, password_hash, role_rules
 from tests.ops_redis import (
@@ -48,13 +48,32 @@ NEEDED = [
     # (role, variadic write, an operation of the role that runs it in the library)
     ("worker", "hset", "wait"),  # waiter_register: the waiter's entry
     ("worker", "rpush", "wait"),  # waiter_register: the registrations list
-    ("worker", "unlink", "wait"),  # waiter_register: a stale entry
+    ("worker", "unlink", "wait-over-stale"),  # waiter_register: a stale entry
     ("worker", "zadd", "arrive"),  # barrier_arrive: the barrier index
     ("chief", "hset", "publish"),  # publish_step: the state
     ("chief", "unlink", "publish"),
     ("chief", "zadd", "arrive"),
 ]
 """Each variadic write a role holds, and what it is refused without it."""
+
+
+def run_wait_over_stale(config: BarrierConfig) -> None:
+    """A wait whose registry entry key holds a list (planted by a worker, or an older
+    release's): its registration replaces it, with UNLINK."""
+    waiter = StepWaiter(config)
+    waiter._ids.append("stale")  # the id of its next wait
+    client = redis.Redis.from_url(
+        config.redis_url, username=config.redis_username, password=config.redis_password
+    )
+    try:
+        client.rpush(config.keys.waiter("stale"), "x")
+        waiter.wait(1, timeout=5)
+    finally:
+        waiter.close()
+        client.close()
+
+
+OPERATIONS = {**RUN, "wait-over-stale": run_wait_over_stale}
 
 PASSWORD = secrets.token_hex(32)
 
@@ -150,7 +169,7 @@ def test_a_role_without_a_variadic_write_is_refused_its_operations(
             run_id="acl-roles",
         )
 
-    RUN[operation](as_user(role, PASSWORDS[role]))  # the role as shipped does it
+    OPERATIONS[operation](as_user(role, PASSWORDS[role]))  # the role as shipped does it
     with pytest.raises(RedisRefused) as info:
-        RUN[operation](as_user(without(role, command), PASSWORD))
+        OPERATIONS[operation](as_user(without(role, command), PASSWORD))
     assert info.value.kind == "permission", str(info.value)

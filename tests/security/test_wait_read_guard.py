@@ -27,6 +27,7 @@ from stepbarrier._protocol.library import MAX_TASK_VALUE
 from stepbarrier._protocol.roles import role_rules
 from stepbarrier._protocol.wire import WAIT_FIELDS
 from stepbarrier._redis.functions import RedisCode, install_functions
+from stepbarrier._worker.snapshot import parse_snapshot
 from tests.redis_harness import RedisServer
 
 PLANTED = 1_000_000
@@ -98,7 +99,11 @@ def test_a_listpack_state_is_read_with_one_hmget_and_no_length_per_field(
     client.config_resetstat()
     reply = wait_read(published, worker)
     counted = calls(client)
-    assert reply[2] == b"hash" and b"step" in reply[3:]
+    # the values alone, in WAIT_FIELDS' order: the same state as the named pairs
+    assert reply[2] == b"values" and len(reply) == 3 + len(WAIT_FIELDS)
+    assert reply[3 + WAIT_FIELDS.index("step")] == b"5"
+    state = parse_snapshot(reply).state
+    assert (state.step, state.problem) == (5, None)
     assert counted.get("hmget") == 1 and counted.get("object|encoding") == 1
     assert counted.get("hstrlen", 0) == 0
     # the commands inside the call: the marker's TYPE, then HLEN, OBJECT ENCODING, HMGET
@@ -152,9 +157,11 @@ def test_a_listpack_value_over_the_limit_is_refused_as_before(
 def test_an_older_users_acl_reads_and_registers_the_old_way(
     published: BarrierConfig, client: redis.Redis, older_worker: str, worker: str
 ) -> None:
-    expected = wait_read(published, worker)
+    expected = parse_snapshot(wait_read(published, worker))
     client.config_resetstat()
-    assert wait_read(published, older_worker) == expected
+    older = wait_read(published, older_worker)
+    assert older[2] == b"hash"  # the named pairs: no OBJECT ENCODING, no 'values'
+    assert parse_snapshot(older) == expected
     counted = calls(client)
     # OBJECT ENCODING refused by the ACL: every field's length asked, as before
     assert counted.get("hstrlen") == len(WAIT_FIELDS) and counted.get("object|encoding", 0) == 0

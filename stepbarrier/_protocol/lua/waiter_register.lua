@@ -23,27 +23,33 @@ if refusal then return refusal end
 if not positive(ARGV[1]) or not positive(ARGV[2]) or not tonumber(ARGV[4]) then
   return refused('a registration takes two TTLs, a waiter id and a target step')
 end
-local entry = {}
-for i = 5, #ARGV do entry[#entry + 1] = ARGV[i] end
 local fresh_entry = redis.call('EXPIRE', KEYS[1], ARGV[1]) == 0
 -- an entry there is this waiter's: its fields are written over (HSET costs what
--- its arguments do, whatever the hash holds); anything else there is replaced
-if #entry > 0 and (fresh_entry or not pcall(redis.call, 'HSET', KEYS[1], unpack(entry))) then
-  redis.call('UNLINK', KEYS[1])
-  redis.call('HSET', KEYS[1], unpack(entry))
-  redis.call('EXPIRE', KEYS[1], ARGV[1])
+-- its arguments do, whatever the hash holds); anything else there is replaced. No
+-- entry (EXPIRE found no key: the first wait, or one its release removed): written
+if #ARGV > 4 then
+  if fresh_entry then
+    redis.call('HSET', KEYS[1], unpack(ARGV, 5))
+    redis.call('EXPIRE', KEYS[1], ARGV[1])
+  elseif not pcall(redis.call, 'HSET', KEYS[1], unpack(ARGV, 5)) then
+    redis.call('UNLINK', KEYS[1])
+    redis.call('HSET', KEYS[1], unpack(ARGV, 5))
+    redis.call('EXPIRE', KEYS[1], ARGV[1])
+  end
 end
 -- the targets and the list only guide the chief: a malformed one is skipped
 local push = fresh_entry
--- the waiters indexed at the target before this one (a users.acl without
--- +zcount refuses it: then every new target or entry is pushed, as before)
-local counted, indexed = pcall(redis.call, 'ZCOUNT', KEYS[2], ARGV[4], ARGV[4])
 local ok, changed = pcall(redis.call, 'ZADD', KEYS[2], 'CH', ARGV[4], ARGV[3])
 if ok then
-  redis.call('EXPIRE', KEYS[2], ARGV[2])
   push = push or changed == 1
-  -- unchanged: this waiter was indexed at the target already, and counted
-  if counted and indexed > (changed == 1 and 0 or 1) then push = false end
+  -- a push candidate: the waiters indexed at the target, this one included (a
+  -- users.acl without +zcount refuses it: then every candidate is pushed, as before)
+  local counted, indexed = true, 1
+  if push then counted, indexed = pcall(redis.call, 'ZCOUNT', KEYS[2], ARGV[4], ARGV[4]) end
+  if counted and indexed > 1 then push = false end
+  -- a zset this ZADD made is a push (no waiter was at its target): its TTL is set
+  -- here; the chief's writes refresh it (and a refresh of the same wait needs none)
+  if push or not counted then redis.call('EXPIRE', KEYS[2], ARGV[2]) end
 end
 if push then
   -- the list keeps the newest MAX_REGISTRATIONS: a trim removes at most that
