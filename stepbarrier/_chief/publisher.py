@@ -496,8 +496,11 @@ class StepPublisher(BackgroundWriter):
         """A chief with a jobs pattern puts its job in that pattern's job index now and
         then, and when it finishes (the entry then lives as its finished keys do). A
         failure is told once, at WARNING, and costs the job only its place in listings."""
-        pattern, now = self.config.jobs_pattern, self._clock()
-        if pattern is None or self._mode != "chief" or (not done and now < self._index_due):
+        pattern = self.config.jobs_pattern
+        if pattern is None or self._mode != "chief":
+            return  # (on every write: the chief's cost per step, bench.instructions)
+        now = self._clock()
+        if not done and now < self._index_due:
             return
         self._index_due = now + INDEX_REFRESH
         lifetime = finished_ttl(self.config) if done else self.config.key_ttl + INDEX_REFRESH

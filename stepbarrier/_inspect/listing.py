@@ -1,12 +1,13 @@
 """Every job on a Redis at a glance, fairly per team: found in the teams' job indexes
-(else by ``SCAN``), read in batches.
+and by ``SCAN``, read in batches.
 
-A pattern's jobs are the members of its job index (``keys.job_index``) when it
+A pattern's jobs are the members of its job index (``keys.job_index``), if it
 has one: the chiefs given that pattern (``STEPBARRIER_JOBS_PATTERN``, their
 team's) keep it, and one bounded read (``index_read``) lists them, whatever
-else the keyspace holds. A pattern without one has its jobs found by their state
-keys: ``scan_keys`` walks every master, the whole keyspace, so operators only
-(``stepbarrier jobs``, the exporter), never a chief or a worker.
+else the keyspace holds; and the jobs found by their state keys: ``scan_keys``
+walks every master, the whole keyspace (a job kept in no index is found so
+only), so operators only (``stepbarrier jobs``, the exporter), never a chief or
+a worker.
 
 Teams: docs/operations.md#jobs-metrics-and-alerts (every bound below is shared
 among the patterns by ``status.fair_shares``); ``truncation_lines`` says what
@@ -130,15 +131,16 @@ class JobSummary:
 @dataclass(frozen=True)
 class PatternListing:
     """How the jobs of one pattern (a team's) fared: ``found`` in its job index
-    (``indexed``), else by the scan (matching no pattern before it), ``read`` of
-    them, ``truncated`` if some were left out (more than its share, an index longer
-    than one read, or the scan stopped at its bound)."""
+    (``indexed``: it has one) and by the scan (matching no pattern before it),
+    ``read`` of them, ``truncated`` if some were or may have been left out (more than
+    its share, an index longer than one read, or the scan stopped at its bound)."""
 
     pattern: str
     found: int
     read: int
     truncated: bool
     indexed: bool = False
+    index_truncated: bool = False  # its index held more than one read lists
 
 
 @dataclass(frozen=True)
@@ -203,18 +205,21 @@ class Found:
         self.cut: set[int] = set()  # the indexed patterns whose index one read did not list
         self.in_index: set[str] = set()  # the jobs an index named
 
-    def add(self, job: str, index: int | None = None) -> None:
+    def add(self, job: str, index: int | None = None) -> bool:
         """Count ``job`` for the first pattern it matches: found by the scan, or named by
-        the job index of the pattern ``index`` (which it must match)."""
+        the job index of the pattern ``index``; False if it matches no pattern (or not
+        ``index``'s: planted in that index)."""
         if index is not None:
             if not self.matchers[index](job):
-                return  # planted in the index: no job of its pattern
+                return False
             self.in_index.add(job)
         number = 0  # one pattern: the scan's MATCH (or the index's check) matched it
         if len(self.matchers) > 1:
             number = next((n for n, match in enumerate(self.matchers) if match(job)), -1)
-        if number < 0 or job in self.seen:
-            return  # another team's job (a scan for several patterns), or seen already
+        if number < 0:
+            return False  # another team's job (a scan for several patterns)
+        if job in self.seen:
+            return True
         if len(self.seen) < REMEMBERED:
             self.seen.add(job)
         self.counts[number] += 1
@@ -222,6 +227,7 @@ class Found:
         kept.add(job)
         if len(kept) > 2 * self.keep:  # now and then: bounded memory, amortised sorting
             self.names[number] = set(sorted(kept)[: self.keep])
+        return True
 
     def lowest(self, number: int) -> list[str]:
         """The pattern's lowest ``keep`` job names, sorted."""
@@ -242,9 +248,6 @@ def indexed_jobs(
         raise_transient([raw])
         if isinstance(raw, Exception) or not isinstance(raw, list) or index_length(raw) == 0:
             continue  # no index
-        found.indexed.add(number)
-        if index_length(raw) >= MAX_INDEX_READ or (isinstance(raw[0], int) and raw[0] > 0):
-            found.cut.add(number)  # longer than one read, or members too long to be sent
         if now_ms is None:
             seconds, micros = client.time()
             now_ms = int(seconds) * 1000 + int(micros) // 1000
@@ -253,7 +256,12 @@ def indexed_jobs(
             kept_until = parse_score(score)
             if JOB_NAME.fullmatch(name) is None or kept_until is None or kept_until < now_ms:
                 continue  # planted (no job's name, no time), or expired
-            found.add(name, number)
+            if found.add(name, number):
+                found.indexed.add(number)  # an index: one live entry of its pattern at least
+        if number in found.indexed and (
+            index_length(raw) >= MAX_INDEX_READ or (isinstance(raw[0], int) and raw[0] > 0)
+        ):
+            found.cut.add(number)  # longer than one read, or members too long to be sent
     return found
 
 
@@ -358,11 +366,11 @@ def list_jobs(
             pattern=chosen[n],
             found=found.counts[n],
             read=len(selected[n]),
-            # an indexed pattern's jobs are all listed whatever the scan missed: but
-            # those whose chief keeps them in no index
-            truncated=found.counts[n] > len(selected[n])
-            or (n in found.cut if n in found.indexed else not found.complete),
+            # a cut scan may miss the jobs kept in no index, even of an indexed pattern
+            # (whose indexed jobs are all listed, whatever the scan missed)
+            truncated=found.counts[n] > len(selected[n]) or n in found.cut or not found.complete,
             indexed=n in found.indexed,
+            index_truncated=n in found.cut,
         )
         for n in range(len(chosen))
     )
@@ -386,7 +394,7 @@ def truncation_lines(listing: JobListing) -> list[str]:
             "the scan for jobs stopped at its bound of SCAN calls: jobs past it are not listed"
         )
     for part in listing.patterns:
-        if part.indexed and part.truncated and part.found <= part.read:
+        if part.index_truncated:
             lines.append(
                 f"the job index of {part.pattern!r} holds more than one read lists (over "
                 f"{MAX_INDEX_READ - 1:,} entries, or names over 256 bytes): the rest are "
@@ -508,8 +516,8 @@ def _unindexed(summary: JobSummary, pattern: str, found: Found) -> JobSummary:
     if summary.job in found.in_index:
         return summary
     problem = (
-        f"not in the job index of {pattern!r}: its chief does not set "
-        f"STEPBARRIER_JOBS_PATTERN={pattern!r}, so only a scan finds it"
+        f"not in the job index of {pattern!r}: its chief does not keep it there "
+        f"(STEPBARRIER_JOBS_PATTERN={pattern!r}), so only a scan finds it"
     )
     return dataclasses.replace(summary, problems=(*summary.problems, problem))
 

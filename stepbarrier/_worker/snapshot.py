@@ -24,9 +24,15 @@ def parse_snapshot(reply: Any) -> Snapshot:
     """What the ``waiter_read`` call returned, parsed without trusting it."""
     reply = list(reply)
     kind = as_text(reply[2])
-    if kind == "values":  # a wait's read: WAIT_FIELDS' values in order (None: absent)
-        values = zip(WAIT_FIELDS, reply[3:], strict=False)
+    if kind == "values" and len(reply) == 3 + len(WAIT_FIELDS):
+        # a wait's read: WAIT_FIELDS' values in order (None: absent)
+        values = zip(WAIT_FIELDS, reply[3:], strict=True)
         state = parse_state({name: value for name, value in values if value is not None})
+    elif kind == "values":  # not one value per field: another version of the library
+        state = ChiefState.empty(
+            f"the read returned {len(reply) - 3} values for {len(WAIT_FIELDS)} fields: not "
+            "read, treated as no state (is the loaded library another version?)"
+        )
     elif kind == "hash":
         flat = reply[3:]
         state = parse_state(dict(zip(flat[0::2], flat[1::2], strict=False)))

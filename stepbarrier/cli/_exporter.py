@@ -50,7 +50,8 @@ EXPORTED_JOBS = 5_000
 a few seconds of reading on a small host, within the scrape timeout."""
 SCRAPE_SCAN_CALLS = 2_000
 """Most ``SCAN`` calls of one reading, per master (2 million keys looked at); a
-larger keyspace leaves every pattern truncated."""
+larger keyspace leaves every pattern truncated (an indexed one's indexed jobs all
+exported still)."""
 
 JOB_GAUGES: dict[str, tuple[str, Callable[[JobSummary], float | None]]] = {
     "stepbarrier_step": ("The chief's stored global step.", lambda j: j.step),
@@ -124,19 +125,19 @@ SERVER_GAUGES: dict[str, tuple[str, Callable[[Reading], float | None]]] = {
 PATTERN_GAUGES: dict[str, tuple[str, Callable[[PatternListing], float | None]]] = {
     "stepbarrier_jobs_found": (
         "Jobs the last reading found whose names match the pattern (a team's): the "
-        "members of its job index, else those its scan found, each counted for the first "
+        "members of its job index and those its scan found, each counted for the first "
         "pattern it matches.",
         lambda p: p.found,
     ),
     "stepbarrier_jobs_truncated": (
-        "1 when some of the pattern's jobs are not exported: more than its fair share of "
-        "the jobs one reading reads, a job index longer than one read, or the scan "
-        "stopped at its bound; else 0.",
+        "1 when some of the pattern's jobs are (or may be) not exported: more than its fair "
+        "share of the jobs one reading reads, a job index longer than one read, or the "
+        "scan stopped at its bound (a job index's jobs are all exported still); else 0.",
         lambda p: int(p.truncated),
     ),
     "stepbarrier_jobs_indexed": (
-        "1 when the pattern's jobs were read from its job index (its chiefs set "
-        "STEPBARRIER_JOBS_PATTERN to it), 0 when a scan of the keyspace found them.",
+        "1 when the pattern has a job index (its chiefs set STEPBARRIER_JOBS_PATTERN to "
+        "it), whose jobs no scan of the keyspace can miss; 0 when only the scan finds its jobs.",
         lambda p: int(p.indexed),
     ),
 }

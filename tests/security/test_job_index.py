@@ -24,6 +24,7 @@ from click.testing import CliRunner
 
 from stepbarrier import ConfigurationError, StepPublisher
 from stepbarrier._chief.publish_call import finished_ttl
+from stepbarrier._chief.publisher import INDEX_REFRESH
 from stepbarrier._inspect.listing import list_jobs
 from stepbarrier._protocol.calls import job_index_call
 from stepbarrier._protocol.keys import job_index
@@ -92,8 +93,9 @@ def test_a_chief_keeps_its_job_in_its_teams_index_for_as_long_as_its_keys(teams:
     try:
         kept = entry(teams, "team-a-*", job)
         assert kept is not None
-        # scored with the Redis time until which it is kept: the job's key TTL
-        assert abs(kept - (teams.redis_ms() + 3600 * 1000)) < 60_000
+        # scored with the Redis time until which it is kept: the job's key TTL, and
+        # the time until its next entry (the keys live key_ttl after the last write)
+        assert abs(kept - (teams.redis_ms() + (3600 + INDEX_REFRESH) * 1000)) < 30_000
         assert teams.admin.ttl(job_index("team-a-*")) > 3500  # (another test's may be longer)
         assert teams.admin.zscore(job_index("team-b-*"), job) is None
     finally:
@@ -102,7 +104,7 @@ def test_a_chief_keeps_its_job_in_its_teams_index_for_as_long_as_its_keys(teams:
     done = entry(teams, "team-a-*", job)
     assert done is not None and kept is not None and done < kept
     ttl = finished_ttl(teams.config("team-a", "chief", job, key_ttl=3600, done_ttl=120))
-    assert abs(done - (teams.redis_ms() + ttl * 1000)) < 60_000
+    assert abs(done - (teams.redis_ms() + ttl * 1000)) < 30_000
     assert teams.admin.ttl(job_index("team-a-*")) > 3500
 
 
@@ -157,15 +159,18 @@ def test_another_teams_keys_never_hide_an_indexed_teams_jobs(teams: Teams) -> No
             calls = teams.calls()
             assert job in {summary.job for summary in listing.jobs}
             [part] = listing.patterns
-            assert (part.indexed, part.truncated, listing.complete) == (True, False, True)
-            assert not listing.scan_complete  # team B's keys: more than 10 SCAN calls
+            # the scan was cut (team B's keys: more than 10 SCAN calls), which the
+            # listing says (a job kept in no index could be missing); the index's
+            # job is listed all the same
+            assert (part.indexed, part.index_truncated) == (True, False)
+            assert part.truncated and not listing.complete and not listing.scan_complete
             assert calls["scan"] == 10, calls
             assert [s.problems for s in listing.jobs if s.job == job] == [()]
         # both teams at once, a scan budget that team B's keys exhaust: team A whole
         listing = list_jobs(teams.monitor(), patterns=TEAM_PATTERNS, scan_calls=10)
         mine, theirs = listing.patterns
-        assert (mine.indexed, mine.truncated) == (True, False)
-        assert (theirs.indexed, theirs.truncated) == (False, True)
+        assert (mine.indexed, theirs.indexed) == (True, False)
+        assert mine.truncated and theirs.truncated
         assert job in {summary.job for summary in listing.jobs}
         # the shared exporter: team A's job, its pattern indexed and whole
         collector = JobsCollector(teams.monitor(), patterns=TEAM_PATTERNS, min_interval=0.0)
@@ -175,7 +180,8 @@ def test_another_teams_keys_never_hide_an_indexed_teams_jobs(teams: Teams) -> No
             for family in ("stepbarrier_jobs_indexed", "stepbarrier_jobs_truncated")
         }
         assert by_pattern["stepbarrier_jobs_indexed"] == {"team-a-*": 1.0, "team-b-*": 0.0}
-        assert by_pattern["stepbarrier_jobs_truncated"]["team-a-*"] == 0.0
+        # 3,000 SCAN calls needed, 2,000 made: every pattern may miss a job kept in no index
+        assert by_pattern["stepbarrier_jobs_truncated"] == {"team-a-*": 1.0, "team-b-*": 1.0}
         steps = {s.labels["job_name"]: s.value for s in families["stepbarrier_step"].samples}
         assert steps[job] == 7
         assert admin.slowlog_get(10) == []
@@ -218,7 +224,8 @@ def test_what_a_team_plants_in_its_own_index_lists_no_foreign_or_malformed_job(
         # no job's, and the megabyte member is never sent (index_read counts it): the
         # index is then more than one read lists, and the listing says so
         assert (mine.found, theirs.found) == (2, 1)
-        assert mine.truncated and not theirs.truncated and not listing.complete
+        assert mine.index_truncated and mine.truncated and not theirs.truncated
+        assert not listing.complete
     finally:
         planter.close()
         chief.close(done=False, timeout=2.0)
@@ -347,8 +354,8 @@ def test_a_job_its_chief_keeps_in_no_index_is_listed_and_named(teams: Teams) -> 
         assert problems[indexed] == ()
         for job in (plain, expired):
             assert problems[job] == (
-                "not in the job index of 'team-a-*': its chief does not set "
-                "STEPBARRIER_JOBS_PATTERN='team-a-*', so only a scan finds it",
+                "not in the job index of 'team-a-*': its chief does not keep it there "
+                "(STEPBARRIER_JOBS_PATTERN='team-a-*'), so only a scan finds it",
             )
     finally:
         for chief in chiefs:
