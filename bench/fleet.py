@@ -357,11 +357,16 @@ def fresh(client: redis.Redis) -> None:
     time.sleep(0.5)
 
 
+STATE_OF_READY: list[Callable[[], str]] = []
+"""What the phase running now says of its readiness when a wait for it times out."""
+
+
 def wait_until(check: Callable[..., object], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out: {what}")
+            state = f" ({STATE_OF_READY[-1]()})" if STATE_OF_READY else ""
+            raise RuntimeError(f"timed out: {what}{state}")
         time.sleep(0.01)
 
 
@@ -641,6 +646,18 @@ def waiters_phase(
                     and client.zcount(config.keys.targets, step, step) >= total
                 )
 
+            def state_of_ready() -> str:
+                # a failed wait says why: the chief's threshold, the index, the list
+                counts = client.zrange(config.keys.targets, 0, 4, withscores=True)
+                return (
+                    f"chief next_threshold {publisher.next_threshold}, step written "
+                    f"{publisher.writes} times; targets: {client.zcard(config.keys.targets)} "
+                    f"indexed, lowest {counts}; registrations list "
+                    f"{client.llen(config.keys.registrations)}"
+                )
+
+            STATE_OF_READY.append(state_of_ready)
+
             writes = publisher.writes
             measured = cycles(
                 client,
@@ -656,6 +673,7 @@ def waiters_phase(
             outputs = helpers.outputs(300)
             writes = publisher.writes - writes
     finally:
+        STATE_OF_READY.clear()
         if helpers is not None:
             helpers.stop()
         client.close()
