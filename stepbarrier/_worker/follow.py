@@ -14,7 +14,7 @@ from stepbarrier._protocol.wire import MAX_STEP, checked_step
 from stepbarrier.errors import BarrierAborted
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Crossed:
     """A multiple of ``every`` that the chief's step reached.
 
@@ -45,13 +45,15 @@ class FollowPlan:
         next target set after them). ``before``: the step its first read found; the
         first wait's multiples at or below it came before the following began, and are
         not yielded without a ``start``."""
-        first = self.target
-        if self.skip_at_once and before is not None and before >= first:
-            first = (before // self.every + 1) * self.every
-        self.skip_at_once = False
-        crossed = [Crossed(m, step) for m in range(first, step + 1, self.every)]
-        self.target = (step // self.every + 1) * self.every
-        return crossed
+        first, every = self.target, self.every
+        if self.skip_at_once:
+            self.skip_at_once = False
+            if before is not None and before >= first:
+                first = (before // every + 1) * every
+        self.target = (step // every + 1) * every
+        if step < first + every:  # one multiple at most, the common case: no range made
+            return [Crossed(first, step)] if step >= first else []
+        return [Crossed(m, step) for m in range(first, step + 1, every)]
 
     @property
     def exhausted(self) -> bool:

@@ -186,7 +186,11 @@ class StepWaiter(LazyClient):
                 raise
             if not released:
                 return  # on_timeout="proceed": the wait said why; nothing was crossed
-            yield from plan.released(step, before)
+            crossed = plan.released(step, before)
+            if len(crossed) == 1:  # (a list iterator less per step)
+                yield crossed[0]
+            else:
+                yield from crossed
 
     def _wait(
         self, until_step: int, timeout: float | None, source: StepSource | None

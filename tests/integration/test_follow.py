@@ -13,6 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from stepbarrier import (
     BarrierAborted,
@@ -71,6 +73,34 @@ def test_the_plan_starts_above_a_step_already_reached() -> None:
     assert plan.target == 60
     plan = FollowPlan(10, start=None)
     assert plan.released(63, before=57) == [Crossed(60, 63)]  # crossed while it followed
+
+
+@given(
+    every=st.integers(1, 50),
+    start=st.none() | st.integers(0, 500),
+    steps=st.lists(st.tuples(st.integers(0, 400), st.integers(0, 600) | st.none()), max_size=8),
+)
+def test_the_plan_crosses_exactly_the_multiples_between_its_target_and_the_step(
+    every: int, start: int | None, steps: list[tuple[int, int | None]]
+) -> None:
+    """Whatever the steps (a step below the target, one multiple, several at once), a
+    release crosses every multiple from the target (the first one above the first
+    read's step, without a start) up to the step, and nothing else: what the plan's
+    one-multiple shortcut returns is what the whole range gives."""
+    plan = FollowPlan(every, start)
+    first_wait = start is None
+    for offset, before in steps:
+        target = plan.target
+        step = target + offset - 50  # below the target too
+        if step < 0:
+            continue
+        lowest = target
+        if first_wait and before is not None and before >= target:
+            lowest = (before // every + 1) * every
+        expected = [Crossed(m, step) for m in range(lowest, step + 1, every)]
+        assert plan.released(step, before) == expected
+        assert plan.target == (step // every + 1) * every
+        first_wait = False
 
 
 def test_the_plan_starts_at_the_first_multiple_at_or_above_from() -> None:
