@@ -357,15 +357,17 @@ def fresh(client: redis.Redis) -> None:
     time.sleep(0.5)
 
 
-STATE_OF_READY: list[Callable[[], str]] = []
-"""What the phase running now says of its readiness when a wait for it times out."""
-
-
-def wait_until(check: Callable[..., object], timeout: float, what: str) -> None:
+def wait_until(
+    check: Callable[..., object],
+    timeout: float,
+    what: str,
+    explain: Callable[[], str] | None = None,
+) -> None:
+    """Wait for ``check``; a timeout says ``what``, and ``explain()`` if given (why)."""
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:
-            state = f" ({STATE_OF_READY[-1]()})" if STATE_OF_READY else ""
+            state = f" ({explain()})" if explain is not None else ""
             raise RuntimeError(f"timed out: {what}{state}")
         time.sleep(0.01)
 
@@ -485,8 +487,10 @@ def cycles(
     timers: float | None = None,
     writes: Callable[[], int] | None = None,
     footprints: list[dict[str, int]] | None = None,
+    explain: Callable[[], str] | None = None,
 ) -> dict[str, Any]:
-    """Release ``trials`` times, and measure each release's CPU.
+    """Release ``trials`` times, and measure each release's CPU (``explain``: what a
+    wait for readiness that times out says of it).
 
     A release's window runs from just before it until every waiter is ready again
     (its next wait registered, or its stored step read), so the next wait's
@@ -505,7 +509,7 @@ def cycles(
     def sample() -> tuple[float, float, float]:
         return redis_cpu(client), process_cpu(helpers.pids), time.monotonic()
 
-    wait_until(lambda: ready(0), 600, "the first registrations")
+    wait_until(lambda: ready(0), 600, "the first registrations", explain)
     time.sleep(SETTLE)  # the helpers' start-up is over
     start = sample()
     time.sleep(IDLE)
@@ -517,7 +521,7 @@ def cycles(
     windows: list[float] = []
     heartbeats: list[int] = []
     for trial in range(trials):
-        wait_until(lambda t=trial: ready(t), 600, f"ready for trial {trial}")
+        wait_until(lambda t=trial: ready(t), 600, f"ready for trial {trial}", explain)
         if footprints is not None:
             footprints.append(redis_footprint(client))
         wrote = writes() if writes is not None else 0
@@ -525,14 +529,14 @@ def cycles(
         sent.append(time.time())
         release(trial)
         time.sleep(quiet)  # no waiter registers again before its rest is over
-        wait_until(lambda t=trial: ready(t + 1), 600, f"ready again after trial {trial}")
+        wait_until(lambda t=trial: ready(t + 1), 600, f"ready again after trial {trial}", explain)
         time.sleep(SETTLE_AFTER)
         after = sample()
         window = after[2] - before[2]
         windows.append(window)
         heartbeats.append(max(0, writes() - wrote - 1) if writes is not None else 0)
         cpu.append([after[0] - before[0] - subtract * window, after[1] - before[1]])
-    wait_until(lambda: ready(trials), 600, "the last registrations")
+    wait_until(lambda: ready(trials), 600, "the last registrations", explain)
     beat = heartbeat_cost(client, writes, subtract) if writes is not None else 0.0
     release(trials)
     redis_net = [c[0] - beat * beats for c, beats in zip(cpu, heartbeats, strict=True)]
@@ -656,8 +660,6 @@ def waiters_phase(
                     f"{client.llen(config.keys.registrations)}"
                 )
 
-            STATE_OF_READY.append(state_of_ready)
-
             writes = publisher.writes
             measured = cycles(
                 client,
@@ -669,11 +671,11 @@ def waiters_phase(
                 timers=timers,
                 writes=lambda: publisher.writes,
                 footprints=footprints,
+                explain=state_of_ready,
             )
             outputs = helpers.outputs(300)
             writes = publisher.writes - writes
     finally:
-        STATE_OF_READY.clear()
         if helpers is not None:
             helpers.stop()
         client.close()
